@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Create or refresh .venv with accord and everything its tests and examples use.
+# Sourced by main_job.sh and test.sh; safe to run again (pip skips what is already there).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+# Open MPI from Debian for the mpi backend and the mpirun tests (optional: tests skip without it).
+if ! command -v mpirun >/dev/null 2>&1; then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1 && SUDO="sudo -n"
+  if command -v apt-get >/dev/null 2>&1; then
+    ($SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq openmpi-bin libopenmpi-dev) >/dev/null 2>&1 \
+      || echo "setup: could not install Open MPI; MPI tests will be skipped" >&2
+  fi
+fi
+
+[ -x .venv/bin/python ] || python3 -m venv .venv
+# torch is pinned to the CPU build for tests here; the package itself accepts torch>=2.4.
+.venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 -e '.[dev]' 2>&1 \
+  | grep -v -E "^WARNING: Location .* is ignored" || true
+.venv/bin/python -c "import accord, torch" || { echo "setup: installation failed" >&2; exit 1; }

@@ -1,0 +1,138 @@
+"""The one module that reads (and writes) environment variables.
+
+Every variable accord understands is declared once in ``VARIABLES`` with its type, default and a
+one-line doc. Horovod's and MXNet's names are accepted as aliases where they mean the same thing;
+accord's own name wins when both are set. Other modules never touch ``os.environ``: they call
+:func:`get`, :func:`snapshot` (a copy, for detecting foreign launchers or building a child's
+environment) or :func:`set_variables`.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from accord.errors import ConfigError, with_hint
+
+_TRUE = {"1", "true", "yes", "on", "y"}
+_FALSE = {"0", "false", "no", "off", "n", ""}
+
+
+def parse_bool(text: str) -> bool:
+    """Parse 1/0, true/false, yes/no, on/off (any case)."""
+    value = text.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(f"not a boolean: {text!r}")
+
+
+@dataclass(frozen=True)
+class Variable:
+    """One environment variable: its name, parser, default, doc and accepted aliases."""
+
+    name: str
+    parse: Callable[[str], Any]
+    default: Any
+    doc: str
+    aliases: tuple[str, ...] = ()
+
+
+def _v(name: str, parse: Callable[[str], Any], default: Any, doc: str, *aliases: str) -> Variable:
+    return Variable(name, parse, default, doc, tuple(aliases))
+
+
+VARIABLES: dict[str, Variable] = {
+    v.name: v
+    for v in [
+        # --- the worker contract written by accordrun / accord.spawn ---
+        _v("ACCORD_RANK", int, None, "Global rank of this worker.", "HOROVOD_RANK"),
+        _v("ACCORD_SIZE", int, None, "Number of workers in the job.", "HOROVOD_SIZE"),
+        _v("ACCORD_LOCAL_RANK", int, None, "Rank among the workers on this host.", "HOROVOD_LOCAL_RANK"),
+        _v("ACCORD_LOCAL_SIZE", int, None, "Number of workers on this host.", "HOROVOD_LOCAL_SIZE"),
+        _v("ACCORD_CROSS_RANK", int, None, "Index of this host among hosts with this local rank.", "HOROVOD_CROSS_RANK"),
+        _v("ACCORD_CROSS_SIZE", int, None, "Number of hosts with a worker of this local rank.", "HOROVOD_CROSS_SIZE"),
+        _v("ACCORD_HOSTNAME", str, None, "Host name the launcher assigned this worker to.", "HOROVOD_HOSTNAME"),
+        _v("ACCORD_STORE_ADDR", str, None, "Address of the job's rendezvous store."),
+        _v("ACCORD_STORE_PORT", int, None, "Port of the job's rendezvous store."),
+        _v("ACCORD_JOB_SECRET", str, None, "Per-job secret (hex) that authenticates control messages."),
+        _v("ACCORD_SECRET_FILE", str, None, "Path of a 0600 file holding the per-job secret (hex)."),
+        _v("ACCORD_JOB_ID", str, None, "Identifier of the job, for logs and error files."),
+        _v("ACCORD_ERROR_FILE", str, None, "Where a failing worker writes its traceback for the launcher."),
+        # --- communication and engine tuning ---
+        _v("ACCORD_CPU_BACKEND", str, "gloo", "Backend for CPU tensors: gloo, mpi, or a registered name."),
+        _v("ACCORD_GPU_BACKEND", str, "nccl", "Backend for CUDA tensors: nccl, or a registered name."),
+        _v("ACCORD_FUSION_THRESHOLD", int, 64 * 1024 * 1024, "Bytes per fusion buffer; 0 turns fusion off.", "HOROVOD_FUSION_THRESHOLD"),
+        _v("ACCORD_CYCLE_TIME", float, 1.0, "Milliseconds the engine waits to gather requests into one cycle.", "HOROVOD_CYCLE_TIME"),
+        _v("ACCORD_TIMELINE", str, None, "Write a chrome://tracing timeline to this path (rank 0).", "HOROVOD_TIMELINE"),
+        _v("ACCORD_TIMELINE_MARK_CYCLES", parse_bool, False, "Mark engine cycles in the timeline.", "HOROVOD_TIMELINE_MARK_CYCLES"),
+        _v("ACCORD_STALL_CHECK_DISABLE", parse_bool, False, "Turn the stall inspector off.", "HOROVOD_STALL_CHECK_DISABLE"),
+        _v("ACCORD_STALL_CHECK_TIME_SECONDS", float, 60.0, "Warn when ranks wait this long on a name others lack.", "HOROVOD_STALL_CHECK_TIME_SECONDS"),
+        _v("ACCORD_STALL_SHUTDOWN_TIME_SECONDS", float, 0.0, "Raise on every rank after this long stalled (0: never).", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"),
+        _v("ACCORD_HIERARCHICAL_ALLREDUCE", parse_bool, False, "Allreduce within hosts first, then across hosts.", "HOROVOD_HIERARCHICAL_ALLREDUCE"),
+        _v("ACCORD_COLLECTIVE_TIMEOUT", float, 60.0, "Seconds a collective may wait for a peer before the rank is declared lost."),
+        _v("ACCORD_START_TIMEOUT", float, 30.0, "Seconds for every rank to reach the rendezvous.", "HOROVOD_START_TIMEOUT"),
+        _v("ACCORD_LOG_LEVEL", str, "warning", "Log level: trace, debug, info, warning, error.", "HOROVOD_LOG_LEVEL"),
+        _v("ACCORD_INTERFACE", str, None, "Network interface to bind and advertise.", "DMLC_INTERFACE", "HOROVOD_GLOO_IFACE"),
+        _v("ACCORD_VERBOSE", parse_bool, False, "Log node registration and connections.", "PS_VERBOSE"),
+    ]
+}
+
+
+def _raw(name: str, environ: Mapping[str, str]) -> tuple[str, str] | None:
+    """The (variable actually set, its text) for ``name`` or its first set alias."""
+    var = VARIABLES[name]
+    for candidate in (var.name, *var.aliases):
+        text = environ.get(candidate)
+        if text is not None and text != "":
+            return candidate, text
+    return None
+
+
+def get(name: str, environ: Mapping[str, str] | None = None) -> Any:
+    """Return the typed value of a declared variable (or its default).
+
+    Raises:
+        KeyError: ``name`` is not declared in ``VARIABLES``.
+        ConfigError: the variable is set to text its parser rejects.
+    """
+    if name not in VARIABLES:
+        raise KeyError(f"{name} is not an accord variable; known: {', '.join(sorted(VARIABLES))}")
+    found = _raw(name, os.environ if environ is None else environ)
+    if found is None:
+        return VARIABLES[name].default
+    set_name, text = found
+    try:
+        return VARIABLES[name].parse(text)
+    except ValueError as exc:
+        raise ConfigError(
+            with_hint(
+                f"{set_name}={text!r} could not be read as {VARIABLES[name].parse.__name__}: {exc}",
+                f"set {set_name} to a valid value ({VARIABLES[name].doc}) or unset it "
+                f"to use the default {VARIABLES[name].default!r}",
+            )
+        ) from None
+
+
+def snapshot() -> dict[str, str]:
+    """A copy of the whole process environment (for detection and child processes)."""
+    return dict(os.environ)
+
+
+def set_variables(values: Mapping[str, str | None]) -> None:
+    """Set (or, with ``None``, remove) variables in this process's environment."""
+    for key, value in values.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+def describe() -> str:
+    """A table of every variable, its aliases, default and doc (for ``accordrun --help-env``)."""
+    rows = []
+    for var in VARIABLES.values():
+        alias = f" (also {', '.join(var.aliases)})" if var.aliases else ""
+        rows.append(f"{var.name}{alias}\n    default {var.default!r}: {var.doc}")
+    return "\n".join(rows)

@@ -1,0 +1,64 @@
+"""The exceptions accord raises.
+
+Every message says what failed, the values seen (per rank for cross-rank problems) and ends
+with a ``HINT:`` naming the fix. Build messages with :func:`with_hint` so that shape holds.
+"""
+from __future__ import annotations
+
+
+def with_hint(message: str, hint: str) -> str:
+    """Join a description of the failure and the suggested fix into one message."""
+    return f"{message.rstrip()}\nHINT: {hint.strip()}"
+
+
+class AccordError(Exception):
+    """Root of every error accord raises on purpose."""
+
+
+class ConfigError(AccordError, ValueError):
+    """An environment variable or option has a value accord cannot use."""
+
+
+class LaunchError(AccordError):
+    """The launcher could not start the job (bad hosts, ports, commands)."""
+
+
+class RendezvousError(AccordError, RuntimeError):
+    """Ranks could not meet: the store was unreachable, refused us, or timed out."""
+
+
+class AuthenticationError(RendezvousError):
+    """A control message carried a missing or wrong MAC and was refused."""
+
+
+class BackendError(AccordError, RuntimeError):
+    """A communication backend is unknown, unavailable, or cannot do what was asked."""
+
+
+class CollectiveError(AccordError, RuntimeError):
+    """A collective failed on this rank. ``accord.torch.HorovodInternalError`` is this class."""
+
+
+class MismatchError(CollectiveError):
+    """Ranks submitted the same name with different shapes, dtypes, ops or roots."""
+
+
+class RankFailedError(CollectiveError):
+    """Another rank died or stopped answering while this one waited in a collective."""
+
+
+class StallError(CollectiveError):
+    """Some ranks never submitted a name that others are waiting on (stall shutdown)."""
+
+
+class ShutdownError(CollectiveError):
+    """The engine was shut down while the request was still pending."""
+
+
+class WorkerFailedError(AccordError):
+    """A worker process of the job exited with an error (raised by spawn and the launcher)."""
+
+    def __init__(self, message: str, rank: int = -1, exit_code: int | None = None) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.exit_code = exit_code
