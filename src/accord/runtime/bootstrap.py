@@ -1,0 +1,250 @@
+"""Meet the other ranks: detect the launcher, reach a store, learn the topology, start c10d.
+
+``bootstrap()`` does, in order:
+
+1. detect the environment (:mod:`accord.runtime.environments`) and load the job secret
+   (ACCORD_JOB_SECRET as hex, or ACCORD_SECRET_FILE, a file nobody but its owner may read);
+2. reach a rendezvous store, depending on who started us:
+
+   - accordrun / accord.spawn: connect to the launcher's authenticated store;
+   - torchrun (or any env:// job): use torch's own TCPStore at MASTER_ADDR:MASTER_PORT as a
+     client, exactly as ``init_process_group("env://")`` would (torchrun's agent hosts it; for
+     plain env:// jobs rank 0 hosts it). That store is torch's and is not authenticated: accord
+     adds no exposure beyond what torchrun already has, and the job secret is then agreed
+     through it (first writer wins), so it is only as private as torchrun's store;
+   - mpirun / SLURM without accordrun: rank 0 starts accord's store (loopback when the job
+     runs on one host; else ACCORD_INTERFACE's address, or 0.0.0.0) and the others learn its
+     address, port and a fresh secret through MPI (mpi4py, when importable under an MPI
+     launcher), else from MASTER_ADDR/MASTER_PORT plus the secret from the environment;
+   - nothing: one process with an in-memory store;
+
+3. scope every key to this bootstrap's *generation* (a store counter: the n-th bootstrap of
+   the job uses ``accord/g<n>``), so shutdown and a second bootstrap in the same processes work;
+4. exchange host names (ACCORD_HOSTNAME overrides socket.gethostname()) under one key per rank;
+   this is also the start barrier: ranks missing at the deadline are named in the error;
+5. initialise torch.distributed's default process group through the store: backend "gloo",
+   or "cpu:gloo,cuda:nccl" when CUDA is available, timeout ACCORD_COLLECTIVE_TIMEOUT.
+"""
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import socket
+import stat
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from accord import config
+from accord.errors import ConfigError, RendezvousError, with_hint
+from accord.runtime import environments as envs
+from accord.runtime.rendezvous import Rendezvous, reach_store
+from accord.runtime.topology import Topology, topology_from_hostnames
+
+log = logging.getLogger("accord.runtime")
+
+_active: "Runtime | None" = None
+
+
+class Runtime:
+    """The result of :func:`bootstrap`: where this rank is, and the job's store and secret.
+
+    ``store`` is scoped to this bootstrap's generation (keys do not collide with an earlier or
+    later bootstrap). ``close()`` destroys the default process group (when bootstrap made it),
+    closes the store client and any store server this rank hosts; it is idempotent.
+    """
+
+    def __init__(self, topology: Topology, rdv: Rendezvous, store: dist.Store, backend: str,
+                 owns_pg: bool, environment: envs.JobEnvironment, close_timeout: float) -> None:
+        self.topology = topology
+        self.store = store
+        self.secret = rdv.secret
+        self.source = environment.source
+        self.environment = environment
+        self.backend = backend
+        self._rdv = rdv
+        self._owns_pg = owns_pg
+        self._close_timeout = close_timeout
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        """True after close()."""
+        return self._closed
+
+    def close(self) -> None:
+        """Leave the job: destroy the process group, release the store (idempotent)."""
+        global _active
+        if self._closed:
+            return
+        self._closed = True
+        if _active is self:
+            _active = None
+        atexit.unregister(self.close)
+        try:
+            if self._owns_pg and dist.is_initialized():
+                dist.destroy_process_group()
+        finally:
+            self._rdv.leave(self.store, self.topology.rank, self.topology.size, self._close_timeout)
+
+    def __enter__(self) -> "Runtime":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        t = self.topology
+        return (f"Runtime(source={self.source!r}, rank={t.rank}, size={t.size}, "
+                f"local_rank={t.local_rank}, backend={self.backend!r}, closed={self._closed})")
+
+
+def active_runtime() -> Runtime | None:
+    """The runtime of the last bootstrap in this process, unless closed."""
+    return _active
+
+
+def bootstrap(*, timeout: float | None = None) -> Runtime:
+    """Detect the environment, meet every rank and initialise the default process group.
+
+    Args:
+        timeout: seconds for every rank to reach the rendezvous (default ACCORD_START_TIMEOUT).
+
+    Raises:
+        RendezvousError: the store is unreachable or refuses us, or ranks are missing at the
+            deadline (the message names them), or this process is already bootstrapped.
+        ConfigError: the environment or the secret file is unusable.
+    """
+    global _active
+    if _active is not None:
+        raise RendezvousError(with_hint(
+            f"accord is already bootstrapped in this process ({_active!r})",
+            "call close() (hvd.shutdown()) before bootstrapping again"))
+    _install_error_file()
+    environ = config.snapshot()
+    env = envs.detect(environ)
+    start_timeout = float(config.get("ACCORD_START_TIMEOUT") if timeout is None else timeout)
+    collective_timeout = float(config.get("ACCORD_COLLECTIVE_TIMEOUT"))
+    hostname = env.hostname or socket.gethostname()
+    rdv = reach_store(env, load_secret(env), hostname, start_timeout,
+                      max(start_timeout, collective_timeout))
+    try:
+        generation = rdv.generation(env.size)
+        store = dist.PrefixStore(f"{rdv.prefix}/g{generation}", rdv.store)
+        hostnames = _exchange_hostnames(store, env, hostname, start_timeout)
+        topology = topology_from_hostnames(env.rank, hostnames)
+        _check_agrees(env, topology)
+        backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+        owns_pg = _init_process_group(store, backend, env, collective_timeout)
+    except BaseException:
+        rdv.leave(None, env.rank, env.size, 0.0)
+        raise
+    runtime = Runtime(topology, rdv, store, backend, owns_pg, env, start_timeout)
+    _active = runtime
+    # Ranks that exit without shutdown() still leave cleanly (rank 0 may host the store).
+    atexit.register(runtime.close)
+    log.debug("bootstrapped %r", runtime)
+    return runtime
+
+
+def load_secret(env: envs.JobEnvironment) -> bytes | None:
+    """The job secret from ACCORD_JOB_SECRET (hex) or ACCORD_SECRET_FILE, or None.
+
+    Raises:
+        ConfigError: the hex is invalid, or the file is missing, unreadable, empty, or readable
+            or writable by group or others.
+    """
+    if env.secret_hex:
+        return _from_hex(env.secret_hex, "ACCORD_JOB_SECRET")
+    if not env.secret_file:
+        return None
+    path = env.secret_file
+    try:
+        info = os.stat(path)
+    except OSError as exc:
+        raise ConfigError(with_hint(f"ACCORD_SECRET_FILE={path!r} cannot be read: {exc}",
+                                    "point ACCORD_SECRET_FILE at the job's secret file")) from None
+    if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ConfigError(with_hint(
+            f"ACCORD_SECRET_FILE={path!r} has mode {stat.S_IMODE(info.st_mode):04o}: group or "
+            "others may access the job secret",
+            f"run `chmod 600 {path}` so that only its owner can read it"))
+    with open(path, encoding="ascii", errors="replace") as fh:
+        return _from_hex(fh.read().strip(), f"the secret file {path!r}")
+
+
+def _from_hex(text: str, where: str) -> bytes:
+    try:
+        secret = bytes.fromhex(text.strip())
+    except ValueError:
+        secret = b""
+    if len(secret) < 16:
+        raise ConfigError(with_hint(
+            f"{where} does not hold a hex secret of at least 16 bytes (got {len(text)} characters)",
+            "generate one with `python -c \"import secrets; print(secrets.token_hex(32))\"`"))
+    return secret
+
+
+def _exchange_hostnames(store: dist.Store, env: envs.JobEnvironment, hostname: str,
+                        timeout: float) -> list[str]:
+    """Publish this rank's host, wait for every rank's; name the missing ranks on timeout."""
+    store.set(f"host/{env.rank}", hostname)
+    keys = [f"host/{r}" for r in range(env.size)]
+    try:
+        store.wait(keys, timedelta(seconds=timeout))
+    except RuntimeError as exc:  # RendezvousError, or torch's DistStoreError under torchrun
+        try:
+            missing = [r for r in range(env.size) if not store.check([keys[r]])]
+        except RuntimeError:
+            missing = []
+        if not missing:
+            raise
+        present = sorted(set(range(env.size)) - set(missing))
+        raise RendezvousError(with_hint(
+            f"rank {env.rank}: {len(missing)} of {env.size} ranks did not reach the rendezvous "
+            f"within {timeout:.1f}s: missing ranks {missing} (present: {present}; "
+            f"environment {env.source})",
+            "check that every rank was started and has not crashed (see the missing ranks' "
+            "logs), that size/world size is right, or raise ACCORD_START_TIMEOUT")) from exc
+    return [v.decode("utf-8", "replace") for v in store.multi_get(keys)]
+
+
+def _check_agrees(env: envs.JobEnvironment, topology: Topology) -> None:
+    given = {"local_rank": env.local_rank, "local_size": env.local_size,
+             "cross_rank": env.cross_rank, "cross_size": env.cross_size}
+    differ = {k: (v, getattr(topology, k)) for k, v in given.items()
+              if v is not None and v != getattr(topology, k)}
+    if differ:
+        log.warning("rank %d: the %s environment's %s disagree with the host names exchanged at "
+                    "init (environment, from host names); using the host names. Set "
+                    "ACCORD_HOSTNAME per rank to control grouping.",
+                    env.rank, env.source, differ)
+
+
+def _init_process_group(store: dist.Store, backend: str, env: envs.JobEnvironment,
+                        timeout: float) -> bool:
+    """Start the default process group; False when the user already started a matching one."""
+    if dist.is_initialized():
+        if dist.get_rank() == env.rank and dist.get_world_size() == env.size:
+            log.info("using the default process group the program already initialised")
+            return False
+        raise RendezvousError(with_hint(
+            f"torch.distributed is already initialised as rank {dist.get_rank()} of "
+            f"{dist.get_world_size()}, but the {env.source} environment says rank {env.rank} "
+            f"of {env.size}",
+            "destroy that process group first, or let accord create it"))
+    dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=env.rank,
+                            world_size=env.size, timeout=timedelta(seconds=timeout))
+    return True
+
+
+def _install_error_file() -> None:
+    """Let the launcher show this rank's traceback (when the launcher's module exists)."""
+    try:
+        from accord.run import error_file
+    except ImportError:
+        return
+    error_file.install()
+

@@ -1,0 +1,320 @@
+"""Who started us: detect the launcher from environment variables (pure, no I/O).
+
+:func:`detect` takes a mapping (``config.snapshot()``) and asks each detector in this fixed
+order; the first that recognises its variables wins:
+
+1. ``accord``   - accordrun / accord.spawn: ACCORD_RANK, ACCORD_SIZE (or HOROVOD_RANK/SIZE),
+   ACCORD_LOCAL_*/CROSS_*, ACCORD_HOSTNAME, ACCORD_STORE_ADDR/PORT, ACCORD_JOB_SECRET or
+   ACCORD_SECRET_FILE. Checked first because accordrun also sets torchrun's names for DDP scripts.
+2. ``torchrun`` - RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,
+   MASTER_PORT, TORCHELASTIC_* (plain ``env://`` jobs that set RANK/WORLD_SIZE count too).
+3. ``openmpi``  - OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE.
+4. ``mpich``    - MPICH / Intel MPI (Hydra): PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS.
+5. ``slurm``    - SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID, SLURM_TASKS_PER_NODE,
+   SLURM_STEP_NODELIST / SLURM_JOB_NODELIST (compressed lists such as ``node[01-03],x``).
+   After the MPI detectors: ``mpirun`` inside an allocation sees SLURM_* of the allocation.
+6. ``single``   - nothing set: one process, rank 0 of 1.
+
+More detectors can be added with :func:`register_detector`.
+"""
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+from accord import config
+from accord.errors import ConfigError, with_hint
+
+# How a source's processes meet: connect to accord's store the launcher runs; use torchrun's
+# TCPStore; rank 0 starts accord's store and tells the others; or nothing to meet (one process).
+ACCORD_STORE, TORCH_STORE, RANK0_STORE, NO_STORE = "accord-store", "torch-store", "rank0-store", "none"
+
+
+@dataclass(frozen=True)
+class JobEnvironment:
+    """What the environment says about this process. ``None`` means "not given"."""
+
+    source: str
+    rank: int
+    size: int
+    rendezvous: str
+    local_rank: int | None = None
+    local_size: int | None = None
+    cross_rank: int | None = None
+    cross_size: int | None = None
+    node_rank: int | None = None
+    hostname: str | None = None
+    store_addr: str | None = None
+    store_port: int | None = None
+    secret_hex: str | None = None
+    secret_file: str | None = None
+    nodes: tuple[str, ...] = ()
+    restart_count: int = 0
+    agent_store: bool = False
+
+    @property
+    def is_mpi(self) -> bool:
+        """True under an MPI launcher (mpirun / mpiexec)."""
+        return self.source in ("openmpi", "mpich")
+
+    @property
+    def single_host(self) -> bool | None:
+        """True/False when the environment tells whether every rank runs on this host."""
+        if self.size == 1:
+            return True
+        if self.local_size is not None:
+            return self.local_size == self.size
+        if self.nodes:
+            return len(self.nodes) == 1
+        return None
+
+
+Detector = Callable[[Mapping[str, str]], "JobEnvironment | None"]
+
+
+def _int(env: Mapping[str, str], name: str) -> int | None:
+    text = env.get(name)
+    if text is None or text.strip() == "":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(
+            with_hint(f"{name}={text!r} is not an integer", f"fix or unset {name}")
+        ) from None
+
+
+def _common(env: Mapping[str, str]) -> dict:
+    """Settings that apply whatever the launcher (secret, host name override)."""
+    return {
+        "hostname": config.get("ACCORD_HOSTNAME", env),
+        "secret_hex": config.get("ACCORD_JOB_SECRET", env),
+        "secret_file": config.get("ACCORD_SECRET_FILE", env),
+    }
+
+
+def _master(env: Mapping[str, str]) -> dict:
+    return {"store_addr": env.get("MASTER_ADDR") or None, "store_port": _int(env, "MASTER_PORT")}
+
+
+def detect_accord(env: Mapping[str, str]) -> JobEnvironment | None:
+    """accord's own contract (accordrun, accord.spawn), including the HOROVOD_* aliases."""
+    rank, size = config.get("ACCORD_RANK", env), config.get("ACCORD_SIZE", env)
+    if rank is None or size is None:
+        return None
+    addr, port = config.get("ACCORD_STORE_ADDR", env), config.get("ACCORD_STORE_PORT", env)
+    where = {"store_addr": addr, "store_port": port} if addr and port else _master(env)
+    return JobEnvironment(
+        source="accord", rank=rank, size=size,
+        rendezvous=ACCORD_STORE if addr and port else RANK0_STORE,
+        local_rank=config.get("ACCORD_LOCAL_RANK", env),
+        local_size=config.get("ACCORD_LOCAL_SIZE", env),
+        cross_rank=config.get("ACCORD_CROSS_RANK", env),
+        cross_size=config.get("ACCORD_CROSS_SIZE", env),
+        **where, **_common(env),
+    )
+
+
+def detect_torchrun(env: Mapping[str, str]) -> JobEnvironment | None:
+    """torchrun / torch.distributed.launch, or any env:// job that sets RANK and WORLD_SIZE."""
+    rank, size = _int(env, "RANK"), _int(env, "WORLD_SIZE")
+    if rank is None or size is None:
+        return None
+    return JobEnvironment(
+        source="torchrun", rank=rank, size=size, rendezvous=TORCH_STORE,
+        local_rank=_int(env, "LOCAL_RANK"), local_size=_int(env, "LOCAL_WORLD_SIZE"),
+        node_rank=_int(env, "GROUP_RANK"),
+        restart_count=_int(env, "TORCHELASTIC_RESTART_COUNT") or 0,
+        # torchrun's agent hosts the TCPStore (torch >= 2.2); plain env:// jobs host it on rank 0.
+        agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() in ("1", "true"),
+        **_master(env), **_common(env),
+    )
+
+
+def detect_openmpi(env: Mapping[str, str]) -> JobEnvironment | None:
+    """Open MPI's mpirun."""
+    rank, size = _int(env, "OMPI_COMM_WORLD_RANK"), _int(env, "OMPI_COMM_WORLD_SIZE")
+    if rank is None or size is None:
+        return None
+    return JobEnvironment(
+        source="openmpi", rank=rank, size=size, rendezvous=RANK0_STORE,
+        local_rank=_int(env, "OMPI_COMM_WORLD_LOCAL_RANK"),
+        local_size=_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE"),
+        **_master(env), **_common(env),
+    )
+
+
+def detect_mpich(env: Mapping[str, str]) -> JobEnvironment | None:
+    """MPICH and Intel MPI (Hydra process manager, PMI)."""
+    rank, size = _int(env, "PMI_RANK"), _int(env, "PMI_SIZE")
+    if rank is None or size is None:
+        return None
+    return JobEnvironment(
+        source="mpich", rank=rank, size=size, rendezvous=RANK0_STORE,
+        local_rank=_int(env, "MPI_LOCALRANKID"), local_size=_int(env, "MPI_LOCALNRANKS"),
+        **_master(env), **_common(env),
+    )
+
+
+def detect_slurm(env: Mapping[str, str]) -> JobEnvironment | None:
+    """A SLURM job step (srun). MASTER_ADDR defaults to the first node of the step."""
+    rank, size = _int(env, "SLURM_PROCID"), _int(env, "SLURM_NTASKS")
+    if rank is None or size is None:
+        return None
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or ""
+    nodes = tuple(expand_nodelist(nodelist)) if nodelist else ()
+    node_rank = _int(env, "SLURM_NODEID")
+    local_size = None
+    per_node = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
+    if per_node and node_rank is not None:
+        counts = expand_tasks_per_node(per_node)
+        if node_rank < len(counts):
+            local_size = counts[node_rank]
+    master = _master(env)
+    if master["store_addr"] is None and nodes:
+        master["store_addr"] = nodes[0]
+    return JobEnvironment(
+        source="slurm", rank=rank, size=size, rendezvous=RANK0_STORE,
+        local_rank=_int(env, "SLURM_LOCALID"), local_size=local_size, node_rank=node_rank,
+        nodes=nodes, **master, **_common(env),
+    )
+
+
+def detect_single(env: Mapping[str, str]) -> JobEnvironment:
+    """No launcher: one process."""
+    return JobEnvironment(source="single", rank=0, size=1, rendezvous=NO_STORE,
+                          local_rank=0, local_size=1, cross_rank=0, cross_size=1, **_common(env))
+
+
+DETECTORS: list[tuple[str, Detector]] = [
+    ("accord", detect_accord),
+    ("torchrun", detect_torchrun),
+    ("openmpi", detect_openmpi),
+    ("mpich", detect_mpich),
+    ("slurm", detect_slurm),
+]
+
+
+def register_detector(name: str, detector: Detector, before: str | None = None) -> None:
+    """Add a detector, at the end or just before the one named ``before``."""
+    names = [n for n, _ in DETECTORS]
+    index = names.index(before) if before is not None else len(DETECTORS)
+    DETECTORS.insert(index, (name, detector))
+
+
+def detect(environ: Mapping[str, str]) -> JobEnvironment:
+    """Detect the launcher from ``environ`` (in the documented order) and validate its values.
+
+    Raises:
+        ConfigError: a variable is not an integer, or rank/size are out of range.
+    """
+    for name, detector in DETECTORS:
+        found = detector(environ)
+        if found is not None:
+            _validate(found, name)
+            return found
+    return detect_single(environ)
+
+
+def _validate(env: JobEnvironment, name: str) -> None:
+    if env.size < 1 or not 0 <= env.rank < env.size:
+        raise ConfigError(
+            with_hint(
+                f"the {name} environment gives rank {env.rank} of size {env.size}",
+                "rank must be in [0, size) and size >= 1; fix the launcher's variables",
+            )
+        )
+    if env.local_rank is not None and env.local_size is not None and not (
+        0 <= env.local_rank < env.local_size <= env.size
+    ):
+        raise ConfigError(
+            with_hint(
+                f"the {name} environment gives local rank {env.local_rank} of local size "
+                f"{env.local_size} (size {env.size})",
+                "local rank must be in [0, local size) and local size <= size",
+            )
+        )
+
+
+_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
+
+
+def expand_nodelist(text: str) -> list[str]:
+    """Expand a SLURM host list: ``"node[01-03],x"`` -> ``["node01", "node02", "node03", "x"]``.
+
+    Supports several bracket groups per name (``r[1-2]n[1-2]``, expanded as a product), lists
+    and ranges inside brackets (``[1,3-5]``) and keeps zero padding.
+
+    Raises:
+        ValueError: unbalanced brackets or a range that is not ``low-high`` with low <= high.
+    """
+    hosts: list[str] = []
+    for item in _split_top_level(text.strip()):
+        parts: list[list[str]] = []
+        pos = 0
+        while pos < len(item):
+            if item[pos] == "[":
+                end = item.index("]", pos)
+                parts.append(_expand_group(item[pos + 1:end], text))
+                pos = end + 1
+            else:
+                nxt = item.find("[", pos)
+                nxt = len(item) if nxt < 0 else nxt
+                parts.append([item[pos:nxt]])
+                pos = nxt
+        hosts.extend("".join(p) for p in itertools.product(*parts))
+    return hosts
+
+
+def _split_top_level(text: str) -> list[str]:
+    items, depth, current = [], 0, []
+    for ch in text:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+            if depth < 0:
+                break
+        if ch == "," and depth == 0:
+            items.append("".join(current))
+            current = []
+        else:
+            current.append(ch)
+    if depth != 0:
+        raise ValueError(with_hint(f"unbalanced brackets in SLURM node list {text!r}",
+                                   "pass a list like 'node[01-03],other'"))
+    items.append("".join(current))
+    return [i for i in items if i]
+
+
+def _expand_group(group: str, text: str) -> list[str]:
+    out: list[str] = []
+    for piece in group.split(","):
+        match = _RANGE.match(piece.strip())
+        if not match:
+            raise ValueError(with_hint(f"bad range {piece!r} in SLURM node list {text!r}",
+                                       "ranges look like 01-03 or 7"))
+        low, high = match.group(1), match.group(2) or match.group(1)
+        if int(high) < int(low):
+            raise ValueError(with_hint(f"descending range {piece!r} in SLURM node list {text!r}",
+                                       "write ranges low-high"))
+        out.extend(str(n).zfill(len(low)) for n in range(int(low), int(high) + 1))
+    return out
+
+
+def expand_tasks_per_node(text: str) -> list[int]:
+    """Expand SLURM_TASKS_PER_NODE: ``"2(x3),1"`` -> ``[2, 2, 2, 1]``.
+
+    Raises:
+        ValueError: an item is not ``N`` or ``N(xM)``.
+    """
+    counts: list[int] = []
+    for item in text.split(","):
+        match = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", item)
+        if not match:
+            raise ValueError(with_hint(f"bad SLURM_TASKS_PER_NODE item {item!r} in {text!r}",
+                                       "expected items like 2 or 2(x3)"))
+        counts.extend([int(match.group(1))] * int(match.group(2) or 1))
+    return counts

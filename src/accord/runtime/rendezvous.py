@@ -1,0 +1,324 @@
+"""Reach the job's store, whoever started us (the store half of :mod:`accord.runtime.bootstrap`).
+
+:func:`reach_store` returns a :class:`Rendezvous`: the base store, the job secret, the key
+prefix, and what this rank must release when it leaves. See bootstrap's docstring for which
+store each launcher gets and why.
+
+Leaving a store that lives inside rank 0 (mpirun/SLURM without accordrun, or a plain env:// job
+whose rank 0 hosts torch's TCPStore) needs care: rank 0 must not close it while others still use
+it, so every rank marks ``left/<rank>`` and the owner waits (bounded) for all marks before it
+closes. When the store comes back on the same port at the next bootstrap (MASTER_PORT), the
+others also wait until the old one is gone, so they never join the old store by mistake.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import socket
+import struct
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from accord import config
+from accord.errors import ConfigError, RendezvousError, with_hint
+from accord.runtime import environments as envs
+from accord.runtime import wire
+from accord.runtime.store_client import StoreClient
+from accord.runtime.store_server import StoreServer
+
+log = logging.getLogger("accord.runtime")
+
+try:  # the launcher owns the check-in key's name; this is its documented value
+    from accord.run.worker_env import CHECKIN_KEY
+except ImportError:
+    CHECKIN_KEY = "accord/checkin/{rank}"
+
+
+@dataclass
+class Rendezvous:
+    """A reached store and what leaving it involves."""
+
+    store: dist.Store
+    secret: bytes
+    prefix: str = "accord"
+    client: StoreClient | None = None
+    server: StoreServer | None = None
+    owner: bool = False  # this rank hosts the store
+    in_rank0: bool = False  # the store lives in rank 0's process
+    rebinds: bool = False  # the next bootstrap hosts it again on the same port
+    restore_env: dict[str, str | None] = field(default_factory=dict)
+
+    scope: str = ""  # this bootstrap's key prefix, set by generation()
+
+    def generation(self, size: int) -> int:
+        """Index of this bootstrap in the job: the n-th bootstrap of every rank gets n - 1.
+
+        All ranks of one bootstrap add before any rank can start the next (the next needs every
+        rank to have finished this one), so integer division by the size is exact.
+        """
+        generation = (int(self.store.add(f"{self.prefix}/bootstraps", 1)) - 1) // size
+        self.scope = f"{self.prefix}/g{generation}"
+        return generation
+
+    def leave(self, scoped: dist.Store | None, rank: int, size: int, timeout: float) -> None:
+        """Release the store; with ``scoped`` (the generation store), do the leaving protocol."""
+        try:
+            if scoped is not None and self.in_rank0 and size > 1:
+                scoped.set(f"left/{rank}", b"1")
+                if self.owner:
+                    self._wait_for_others(scoped, size, timeout)
+                elif self.rebinds:
+                    try:  # returns (with an error) once rank 0 has closed the store
+                        scoped.wait(["accord/never-set"], timedelta(seconds=timeout))
+                    except RuntimeError:
+                        pass
+        except RuntimeError as exc:  # the store is already gone: nothing left to coordinate
+            log.debug("leaving the store: %s", exc)
+        finally:
+            if self.client is not None:
+                self.client.close()
+            if self.server is not None:
+                self.server.close()
+            config.set_variables(self.restore_env)
+            self.restore_env = {}
+
+    def _wait_for_others(self, scoped: dist.Store, size: int, timeout: float) -> None:
+        keys = [f"left/{r}" for r in range(size)]
+        if self.server is None or self.client is None:  # torch's TCPStore, hosted here
+            try:
+                scoped.wait(keys, timedelta(seconds=timeout))
+            except RuntimeError:
+                log.warning("rank 0: not every rank left within %.0fs; closing the store", timeout)
+            return
+        full = [f"{self.scope}/{k}" for k in keys]
+        deadline = time.monotonic() + timeout
+        while not self.server.has_keys(full):
+            # A rank that ended without close() (crash, plain exit) has dropped its
+            # connections: once only ours remain, nobody else can still need the store.
+            if self.server.connection_count <= self.client.connection_count:
+                return
+            if time.monotonic() > deadline:
+                log.warning("rank 0: not every rank left within %.0fs; closing the store", timeout)
+                return
+            time.sleep(0.02)
+
+
+def reach_store(env: envs.JobEnvironment, secret: bytes | None, hostname: str,
+                timeout: float, op_timeout: float | None = None) -> Rendezvous:
+    """Connect to (or, on rank 0, start) the store this environment uses.
+
+    ``timeout`` bounds reaching the store; ``op_timeout`` (default ``timeout``) is how long a
+    blocking request may wait afterwards (torch calls ``get`` when creating process groups).
+
+    Raises:
+        RendezvousError: the store cannot be reached, or a secret or address is missing.
+        ConfigError: ACCORD_INTERFACE names no interface of this host.
+    """
+    rdv = _reach(env, secret, hostname, _Timeouts(timeout, op_timeout or timeout))
+    iface = config.get("ACCORD_INTERFACE")
+    if iface and not _is_ip(iface) and "GLOO_SOCKET_IFNAME" not in config.snapshot():
+        # Gloo reads its interface from this variable; set it for the life of the runtime.
+        rdv.restore_env = {"GLOO_SOCKET_IFNAME": None}
+        config.set_variables({"GLOO_SOCKET_IFNAME": iface})
+    return rdv
+
+
+@dataclass(frozen=True)
+class _Timeouts:
+    connect: float
+    ops: float
+
+    def client(self, host: str, port: int, secret: bytes) -> StoreClient:
+        return StoreClient(host, port, secret, self.ops, connect_timeout=self.connect)
+
+
+def _reach(env: envs.JobEnvironment, secret: bytes | None, hostname: str,
+           limits: _Timeouts) -> Rendezvous:
+    if env.rendezvous == envs.NO_STORE:
+        return Rendezvous(dist.HashStore(), secret or _new_secret())
+    if env.rendezvous == envs.ACCORD_STORE:
+        if secret is None:
+            raise RendezvousError(with_hint(
+                f"rank {env.rank}: ACCORD_STORE_ADDR/PORT are set but no job secret is",
+                "set ACCORD_JOB_SECRET (hex) or ACCORD_SECRET_FILE as the launcher does; start "
+                "workers with accordrun or accord.spawn"))
+        client = limits.client(env.store_addr, env.store_port, secret)
+        client.set(CHECKIN_KEY.format(rank=env.rank), hostname)
+        return Rendezvous(client, secret, client=client)
+    if env.rendezvous == envs.TORCH_STORE:
+        return _torch_store(env, secret, limits)
+    if env.is_mpi and _mpi4py_available():
+        return _rank0_via_mpi(env, secret, hostname, limits)
+    return _rank0_via_master(env, secret, limits)
+
+
+def _torch_store(env: envs.JobEnvironment, secret: bytes | None,
+                 limits: _Timeouts) -> Rendezvous:
+    addr, port = _need_master(env)
+    owner = env.rank == 0 and not env.agent_store
+    try:
+        store = dist.TCPStore(addr, port, env.size, owner, timedelta(seconds=limits.ops),
+                              wait_for_workers=False, multi_tenant=True)
+    except RuntimeError as exc:
+        raise RendezvousError(with_hint(
+            f"rank {env.rank}: could not reach torch's store at {addr}:{port}: {exc}",
+            "check MASTER_ADDR/MASTER_PORT and that rank 0 (or torchrun's agent) is running"
+        )) from None
+    prefix = f"accord/r{env.restart_count}"
+    if secret is None:  # agree on one: the first rank to write wins
+        agreed = store.compare_set(f"{prefix}/secret", "", _new_secret().hex())
+        secret = bytes.fromhex(agreed.decode() if isinstance(agreed, bytes) else agreed)
+    return Rendezvous(store, secret, prefix, owner=owner, in_rank0=not env.agent_store)
+
+
+def _rank0_via_master(env: envs.JobEnvironment, secret: bytes | None,
+                      limits: _Timeouts) -> Rendezvous:
+    addr, port = _need_master(env)
+    if secret is None:
+        raise RendezvousError(with_hint(
+            f"rank {env.rank}: under {env.source} without accordrun and without mpi4py, rank 0 "
+            f"hosts the store at MASTER_ADDR:MASTER_PORT ({addr}:{port}) and every rank needs "
+            "the job secret, but none is set",
+            "set ACCORD_JOB_SECRET (the same hex on every rank) or ACCORD_SECRET_FILE (a 0600 "
+            "file), or `pip install mpi4py` so rank 0 can send a fresh secret through MPI, or "
+            "launch with accordrun"))
+    single = env.single_host
+    server = None
+    if single:
+        addr = "127.0.0.1"
+    if env.rank == 0:
+        bind = "127.0.0.1" if single else _bind_host()
+        server = StoreServer(bind, port, secret).start()
+    try:
+        client = limits.client(addr, port, secret)
+    except BaseException:
+        if server is not None:
+            server.close()
+        raise
+    return Rendezvous(client, secret, client=client, server=server, owner=env.rank == 0,
+                      in_rank0=True, rebinds=True)
+
+
+def _rank0_via_mpi(env: envs.JobEnvironment, secret: bytes | None, hostname: str,
+                   limits: _Timeouts) -> Rendezvous:
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    if (comm.Get_rank(), comm.Get_size()) != (env.rank, env.size):
+        raise RendezvousError(with_hint(
+            f"MPI says rank {comm.Get_rank()} of {comm.Get_size()} but the {env.source} "
+            f"environment says rank {env.rank} of {env.size}",
+            "do not mix launchers: run the script directly under one mpirun"))
+    single = env.single_host
+    if single is None:
+        single = _same_host(comm, MPI, hostname)
+    server = None
+    if env.rank == 0:
+        try:
+            bind = "127.0.0.1" if single else _bind_host()
+            chosen = secret or _new_secret()
+            server = StoreServer(bind, 0, chosen).start()
+            advertise = "127.0.0.1" if single else (bind if bind != "0.0.0.0" else _this_host())
+            payload = wire.encode([advertise, server.port, chosen])
+        except Exception as exc:  # the others wait in Bcast: tell them why nothing comes
+            payload = wire.encode([None, 0, f"{type(exc).__name__}: {exc}"])
+            _bcast(comm, MPI, payload, 0)
+            raise
+    addr, port, third = wire.decode(_bcast(comm, MPI, payload if env.rank == 0 else b"", env.rank))
+    if addr is None:
+        raise RendezvousError(with_hint(f"rank 0 could not start the rendezvous store: {third}",
+                                        "see rank 0's error"))
+    try:
+        client = limits.client(addr, port, third)
+    except BaseException:
+        if server is not None:
+            server.close()
+        raise
+    return Rendezvous(client, third, client=client, server=server, owner=env.rank == 0,
+                      in_rank0=True)
+
+
+def _bcast(comm, MPI, payload: bytes, rank: int) -> bytes:
+    # Raw bytes (Bcast on buffers), not mpi4py's pickle-based bcast.
+    size = bytearray(struct.pack("!Q", len(payload)) if rank == 0 else 8)
+    comm.Bcast([size, MPI.BYTE], root=0)
+    data = bytearray(payload) if rank == 0 else bytearray(struct.unpack("!Q", size)[0])
+    comm.Bcast([data, MPI.BYTE], root=0)
+    return bytes(data)
+
+
+def _same_host(comm, MPI, hostname: str) -> bool:
+    digest = bytearray(hashlib.sha256(hostname.encode()).digest()[:16])
+    every = bytearray(16 * comm.Get_size())
+    comm.Allgather([digest, MPI.BYTE], [every, MPI.BYTE])
+    return all(every[i:i + 16] == digest for i in range(0, len(every), 16))
+
+
+def _need_master(env: envs.JobEnvironment) -> tuple[str, int]:
+    if not env.store_addr or env.store_port is None:
+        raise RendezvousError(with_hint(
+            f"rank {env.rank}: the {env.source} environment gives no store address "
+            f"(MASTER_ADDR={env.store_addr!r}, MASTER_PORT={env.store_port!r})",
+            "set MASTER_ADDR and MASTER_PORT to rank 0's host and a free port on it, or launch "
+            "with accordrun"))
+    return env.store_addr, env.store_port
+
+
+def _bind_host() -> str:
+    """Where a multi-host store listens: ACCORD_INTERFACE's address, else every interface."""
+    iface = config.get("ACCORD_INTERFACE")
+    return interface_address(iface) if iface else "0.0.0.0"
+
+
+def _this_host() -> str:
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return socket.gethostname()
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        socket.inet_aton(text)
+        return True
+    except OSError:
+        return False
+
+
+def interface_address(name: str) -> str:
+    """The IPv4 address of a network interface (or ``name`` itself if it is an address).
+
+    Raises:
+        ConfigError: no such interface, or it has no IPv4 address.
+    """
+    if _is_ip(name):
+        return name
+    try:
+        import fcntl
+
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            packed = fcntl.ioctl(sock.fileno(), 0x8915,  # SIOCGIFADDR
+                                 struct.pack("256s", name.encode()[:15]))
+        return socket.inet_ntoa(packed[20:24])
+    except (OSError, ImportError) as exc:
+        known = [n for _, n in socket.if_nameindex()]
+        raise ConfigError(with_hint(
+            f"ACCORD_INTERFACE={name!r} has no IPv4 address on this host: {exc}",
+            f"use one of this host's interfaces: {known}")) from None
+
+
+def _mpi4py_available() -> bool:
+    try:
+        import mpi4py  # noqa: F401  (importing the package does not initialise MPI)
+    except ImportError:
+        return False
+    return True
+
+
+def _new_secret() -> bytes:
+    import secrets
+
+    return secrets.token_bytes(32)

@@ -1,0 +1,80 @@
+"""bootstrap() under a bare `mpirun` (no accord variables): rank 0 starts the store and sends
+its address and a fresh secret to the others through MPI."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from accord import config
+
+pytestmark = pytest.mark.mpi
+
+_SCRIPT = r'''
+import json
+import torch
+import torch.distributed as dist
+from mpi4py import MPI
+from accord.runtime.bootstrap import bootstrap
+from accord.runtime.rendezvous import _same_host
+
+torch.set_num_threads(1)
+comm = MPI.COMM_WORLD
+# The host check rank 0 uses when the launcher does not say how many ranks share a host.
+print(json.dumps({"same": _same_host(comm, MPI, "h"),
+                  "differ": _same_host(comm, MPI, f"h{comm.Get_rank()}")}), flush=True)
+for round_ in range(2):  # the second bootstrap checks shutdown-then-init under MPI
+    rt = bootstrap(timeout=30)
+    t = rt.topology
+    value = torch.tensor([float(t.rank + 1), float(round_)])
+    dist.all_reduce(value)
+    print(json.dumps({"round": round_, "rank": t.rank, "size": t.size, "source": rt.source,
+                      "local_size": t.local_size, "sum": value.tolist(),
+                      "secret": rt.secret.hex()}), flush=True)
+    rt.close()
+'''
+
+# Launchers' variables that would make bootstrap pick another path than MPI's.
+_FOREIGN = ("ACCORD_", "HOROVOD_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+            "MASTER_ADDR", "MASTER_PORT", "SLURM_", "PMI_", "TORCHELASTIC_")
+
+
+def _mpi_ready() -> bool:
+    if shutil.which("mpirun") is None:
+        return False
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not _mpi_ready(), reason="needs mpirun and mpi4py")
+def test_mpirun_bootstrap_without_accord_variables(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(_SCRIPT)
+    env = {k: v for k, v in config.snapshot().items() if not k.startswith(_FOREIGN)}
+    env["OMP_NUM_THREADS"] = "1"
+    proc = subprocess.run(
+        ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", sys.executable,
+         str(script)],
+        env=env, capture_output=True, text=True, timeout=100,
+    )
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    checks = [line for line in lines if "same" in line]
+    lines = [line for line in lines if "same" not in line]
+    assert checks == [{"same": True, "differ": False}] * 2, proc.stdout
+    assert len(lines) == 4, proc.stdout
+    for line in lines:
+        assert line["source"] == "openmpi"
+        assert line["size"] == 2 and line["local_size"] == 2
+        assert line["sum"] == [3.0, 2.0 * line["round"]]
+    assert sorted((line["round"], line["rank"]) for line in lines) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    # Both ranks got rank 0's fresh secret through MPI, and each bootstrap made a new one.
+    by_round = {r: {line["secret"] for line in lines if line["round"] == r} for r in (0, 1)}
+    assert len(by_round[0]) == 1 and len(by_round[1]) == 1 and by_round[0] != by_round[1]
