@@ -5,6 +5,18 @@ Frameworks live in subpackages: ``accord.torch`` (Horovod-compatible), ``accord.
 """
 from __future__ import annotations
 
+from typing import Any
+
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = ["__version__", "spawn"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: `accord.spawn` loads the launcher's spawn module on first use, keeping `import accord`
+    # free of side effects and of torch.
+    if name == "spawn":
+        from accord.run.spawn import spawn
+
+        return spawn
+    raise AttributeError(f"module 'accord' has no attribute {name!r}")

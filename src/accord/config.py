@@ -76,6 +76,15 @@ VARIABLES: dict[str, Variable] = {
         _v("ACCORD_LOG_LEVEL", str, "warning", "Log level: trace, debug, info, warning, error.", "HOROVOD_LOG_LEVEL"),
         _v("ACCORD_INTERFACE", str, None, "Network interface to bind and advertise.", "DMLC_INTERFACE", "HOROVOD_GLOO_IFACE"),
         _v("ACCORD_VERBOSE", parse_bool, False, "Log node registration and connections.", "PS_VERBOSE"),
+        # --- kvstore and parameter servers (MXNet's launch.py / ps-lite names accepted) ---
+        _v("ACCORD_KVSTORE_BIGARRAY_BOUND", int, 1000000, "Arrays with at least this many elements are split across all servers.", "MXNET_KVSTORE_BIGARRAY_BOUND"),
+        _v("ACCORD_KVSTORE_TIMEOUT", float, 300.0, "Seconds a worker waits for a parameter server's answer before failing."),
+        _v("ACCORD_NODE_HOST", str, None, "Address a parameter server advertises to workers (default: loopback, or the route to the store).", "DMLC_NODE_HOST"),
+        _v("ACCORD_NUM_SERVERS", int, 0, "Parameter servers in the job (0: dist_sync runs on the engine, without servers).", "DMLC_NUM_SERVER"),
+        _v("ACCORD_NUM_WORKERS", int, None, "Workers in a parameter-server job (default ACCORD_SIZE).", "DMLC_NUM_WORKER"),
+        _v("ACCORD_PS_ROOT_PORT", int, None, "Port of the store where parameter servers register (default ACCORD_STORE_PORT).", "DMLC_PS_ROOT_PORT"),
+        _v("ACCORD_PS_ROOT_URI", str, None, "Address of the store where parameter servers register (default ACCORD_STORE_ADDR).", "DMLC_PS_ROOT_URI"),
+        _v("ACCORD_ROLE", str, "worker", "Role of this process in a parameter-server job: worker, server or scheduler.", "DMLC_ROLE"),
     ]
 }
 

@@ -1,0 +1,124 @@
+"""``accordrun`` / ``python -m accord.run``: parse the command line and run the job.
+
+Exit codes: the failing worker's status (128 + n for signal n), 0 when every worker succeeded,
+2 for bad command-line input (nothing was started), 1 when the launcher itself could not start
+the job, 128 + n when the launcher received signal n (Ctrl-C: 130).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import NoReturn, Sequence
+
+import accord
+from accord import config
+from accord.errors import ConfigError, LaunchError
+from accord.run.launch_config import DEFAULT_GRACE, LOG_LEVELS, config_from_args
+from accord.run.ssh import STRICT_POLICIES
+
+EXAMPLES = """\
+examples:
+  accordrun -np 4 python train.py                       4 workers on this host
+  accordrun -np 8 -H node1:4,node2:4 python train.py    two hosts over ssh
+  accordrun --hostfile hosts.txt python train.py        hosts from a file ('node1 slots=4')
+  accordrun --ips 10.0.0.1,10.0.0.2 --nproc-per-node 2 python train.py
+  accordrun --check-build                               which frameworks and backends work here
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors end with a HINT and exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(
+            f"accordrun: error: {message}\n"
+            f"HINT: run `accordrun --help` for the flags; put accordrun's flags before the command, "
+            f"e.g. accordrun -np 2 python train.py --your-flag\n"
+        )
+        sys.exit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The accordrun argument parser."""
+    p = _Parser(
+        prog="accordrun",
+        description="Launch a distributed accord / Horovod / torch.distributed job.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
+    p.add_argument("--version", action="version", version=f"accordrun (accord) {accord.__version__}")
+    p.add_argument("-cb", "--check-build", action="store_true",
+                   help="print which frameworks and backends are usable here, then exit")
+    p.add_argument("--help-env", action="store_true", help="list every environment variable accord reads")
+
+    g = p.add_argument_group("workers and hosts")
+    g.add_argument("-np", "--num-proc", type=int, help="number of workers (default: all slots)")
+    g.add_argument("-H", "--hosts", help="hosts and slots, e.g. node1:4,node2:4 (default localhost:NP)")
+    g.add_argument("--hostfile", help="file with 'host slots=N', 'host:N' or 'host' lines")
+    g.add_argument("--ips", help="comma-separated host addresses (use with --nproc-per-node)")
+    g.add_argument("--nproc-per-node", type=int, help="workers per host for --ips (alone: on this host)")
+    g.add_argument("--gpus", "--devices", dest="devices",
+                   help="devices for each host's workers, e.g. 0,1 (sets CUDA_VISIBLE_DEVICES per worker)")
+
+    g = p.add_argument_group("rendezvous and processes")
+    g.add_argument("--start-timeout", type=float,
+                   help="seconds for every rank to check in at the rendezvous (enforced when given)")
+    g.add_argument("--grace-period", type=float,
+                   help=f"seconds between SIGTERM and SIGKILL when stopping workers (default {DEFAULT_GRACE:g})")
+    g.add_argument("--store-port", type=int, help="port of accord's rendezvous store (default: free port)")
+    g.add_argument("--master-addr", help="MASTER_ADDR for env:// scripts (default: rank 0's host)")
+    g.add_argument("--master-port", type=int, help="MASTER_PORT for env:// scripts (default: free port)")
+    g.add_argument("--network-interface", help="interface to bind and advertise (also DMLC_INTERFACE)")
+
+    g = p.add_argument_group("ssh")
+    g.add_argument("-p", "--ssh-port", type=int, help="ssh port of the remote hosts")
+    g.add_argument("-i", "--ssh-identity-file", help="ssh private key")
+    g.add_argument("--ssh-strict-host-key-checking", choices=STRICT_POLICIES, default="accept-new",
+                   help="ssh StrictHostKeyChecking policy (default accept-new)")
+
+    g = p.add_argument_group("output")
+    g.add_argument("--output-filename", metavar="DIR", help="also write DIR/rank.N/{stdout,stderr}")
+    g.add_argument("--no-prefix", action="store_true", help="print worker lines without [rank]<stream>:")
+    g.add_argument("--prefix-timestamp", action="store_true", help="start every worker line with a timestamp")
+    g.add_argument("--ranks-filter", help="show only these ranks on the console, e.g. 0,1 (files keep all)")
+    g.add_argument("--log-level", help=f"accord's log level in workers: {', '.join(LOG_LEVELS)}")
+    g.add_argument("--verbose", action="store_true", help="say what the launcher does (also PS_VERBOSE=1)")
+
+    g = p.add_argument_group("tuning (passed to the workers' engine)")
+    g.add_argument("--fusion-threshold-mb", type=float, help="fusion buffer size in MiB (0: no fusion)")
+    g.add_argument("--cycle-time-ms", type=float, help="engine cycle time in milliseconds")
+    g.add_argument("--timeline-filename", help="write a chrome://tracing timeline here")
+    g.add_argument("--stall-check-warning-time-seconds", type=float, help="warn after this long stalled")
+    g.add_argument("--stall-check-shutdown-time-seconds", type=float, help="fail after this long stalled")
+    g.add_argument("--no-stall-check", action="store_true", help="turn the stall inspector off")
+    g.add_argument("--hierarchical-allreduce", action="store_true", help="allreduce within hosts, then across")
+
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run accordrun with ``argv`` (default ``sys.argv[1:]``); return the exit code."""
+    parser = build_parser()
+    ns = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    if ns.check_build:
+        from accord.run.check_build import build_report  # imports torch: only here
+
+        print(build_report())
+        return 0
+    if ns.help_env:
+        print(config.describe())
+        return 0
+    try:
+        cfg = config_from_args(ns, config.snapshot())
+    except (ConfigError, LaunchError) as exc:
+        sys.stderr.write(f"accordrun: error: {exc}\n")
+        return 2
+    from accord.run.launcher import launch
+
+    try:
+        return launch(cfg)
+    except LaunchError as exc:
+        sys.stderr.write(f"accordrun: error: {exc}\n")
+        return 1

@@ -1,0 +1,108 @@
+"""Error files: a failing worker records its uncaught exception for the launcher.
+
+When ``ACCORD_ERROR_FILE`` is set (accordrun sets it for every local worker), the worker writes
+the exception's type, message and traceback as JSON to that path; the launcher's root-cause
+report shows it instead of guessing from stderr. Two ways in:
+
+- :func:`install` (accord's bootstrap calls it): a ``sys.excepthook`` that records, then hands
+  over to the previous hook (so the traceback is still printed).
+- :func:`record`: a decorator for entry points of scripts that do not call accord's init::
+
+      from accord.run.error_file import record
+
+      @record
+      def main(): ...
+
+The file format (one JSON object): ``{"type", "message", "traceback", "timestamp", "pid"}``.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+import time
+import traceback
+from types import TracebackType
+from typing import Any, Callable, TypeVar
+
+from accord import config
+
+F = TypeVar("F", bound=Callable[..., Any])
+_INSTALLED_MARK = "_accord_error_file_hook"
+
+
+def error_payload(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> dict[str, Any]:
+    """The JSON-ready description of an exception."""
+    return {
+        "type": f"{exc_type.__module__}.{exc_type.__qualname__}" if exc_type.__module__ != "builtins"
+        else exc_type.__qualname__,
+        "message": str(exc),
+        "traceback": "".join(traceback.format_exception(exc_type, exc, tb)),
+        "timestamp": time.time(),
+        "pid": os.getpid(),
+    }
+
+
+def write_error(exc: BaseException, path: str | None = None) -> str | None:
+    """Write ``exc`` to ``path`` (default: ``ACCORD_ERROR_FILE``); return the path or None.
+
+    The first error wins: an existing file is not overwritten, so the root cause survives
+    errors raised while the process shuts down.
+    """
+    target = path if path is not None else config.get("ACCORD_ERROR_FILE")
+    if not target or os.path.exists(target):
+        return None
+    payload = error_payload(type(exc), exc, exc.__traceback__)
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
+        tmp = f"{target}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(payload, fh)
+        os.replace(tmp, target)  # readers never see half a file
+    except OSError:
+        return None  # reporting must never replace the real error with its own
+    return target
+
+
+def read_error_file(path: str) -> dict[str, Any] | None:
+    """Read an error file; None when it is missing or unreadable."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def install() -> None:
+    """Record uncaught exceptions in ``ACCORD_ERROR_FILE`` (idempotent; chains the previous hook)."""
+    previous = sys.excepthook
+    if getattr(previous, _INSTALLED_MARK, False):
+        return
+
+    def hook(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+        if not issubclass(exc_type, KeyboardInterrupt):
+            exc.__traceback__ = tb
+            write_error(exc)
+        previous(exc_type, exc, tb)
+
+    setattr(hook, _INSTALLED_MARK, True)
+    sys.excepthook = hook
+
+
+def record(fn: F) -> F:
+    """Decorator: an exception escaping ``fn`` is written to the error file, then re-raised."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except SystemExit:
+            raise
+        except BaseException as exc:
+            if not isinstance(exc, KeyboardInterrupt):
+                write_error(exc)
+            raise
+
+    return wrapper  # type: ignore[return-value]

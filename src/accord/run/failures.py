@@ -1,0 +1,104 @@
+"""Worker failures: exit statuses, signal names and the launcher's root-cause report."""
+from __future__ import annotations
+
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+
+def signal_name(signum: int) -> str:
+    """``9`` -> ``"SIGKILL"``; unknown numbers -> ``"signal 64"``."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def describe_returncode(returncode: int) -> str:
+    """Popen's returncode in words: ``"exit code 3"`` or ``"killed by SIGKILL (signal 9)"``."""
+    if returncode < 0:
+        return f"killed by {signal_name(-returncode)} (signal {-returncode})"
+    return f"exit code {returncode}"
+
+
+def exit_status(returncode: int) -> int:
+    """The status a shell would report: the exit code, or 128 + signal number."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+@dataclass
+class Failure:
+    """One worker that ended badly (or was stopped)."""
+
+    rank: int
+    host: str
+    pid: int
+    returncode: int
+    when: float = field(default_factory=time.time)
+    stderr_tail: Sequence[str] = ()
+    error: dict[str, Any] | None = None  # the worker's error file, when it wrote one
+    local_rank: int = 0
+
+    @property
+    def first_seen(self) -> float:
+        """When it failed: the error file's timestamp when there is one (closer to the truth)."""
+        if self.error and isinstance(self.error.get("timestamp"), (int, float)):
+            return float(self.error["timestamp"])
+        return self.when
+
+
+def pick_root_cause(failures: Sequence[Failure]) -> Failure:
+    """The first failure: earliest error-file timestamp, else earliest seen, then lowest rank."""
+    return min(failures, key=lambda f: (f.first_seen, f.rank))
+
+
+def _indent(text: str, pad: str = "    ") -> str:
+    return "\n".join(pad + line for line in text.rstrip("\n").splitlines())
+
+
+def format_root_cause(
+    root: Failure,
+    others: Sequence[Failure] = (),
+    stopped: Sequence[int] = (),
+    title: str = "accordrun: job failed",
+    width: int = 72,
+) -> str:
+    """The boxed report printed when a job fails.
+
+    Args:
+        root: the first observed failure.
+        others: later failures (shown one line each).
+        stopped: ranks the launcher stopped because of ``root``.
+    """
+    heavy, light = "=" * width, "-" * width
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(root.when))
+    lines = [
+        heavy,
+        title,
+        light,
+        "Root Cause (first observed failure):",
+        f"  rank       : {root.rank} (local_rank {root.local_rank}, host {root.host})",
+        f"  pid        : {root.pid}",
+        f"  status     : {describe_returncode(root.returncode)}",
+        f"  time       : {stamp}",
+    ]
+    if root.error:
+        lines.append(f"  error      : {root.error.get('type', '?')}: {root.error.get('message', '')}")
+        lines.append("  traceback  :")
+        lines.append(_indent(str(root.error.get("traceback", "")), "    "))
+    elif root.stderr_tail:
+        lines.append(f"  last {len(root.stderr_tail)} stderr lines:")
+        lines.extend("    " + line for line in root.stderr_tail)
+    else:
+        lines.append("  (no error file and nothing on stderr)")
+    if others:
+        lines.append(light)
+        lines.append("Other failures:")
+        for f in sorted(others, key=lambda f: f.rank):
+            lines.append(f"  rank {f.rank} (host {f.host}, pid {f.pid}): {describe_returncode(f.returncode)}")
+    if stopped:
+        lines.append(light)
+        lines.append(f"Stopped by the launcher: ranks {', '.join(str(r) for r in sorted(stopped))}")
+    lines.append(heavy)
+    return "\n".join(lines)

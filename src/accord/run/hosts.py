@@ -1,0 +1,230 @@
+"""Host lists: ``-H h1:2,h2:4``, hostfiles (MPI and MXNet formats), ``--ips``, local names.
+
+Pure functions (no processes, no DNS): the launcher turns every way of naming hosts into one
+ordered list of :class:`HostSlots`. A host named twice gets the sum of its slots, in the order
+it first appeared (``mpirun -H a,a`` means two slots on ``a``).
+"""
+from __future__ import annotations
+
+import re
+import socket
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from accord.errors import ConfigError, LaunchError, with_hint
+
+# Host names and IPv4 addresses; IPv6 literals must be bracketed: "[fe80::1]:2".
+_NAME = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9._-]*[A-Za-z0-9_])?$")
+_BRACKETED = re.compile(r"^\[([0-9A-Fa-f:.%a-zA-Z]+)\]$")
+LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "localhost.localdomain", "ip6-localhost"})
+
+
+@dataclass(frozen=True)
+class HostSlots:
+    """A host and how many workers it may run."""
+
+    hostname: str
+    slots: int
+
+
+def _check_name(name: str, where: str) -> str:
+    match = _BRACKETED.match(name)
+    if match:
+        return match.group(1)
+    if ":" in name:
+        raise ConfigError(with_hint(
+            f"{where}: {name!r} is not a host name (IPv6 addresses need brackets)",
+            "write IPv6 addresses as [addr] or [addr]:slots, e.g. -H [fe80::1]:2",
+        ))
+    if not _NAME.match(name):
+        raise ConfigError(with_hint(
+            f"{where}: {name!r} is not a valid host name",
+            "use names like node1, node1.example.com or 10.0.0.5",
+        ))
+    return name
+
+
+def _check_slots(text: str, host: str, where: str) -> int:
+    try:
+        slots = int(text)
+    except ValueError:
+        raise ConfigError(with_hint(
+            f"{where}: slots for {host!r} must be an integer, got {text!r}",
+            f"write {host}:N with N the number of workers that host may run",
+        )) from None
+    if slots <= 0:
+        raise ConfigError(with_hint(
+            f"{where}: host {host!r} has {slots} slots; every host needs at least 1",
+            f"remove {host} from the host list or give it a positive slot count",
+        ))
+    return slots
+
+
+def _split_host_slots(item: str, where: str) -> HostSlots:
+    """``host``, ``host:N``, ``[v6]``, ``[v6]:N`` -> HostSlots (bare host: 1 slot)."""
+    if item.startswith("["):
+        close = item.find("]")
+        if close < 0:
+            raise ConfigError(with_hint(f"{where}: unclosed bracket in {item!r}",
+                                        "write IPv6 hosts as [addr]:slots"))
+        name, rest = item[: close + 1], item[close + 1:]
+        if rest and not rest.startswith(":"):
+            raise ConfigError(with_hint(f"{where}: cannot read {item!r}", "write [addr]:slots"))
+        slots_text = rest[1:] if rest else None
+    elif item.count(":") == 1:
+        name, slots_text = item.split(":")
+    else:
+        name, slots_text = item, None
+    host = _check_name(name, where)
+    slots = 1 if slots_text is None else _check_slots(slots_text, host, where)
+    return HostSlots(host, slots)
+
+
+def merge_hosts(hosts: Iterable[HostSlots]) -> list[HostSlots]:
+    """Sum the slots of repeated hosts, keeping first-appearance order."""
+    totals: dict[str, int] = {}
+    for h in hosts:
+        totals[h.hostname] = totals.get(h.hostname, 0) + h.slots
+    return [HostSlots(name, slots) for name, slots in totals.items()]
+
+
+def parse_hosts(text: str) -> list[HostSlots]:
+    """Parse ``-H``: comma-separated ``host[:slots]`` (bare host = 1 slot).
+
+    Example: ``parse_hosts("a:2,b")`` -> ``[HostSlots("a", 2), HostSlots("b", 1)]``.
+
+    Raises:
+        ConfigError: empty list, bad name, or a slot count that is not a positive integer.
+    """
+    items = [part.strip() for part in text.split(",")]
+    if not text.strip() or any(not item for item in items):
+        raise ConfigError(with_hint(
+            f"-H/--hosts: cannot read host list {text!r} (empty entry)",
+            "write hosts as host1:2,host2:4 (host:slots, comma separated, no spaces)",
+        ))
+    return merge_hosts(_split_host_slots(item, "-H/--hosts") for item in items)
+
+
+def parse_hostfile_text(text: str, source: str = "hostfile") -> list[HostSlots]:
+    """Parse hostfile lines: ``host slots=N [max_slots=M]``, ``host:N`` or bare ``host``.
+
+    ``#`` starts a comment; blank lines are skipped; ``max_slots`` is accepted and ignored.
+
+    Raises:
+        ConfigError: a line that fits none of the formats, naming the file and line number.
+    """
+    hosts: list[HostSlots] = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        where = f"{source}:{number}"
+        first, *rest = line.split()
+        if not rest:
+            hosts.append(_split_host_slots(first, where))
+            continue
+        if ":" in first and not first.startswith("["):
+            raise ConfigError(with_hint(f"{where}: cannot read {raw.strip()!r}",
+                                        "use either 'host slots=N' or 'host:N', not both"))
+        host = _check_name(first, where)
+        slots = 1
+        for token in rest:
+            key, sep, value = token.partition("=")
+            if sep and key == "slots":
+                slots = _check_slots(value, host, where)
+            elif sep and key == "max_slots":
+                _check_slots(value, host, where)
+            else:
+                raise ConfigError(with_hint(
+                    f"{where}: unknown field {token!r} in {raw.strip()!r}",
+                    "hostfile lines look like 'host slots=4', 'host:4' or 'host'",
+                ))
+        hosts.append(HostSlots(host, slots))
+    if not hosts:
+        raise ConfigError(with_hint(f"{source}: no hosts found",
+                                    "list one host per line, e.g. 'node1 slots=4'"))
+    return merge_hosts(hosts)
+
+
+def parse_hostfile(path: str) -> list[HostSlots]:
+    """Read and parse a hostfile (see :func:`parse_hostfile_text`)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        raise ConfigError(with_hint(f"--hostfile: cannot read {path!r}: {exc.strerror}",
+                                    "pass the path of an existing, readable hostfile")) from None
+    return parse_hostfile_text(text, source=path)
+
+
+def parse_ips(ips: str, nproc_per_node: int) -> list[HostSlots]:
+    """Paddle-style ``--ips a,b --nproc-per-node K``: every address gets K slots."""
+    if nproc_per_node <= 0:
+        raise ConfigError(with_hint(f"--nproc-per-node must be at least 1, got {nproc_per_node}",
+                                    "pass --nproc-per-node K with K >= 1"))
+    names = [part.strip() for part in ips.split(",")]
+    if not ips.strip() or any(not n for n in names):
+        raise ConfigError(with_hint(f"--ips: cannot read address list {ips!r}",
+                                    "write --ips 10.0.0.1,10.0.0.2"))
+    return merge_hosts(HostSlots(_check_name(n, "--ips"), nproc_per_node) for n in names)
+
+
+def parse_devices(text: str) -> tuple[str, ...]:
+    """``--gpus 0,1`` -> ``("0", "1")``; ids are non-negative integers or UUID-like names."""
+    items = tuple(part.strip() for part in text.split(","))
+    if not text.strip() or any(not i for i in items) or len(set(items)) != len(items):
+        raise ConfigError(with_hint(f"--gpus/--devices: cannot read device list {text!r}",
+                                    "write distinct device ids separated by commas, e.g. --gpus 0,1"))
+    for item in items:
+        if not re.match(r"^[A-Za-z0-9_-]+$", item):
+            raise ConfigError(with_hint(f"--gpus/--devices: bad device id {item!r}",
+                                        "use indices (0,1) or GPU UUIDs"))
+    return items
+
+
+def parse_rank_list(text: str, flag: str) -> frozenset[int]:
+    """``"0,2"`` -> ``frozenset({0, 2})`` for flags such as ``--ranks-filter``."""
+    try:
+        ranks = frozenset(int(part) for part in text.split(","))
+    except ValueError:
+        raise ConfigError(with_hint(f"{flag}: cannot read rank list {text!r}",
+                                    f"write ranks separated by commas, e.g. {flag} 0,1")) from None
+    if any(r < 0 for r in ranks):
+        raise ConfigError(with_hint(f"{flag}: ranks must be >= 0, got {sorted(ranks)}",
+                                    f"write {flag} 0,1"))
+    return ranks
+
+
+def this_host_names() -> frozenset[str]:
+    """Names that mean "this machine": loopback names and this host's name (short and full)."""
+    name = socket.gethostname()
+    return LOCAL_NAMES | {name, name.split(".")[0]}
+
+
+def is_local(hostname: str, local_names: Sequence[str] | frozenset[str] | None = None) -> bool:
+    """True when ``hostname`` names this machine (run directly, without ssh)."""
+    names = this_host_names() if local_names is None else local_names
+    return hostname in names or hostname.startswith("127.")
+
+
+def interface_address(name: str) -> str:
+    """IPv4 address of network interface ``name`` (Linux ioctl; no external tools).
+
+    Raises:
+        LaunchError: the interface does not exist or has no IPv4 address.
+    """
+    import fcntl
+    import struct
+
+    known = [n for _, n in socket.if_nameindex()]
+    if name not in known:
+        raise LaunchError(with_hint(f"network interface {name!r} not found; this host has {known}",
+                                    "pass --network-interface with one of the names listed"))
+    siocgifaddr = 0x8915
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            packed = fcntl.ioctl(sock.fileno(), siocgifaddr, struct.pack("256s", name.encode()[:15]))
+        except OSError:
+            raise LaunchError(with_hint(f"network interface {name!r} has no IPv4 address",
+                                        "pick an interface that is up and has an address")) from None
+    return socket.inet_ntoa(packed[20:24])

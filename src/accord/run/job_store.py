@@ -1,0 +1,128 @@
+"""The launcher's side of the rendezvous: accord's store, ports, and rank check-in.
+
+Two ports per job, both from the OS unless given: accord's authenticated store
+(``ACCORD_STORE_PORT``) and ``MASTER_PORT``, which rank 0 of a plain ``env://`` script binds for
+torch's own TCPStore. Torch-free (the launcher must start fast).
+"""
+from __future__ import annotations
+
+import socket
+import time
+from typing import Sequence
+
+from accord.errors import LaunchError, RendezvousError, with_hint
+from accord.run.worker_env import CHECKIN_KEY
+
+
+def free_port(host: str = "") -> int:
+    """A port the OS says is free on ``host`` (all interfaces by default).
+
+    Another process may take it before our worker binds it; torchrun accepts the same race.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def check_port_free(port: int, flag: str, host: str = "") -> None:
+    """Raise a clear LaunchError when ``port`` cannot be bound on ``host``.
+
+    Binding with SO_REUSEADDR, like the servers that will use the port, so sockets lingering in
+    TIME_WAIT do not count as "in use".
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise LaunchError(with_hint(
+                f"port {port} ({flag}) is already in use on this host: {exc.strerror}",
+                f"pass another port to {flag}, or leave {flag} out (or pass 0) to let the OS pick a "
+                f"free one; `ss -ltnp 'sport = :{port}'` shows who holds it",
+            )) from None
+
+
+class JobStore:
+    """accord's rendezvous store for one job, and the check-in query the launcher needs."""
+
+    def __init__(self, bind_host: str, port: int, secret: bytes) -> None:
+        from accord.runtime.store_server import StoreServer  # torch-free
+
+        self._secret = secret
+        self._server = StoreServer(host=bind_host, port=port, secret=secret)
+        try:
+            self._server.start()
+        except RendezvousError as exc:
+            raise LaunchError(with_hint(
+                f"accordrun could not start the rendezvous store on {bind_host}:{port} "
+                f"(--store-port): {str(exc).splitlines()[0]}",
+                "pass another --store-port, or leave it out to let the OS pick a free port",
+            )) from None
+        self._conn = None
+        self._checked: set[int] = set()
+
+    @property
+    def port(self) -> int:
+        """The port the store listens on."""
+        return self._server.port
+
+    def missing_ranks(self, ranks: Sequence[int]) -> list[int]:
+        """The ranks among ``ranks`` that have not set their check-in key yet."""
+        from accord.runtime.store_connection import StoreConnection
+
+        if self._conn is None:
+            self._conn = StoreConnection("127.0.0.1" if self._server.host in ("0.0.0.0", "")
+                                         else self._server.host,
+                                         self.port, self._secret, timeout=5.0, connect_timeout=5.0)
+        for rank in ranks:
+            if rank not in self._checked and self._conn.check([CHECKIN_KEY.format(rank=rank)]):
+                self._checked.add(rank)
+        return [r for r in ranks if r not in self._checked]
+
+    def close(self) -> None:
+        """Stop the store (idempotent)."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        self._server.close()
+
+
+def start_store(bind_host: str, port: int, secret: bytes) -> JobStore | None:
+    """Start the job's store; None when accord.runtime.store_server is not available.
+
+    Raises:
+        LaunchError: the port is in use or the address cannot be bound.
+    """
+    try:
+        import accord.runtime.store_server  # noqa: F401
+    except ImportError:
+        return None
+    return JobStore(bind_host, port, secret)
+
+
+class CheckinWatch:
+    """Enforces ``--start-timeout``: every rank must check in before the deadline."""
+
+    def __init__(self, store: JobStore, ranks: Sequence[int], timeout: float, interval: float = 0.2) -> None:
+        self._store = store
+        self._ranks = list(ranks)
+        self.deadline = time.monotonic() + timeout
+        self.timeout = timeout
+        self._interval = interval
+        self._next = 0.0
+        self.done = False
+
+    def poll(self) -> list[int]:
+        """Return the missing ranks once the deadline passed with ranks missing, else []."""
+        now = time.monotonic()
+        if self.done or now < self._next:
+            return []
+        self._next = now + self._interval
+        missing = self._store.missing_ranks(self._ranks)
+        if not missing:
+            self.done = True
+            return []
+        if now >= self.deadline:
+            self.done = True
+            return missing
+        return []

@@ -1,0 +1,219 @@
+"""``LaunchConfig``: the command line, typed and validated once.
+
+:func:`config_from_args` turns argparse's namespace into a frozen :class:`LaunchConfig` or
+raises :class:`~accord.errors.ConfigError` (the CLI exits 2 and starts nothing). Everything
+after this point trusts the config.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from accord import config
+from accord.errors import ConfigError, LaunchError, with_hint
+from accord.run.assignment import Slot, assign_slots
+from accord.run.hosts import (
+    HostSlots,
+    interface_address,
+    is_local,
+    parse_devices,
+    parse_hostfile,
+    parse_hosts,
+    parse_ips,
+    parse_rank_list,
+)
+from accord.run.ssh import SshOptions
+from accord.run.worker_env import Tuning
+
+LOG_LEVELS = ("trace", "debug", "info", "warning", "error")
+DEFAULT_GRACE = 5.0
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Everything the launcher needs, validated."""
+
+    command: tuple[str, ...]
+    num_proc: int
+    hosts: tuple[HostSlots, ...]
+    slots: tuple[Slot, ...]
+    cwd: str
+    devices: tuple[str, ...] | None = None
+    start_timeout: float | None = None  # enforced check-in deadline (explicit flag only)
+    grace_period: float = DEFAULT_GRACE
+    ssh: SshOptions = SshOptions()
+    output_dir: str | None = None
+    prefix: bool = True
+    prefix_timestamp: bool = False
+    ranks_filter: frozenset[int] | None = None
+    tuning: Tuning = Tuning()
+    store_port: int = 0
+    master_addr: str | None = None
+    master_port: int = 0
+    interface_ip: str | None = None
+    verbose: bool = False
+
+    @property
+    def remote(self) -> bool:
+        """True when some worker runs on another host (through ssh)."""
+        return any(not is_local(s.hostname) for s in self.slots)
+
+
+def _positive(value: float | None, flag: str, allow_zero: bool = False) -> None:
+    if value is None:
+        return
+    if value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ConfigError(with_hint(f"{flag} must be {bound}, got {value:g}", f"pass {flag} with a value {bound}"))
+
+
+def _port(value: int | None, flag: str) -> int:
+    if value is None:
+        return 0
+    if not 0 <= value <= 65535:
+        raise ConfigError(with_hint(f"{flag} must be between 0 and 65535, got {value}",
+                                    f"pass {flag} 0 (or leave it out) for a free port"))
+    return value
+
+
+def _hosts(ns: argparse.Namespace) -> list[HostSlots] | None:
+    given = [flag for flag, value in (("-H/--hosts", ns.hosts), ("--hostfile", ns.hostfile), ("--ips", ns.ips))
+             if value is not None]
+    if len(given) > 1:
+        raise ConfigError(with_hint(f"{' and '.join(given)} both name hosts", "use only one way of naming hosts"))
+    if ns.hosts is not None:
+        return parse_hosts(ns.hosts)
+    if ns.hostfile is not None:
+        return parse_hostfile(ns.hostfile)
+    if ns.ips is not None:
+        if ns.nproc_per_node is None:
+            raise ConfigError(with_hint("--ips needs --nproc-per-node", "pass --ips a,b --nproc-per-node K"))
+        return parse_ips(ns.ips, ns.nproc_per_node)
+    return None
+
+
+def _command(ns: argparse.Namespace, environ: Mapping[str, str], all_local: bool) -> tuple[str, ...]:
+    command = list(ns.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise ConfigError(with_hint("no command to run", "append the command, e.g. accordrun -np 2 python train.py"))
+    exe = command[0]
+    if all_local and os.sep not in exe and shutil.which(exe, path=environ.get("PATH")) is None:
+        raise ConfigError(with_hint(f"command {exe!r} not found on PATH",
+                                    "check the spelling, or give the program's full path"))
+    return tuple(command)
+
+
+def config_from_args(ns: argparse.Namespace, environ: Mapping[str, str], cwd: str | None = None) -> LaunchConfig:
+    """Validate the parsed command line into a LaunchConfig.
+
+    Args:
+        environ: the launcher's environment (``config.snapshot()``), for DMLC_INTERFACE,
+            PS_VERBOSE and PATH.
+
+    Raises:
+        ConfigError: anything unusable, with a HINT.
+    """
+    hosts = _hosts(ns)
+    num_proc = ns.num_proc
+    if hosts is None:
+        if num_proc is None and ns.nproc_per_node is not None:
+            num_proc = ns.nproc_per_node
+        if num_proc is None:
+            raise ConfigError(with_hint("the number of workers is not given",
+                                        "pass -np N (and -H host:slots,... for several hosts)"))
+        hosts = [HostSlots("localhost", max(num_proc, 1))]
+    elif num_proc is None:
+        num_proc = sum(h.slots for h in hosts)
+    slots = tuple(assign_slots(hosts, num_proc))
+    all_local = all(is_local(s.hostname) for s in slots)
+
+    devices = parse_devices(ns.devices) if ns.devices is not None else None
+    if devices is not None:
+        most = max(s.local_size for s in slots)
+        if most > len(devices):
+            raise ConfigError(with_hint(
+                f"--gpus/--devices lists {len(devices)} device(s) but a host runs {most} workers",
+                f"list at least {most} devices, or lower the workers per host",
+            ))
+    ranks_filter = parse_rank_list(ns.ranks_filter, "--ranks-filter") if ns.ranks_filter is not None else None
+    if ranks_filter is not None and max(ranks_filter) >= num_proc:
+        raise ConfigError(with_hint(f"--ranks-filter names rank {max(ranks_filter)} but the job has {num_proc} ranks",
+                                    f"use ranks 0..{num_proc - 1}"))
+    for value, flag, zero_ok in (
+        (ns.start_timeout, "--start-timeout", False),
+        (ns.grace_period, "--grace-period", True),
+        (ns.fusion_threshold_mb, "--fusion-threshold-mb", True),
+        (ns.cycle_time_ms, "--cycle-time-ms", False),
+        (ns.stall_check_warning_time_seconds, "--stall-check-warning-time-seconds", False),
+        (ns.stall_check_shutdown_time_seconds, "--stall-check-shutdown-time-seconds", True),
+    ):
+        _positive(value, flag, zero_ok)
+    if ns.ssh_identity_file is not None and not os.path.isfile(ns.ssh_identity_file):
+        raise ConfigError(with_hint(f"-i/--ssh-identity-file {ns.ssh_identity_file!r} does not exist",
+                                    "pass the path of your private key, e.g. ~/.ssh/id_ed25519"))
+
+    interface = ns.network_interface or config.get("ACCORD_INTERFACE", environ)
+    interface_ip = None
+    if interface is not None:
+        try:
+            interface_ip = interface_address(interface)
+        except LaunchError as exc:
+            raise ConfigError(str(exc)) from None
+    log_level = ns.log_level.lower() if ns.log_level is not None else None
+    if log_level is not None and log_level not in LOG_LEVELS:
+        raise ConfigError(with_hint(f"--log-level {ns.log_level!r} is not a level",
+                                    f"use one of {', '.join(LOG_LEVELS)}"))
+    verbose = bool(ns.verbose or config.get("ACCORD_VERBOSE", environ))
+    tuning = Tuning(
+        fusion_threshold_mb=ns.fusion_threshold_mb,
+        cycle_time_ms=ns.cycle_time_ms,
+        timeline_filename=os.path.abspath(ns.timeline_filename) if ns.timeline_filename else None,
+        stall_check_warning_s=ns.stall_check_warning_time_seconds,
+        stall_check_shutdown_s=ns.stall_check_shutdown_time_seconds,
+        stall_check_disable=ns.no_stall_check,
+        hierarchical_allreduce=ns.hierarchical_allreduce,
+        log_level=log_level,
+        network_interface=interface,
+        verbose=verbose,
+        start_timeout=ns.start_timeout,
+    )
+    ssh_port = _port(ns.ssh_port, "-p/--ssh-port") or None
+    return LaunchConfig(
+        command=_command(ns, environ, all_local),
+        num_proc=num_proc,
+        hosts=tuple(hosts),
+        slots=slots,
+        cwd=cwd or os.getcwd(),
+        devices=devices,
+        start_timeout=ns.start_timeout,
+        grace_period=DEFAULT_GRACE if ns.grace_period is None else ns.grace_period,
+        ssh=SshOptions(port=ssh_port, identity_file=ns.ssh_identity_file,
+                       strict_host_key_checking=ns.ssh_strict_host_key_checking),
+        output_dir=os.path.abspath(ns.output_filename) if ns.output_filename else None,
+        prefix=not ns.no_prefix,
+        prefix_timestamp=ns.prefix_timestamp,
+        ranks_filter=ranks_filter,
+        tuning=tuning,
+        store_port=_port(ns.store_port, "--store-port"),
+        master_addr=ns.master_addr,
+        master_port=_port(ns.master_port, "--master-port"),
+        interface_ip=interface_ip,
+        verbose=verbose,
+    )
+
+
+def describe(cfg: LaunchConfig) -> dict[str, Any]:
+    """A loggable summary (never contains the secret: the config does not hold it)."""
+    return {
+        "command": list(cfg.command),
+        "np": cfg.num_proc,
+        "hosts": [f"{h.hostname}:{h.slots}" for h in cfg.hosts],
+        "remote": cfg.remote,
+        "grace_period": cfg.grace_period,
+        "start_timeout": cfg.start_timeout,
+    }

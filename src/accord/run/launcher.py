@@ -1,0 +1,286 @@
+"""Run one job: store, workers, output, and the first failure stops everything.
+
+The sequence: start accord's rendezvous store with a fresh 32-byte secret, start the guardian
+(:mod:`accord.run.local`), start every worker (locally, or through ssh), watch them. The first
+worker that exits non-zero or dies by a signal stops the job: the others get SIGTERM, a grace
+period, then SIGKILL of their whole process group; the launcher prints the root cause and exits
+with that worker's status. SIGINT/SIGTERM/SIGHUP to the launcher stop the job the same way (the
+signal received is the one forwarded; a second one skips the grace period).
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any, BinaryIO, TextIO
+
+from accord import config
+from accord.errors import LaunchError, with_hint
+from accord.run import error_file, job_store
+from accord.run.assignment import Slot
+from accord.run.failures import Failure, exit_status, format_root_cause, pick_root_cause, signal_name
+from accord.run.hosts import is_local
+from accord.run.launch_config import LaunchConfig, describe
+from accord.run.local import Guardian, start_process, stop_groups
+from accord.run.output import OutputMux
+from accord.run.ssh import remote_script, secret_line, ssh_argv
+from accord.run.worker_env import (
+    SECRET_FILE_VAR,
+    SECRET_VAR,
+    JobEnv,
+    forwarded_env,
+    local_environment,
+    omp_threads,
+    worker_env,
+)
+
+_POLL = 0.05
+_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@dataclass
+class _Worker:
+    slot: Slot
+    proc: subprocess.Popen[bytes]
+    remote: bool
+    error_file: str | None
+    returncode: int | None = None
+    stopped: bool = False  # the launcher asked it to stop
+
+
+def launch(cfg: LaunchConfig, console_out: BinaryIO | None = None, console_err: BinaryIO | None = None,
+           log: TextIO | None = None) -> int:
+    """Run the job described by ``cfg``; return the launcher's exit code.
+
+    Raises:
+        LaunchError: the store or a worker could not be started (nothing is left running).
+    """
+    return _Job(cfg, console_out or sys.stdout.buffer, console_err or sys.stderr.buffer,
+                log or sys.stderr).run()
+
+
+def _advertised_address(cfg: LaunchConfig) -> str:
+    """The address remote workers use to reach this host."""
+    if not cfg.remote:
+        return "127.0.0.1"
+    if cfg.interface_ip:
+        return cfg.interface_ip
+    remote = next(s.hostname for s in cfg.slots if not is_local(s.hostname))
+    try:  # the source address of the route towards a remote host; UDP connect sends nothing
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.connect((remote, 9))
+            return sock.getsockname()[0]
+    except OSError:
+        return socket.gethostname()
+
+
+class _Job:
+    def __init__(self, cfg: LaunchConfig, out: BinaryIO, err: BinaryIO, log: TextIO) -> None:
+        self.cfg = cfg
+        self._out, self._err, self._log = out, err, log
+        self._signals: list[int] = []
+        self._workers: list[_Worker] = []
+        self._store: job_store.JobStore | None = None
+        self._guardian: Guardian | None = None
+        self._mux: OutputMux | None = None
+        self._jobdir: str | None = None
+        self._previous: dict[int, Any] = {}
+
+    # --- helpers -------------------------------------------------------------------------------
+    def _say(self, text: str) -> None:
+        self._log.write(f"accordrun: {text}\n")
+        self._log.flush()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._signals.append(signum)
+
+    def _reap(self) -> bool:
+        """Collect exit codes; True when a second signal asks to skip the grace period."""
+        for w in self._workers:
+            if w.returncode is None:
+                w.returncode = w.proc.poll()
+        return len(self._signals) >= 2
+
+    # --- the job -------------------------------------------------------------------------------
+    def run(self) -> int:
+        cfg = self.cfg
+        if cfg.output_dir is not None:
+            os.makedirs(cfg.output_dir, exist_ok=True)
+        environ = config.snapshot()
+        secret = secrets.token_bytes(32)
+        job_id = uuid.uuid4().hex[:12]
+        for sig in _FORWARDED:
+            self._previous[sig] = signal.signal(sig, self._on_signal)
+        try:
+            job = self._prepare(job_id, secret)
+            self._start_workers(job, environ, secret.hex())
+            return self._watch()
+        finally:
+            self._cleanup()
+
+    def _prepare(self, job_id: str, secret: bytes) -> JobEnv:
+        cfg = self.cfg
+        address = _advertised_address(cfg)
+        bind = "127.0.0.1" if not cfg.remote else (cfg.interface_ip or "0.0.0.0")
+        rank0_local = is_local(cfg.slots[0].hostname)
+        if cfg.master_port and rank0_local:
+            job_store.check_port_free(cfg.master_port, "--master-port")
+        master_port = cfg.master_port or job_store.free_port()
+        master_addr = cfg.master_addr or (address if rank0_local else cfg.slots[0].hostname)
+        self._store = job_store.start_store(bind, cfg.store_port, secret)
+        if self._store is None and cfg.verbose:
+            self._say("accord's rendezvous store is not available; workers get MASTER_ADDR/PORT only")
+        self._jobdir = tempfile.mkdtemp(prefix=f"accord-{job_id}-")
+        self._guardian = Guardian(cfg.grace_period)
+        if cfg.verbose:
+            store = f"{address}:{self._store.port}" if self._store else "none"
+            self._say(f"job {job_id}: {describe(cfg)}; store {store}; MASTER {master_addr}:{master_port}")
+        return JobEnv(job_id=job_id, master_addr=master_addr, master_port=master_port,
+                      store_addr=address if self._store else None,
+                      store_port=self._store.port if self._store else None)
+
+    def _start_workers(self, job: JobEnv, environ: dict[str, str], secret_hex: str) -> None:
+        cfg = self.cfg
+        cpus = os.cpu_count() or 1
+        if "OMP_NUM_THREADS" not in environ:
+            local_size = max(s.local_size for s in cfg.slots)
+            self._say(f"OMP_NUM_THREADS is not set: each worker gets max(1, {cpus} cores // "
+                      f"{local_size} workers per host) = {omp_threads(cpus, local_size)} thread(s); "
+                      f"set OMP_NUM_THREADS to choose")
+        self._mux = OutputMux(self._out, self._err, prefix=cfg.prefix, timestamps=cfg.prefix_timestamp,
+                              ranks_filter=cfg.ranks_filter, output_dir=cfg.output_dir)
+        assert self._guardian is not None and self._jobdir is not None
+        for slot in cfg.slots:
+            remote = not is_local(slot.hostname)
+            err_path = None if remote else os.path.join(self._jobdir, f"rank.{slot.rank}.error.json")
+            added = worker_env(slot, job, tuning=cfg.tuning, user_env=environ, cpu_count=cpus,
+                               devices=cfg.devices, error_file=err_path)
+            try:
+                if remote:
+                    script = remote_script(cfg.command, forwarded_env(environ, added), cfg.cwd, cfg.grace_period)
+                    ssh_env = {k: v for k, v in environ.items() if k not in (SECRET_VAR, SECRET_FILE_VAR)}
+                    proc = start_process(ssh_argv(slot.hostname, script, cfg.ssh), ssh_env, cfg.cwd,
+                                         stdin=subprocess.PIPE)
+                    assert proc.stdin is not None
+                    proc.stdin.write(secret_line(secret_hex))
+                    proc.stdin.flush()  # stays open: its end-of-file tells the remote side to stop
+                else:
+                    proc = start_process(cfg.command, local_environment(environ, added, secret_hex), cfg.cwd)
+            except OSError as exc:
+                what = "ssh" if remote else cfg.command[0]
+                raise LaunchError(with_hint(f"could not start rank {slot.rank} on {slot.hostname} "
+                                            f"({what}): {exc}",
+                                            "check that the program exists and is executable")) from None
+            self._guardian.watch(proc.pid)
+            self._workers.append(_Worker(slot, proc, remote, err_path))
+            self._mux.add(slot.rank, proc.stdout, proc.stderr)
+        self._mux.start()
+
+    def _watch(self) -> int:
+        cfg = self.cfg
+        checkin = None
+        if cfg.start_timeout is not None and self._store is not None:
+            checkin = job_store.CheckinWatch(self._store, [s.rank for s in cfg.slots], cfg.start_timeout)
+        failures: list[Failure] = []
+        missing: list[int] = []
+        while True:
+            if self._signals:
+                break
+            for w in self._workers:
+                if w.returncode is None:
+                    w.returncode = w.proc.poll()
+                    if w.returncode not in (None, 0):
+                        failures.append(self._failure(w))
+            if failures or all(w.returncode is not None for w in self._workers):
+                break
+            if checkin is not None:
+                missing = checkin.poll()
+                if missing:
+                    break
+            time.sleep(_POLL)
+        stopped = self._stop_all(self._signals[0] if self._signals else signal.SIGTERM)
+        assert self._mux is not None
+        self._mux.close(timeout=2.0)
+        if failures:
+            for f in failures:
+                f.stderr_tail = self._mux.stderr_tail(f.rank)[-20:]
+            root = pick_root_cause(failures)
+            others = [f for f in failures if f is not root]
+            self._log.write(format_root_cause(root, others, stopped) + "\n")
+            self._log.flush()
+            return exit_status(root.returncode)
+        if self._signals:
+            sig = self._signals[0]
+            self._say(f"received {signal_name(sig)}; stopped ranks {stopped or 'none (all had ended)'}")
+            return 128 + sig
+        if missing:
+            hosts = sorted({cfg.slots[r].hostname for r in missing})
+            self._say(with_hint(
+                f"error: ranks {missing} (on {', '.join(hosts)}) did not check in at the rendezvous "
+                f"within --start-timeout {cfg.start_timeout:g}s; stopped every worker",
+                "look at those ranks' output above: a crash or hang before accord's init, a slow "
+                "import, or a host that cannot reach the launcher; or raise --start-timeout",
+            ))
+            return 1
+        return 0
+
+    def _failure(self, w: _Worker) -> Failure:
+        assert w.returncode is not None
+        error = error_file.read_error_file(w.error_file) if w.error_file else None
+        return Failure(rank=w.slot.rank, host=w.slot.hostname, pid=w.proc.pid, returncode=w.returncode,
+                       error=error, local_rank=w.slot.local_rank)
+
+    def _stop_all(self, sig: int) -> list[int]:
+        """Stop every worker's process group; return the ranks that were still running."""
+        running = [w for w in self._workers if w.proc.poll() is None]
+        for w in running:
+            w.stopped = True
+            if w.remote and w.proc.stdin is not None:
+                try:  # end-of-file: the remote script stops its worker (TERM, grace, KILL)
+                    w.proc.stdin.close()
+                except OSError:
+                    pass
+        if running and self.cfg.verbose:
+            self._say(f"stopping ranks {[w.slot.rank for w in running]} with {signal_name(sig)}")
+        # every group, finished workers included: their children must not outlive the job
+        groups = [w.proc.pid for w in self._workers]
+        stop_groups(groups, self.cfg.grace_period, reap=self._reap, first_signal=sig)
+        for w in self._workers:
+            try:
+                w.returncode = w.proc.wait(5.0)
+            except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL was sent already
+                pass
+        return [w.slot.rank for w in running]
+
+    def _cleanup(self) -> None:
+        for w in self._workers:  # after an exception mid-start: nothing may survive
+            if w.proc.poll() is None:
+                try:
+                    os.killpg(w.proc.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+                w.proc.wait()
+            if w.proc.stdin is not None:
+                try:
+                    w.proc.stdin.close()
+                except OSError:
+                    pass
+        if self._mux is not None:
+            self._mux.close(timeout=0.5)
+        if self._guardian is not None:
+            self._guardian.close()
+        if self._store is not None:
+            self._store.close()
+        if self._jobdir is not None:
+            shutil.rmtree(self._jobdir, ignore_errors=True)
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)

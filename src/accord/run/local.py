@@ -1,0 +1,195 @@
+"""Starting and stopping worker processes on this host, and the guardian.
+
+Every worker starts in its own session (``start_new_session=True``), so it and everything it
+starts share one process group that can be signalled as a whole (and a Ctrl-C in the terminal
+reaches only the launcher, which forwards it).
+
+Workers must not outlive the launcher, even when the launcher is SIGKILLed. We use a
+*guardian*: a tiny Python process (no imports beyond ``os``/``signal``/``time``), in its own
+session, that reads a pipe from the launcher. The launcher writes ``+PGID`` for each worker
+group it starts. When the pipe reaches end-of-file without a ``q`` first (the launcher died),
+the guardian sends SIGTERM to every group, waits the grace period and sends SIGKILL. We chose
+this over ``prctl(PR_SET_PDEATHSIG)``: that needs a ``preexec_fn`` (unsafe in a process with
+threads, as accord.spawn's parent may be), follows the *thread* that forked rather than the
+process, and reaches only the direct child, not the worker's own children.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Callable, Iterable, Mapping, Sequence
+
+_GUARDIAN = r"""
+import os, signal, sys, time
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+signal.signal(signal.SIGHUP, signal.SIG_IGN)
+grace = float(sys.argv[1])
+groups, buf, quit_ = set(), b"", False
+while True:
+    data = os.read(0, 4096)
+    if not data:
+        break
+    buf += data
+    *lines, buf = buf.split(b"\n")
+    for line in lines:
+        if line == b"q":
+            quit_ = True
+        elif line[:1] == b"+":
+            groups.add(int(line[1:]))
+        elif line[:1] == b"-":
+            groups.discard(int(line[1:]))
+if quit_ or not groups:
+    sys.exit(0)
+def alive(g):
+    try:
+        os.killpg(g, 0)
+        return True
+    except OSError:
+        return False
+for sig in (signal.SIGTERM, signal.SIGKILL):
+    for g in groups:
+        try:
+            os.killpg(g, sig)
+        except OSError:
+            pass
+    deadline = time.monotonic() + grace
+    while sig == signal.SIGTERM and time.monotonic() < deadline and any(alive(g) for g in groups):
+        time.sleep(0.05)
+"""
+
+
+class Guardian:
+    """The launcher-death watchdog (see the module docstring)."""
+
+    def __init__(self, grace: float) -> None:
+        self._proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _GUARDIAN, str(grace)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+    @property
+    def pid(self) -> int:
+        """The guardian's process id."""
+        return self._proc.pid
+
+    def watch(self, pgid: int) -> None:
+        """Kill process group ``pgid`` if the launcher dies."""
+        self._send(f"+{pgid}\n")
+
+    def forget(self, pgid: int) -> None:
+        """Stop watching ``pgid`` (it has been dealt with)."""
+        self._send(f"-{pgid}\n")
+
+    def close(self) -> None:
+        """Normal end: tell the guardian to exit without killing anything."""
+        self._send("q\n")
+        if self._proc.stdin is not None:
+            try:
+                self._proc.stdin.close()
+            except OSError:
+                pass
+        try:
+            self._proc.wait(5.0)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+    def _send(self, text: str) -> None:
+        if self._proc.stdin is None:
+            return
+        try:
+            self._proc.stdin.write(text.encode())
+            self._proc.stdin.flush()
+        except (OSError, ValueError):
+            pass  # guardian gone: nothing more we can do from here
+
+
+def start_process(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    cwd: str | None = None,
+    stdin: int | None = subprocess.DEVNULL,
+) -> subprocess.Popen[bytes]:
+    """Start one worker (or ssh client) in a new session with piped stdout/stderr.
+
+    Raises:
+        OSError: the executable does not exist or cannot run (FileNotFoundError, ...).
+    """
+    return subprocess.Popen(
+        list(argv),
+        env=dict(env),
+        cwd=cwd,
+        stdin=stdin,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+
+
+def signal_group(pgid: int, sig: int) -> bool:
+    """Send ``sig`` to process group ``pgid``; False when the group no longer exists."""
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return False
+
+
+def group_alive(pgid: int) -> bool:
+    """True while any process of group ``pgid`` is still running.
+
+    Zombies do not count: an orphan is reaped by init, and some inits (in containers and
+    micro-VMs) do that lazily, which would otherwise stretch every stop to the full grace.
+    """
+    if not signal_group(pgid, 0):
+        return False
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return True  # no procfs: trust the signal check
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # exited while we looked
+        # after the command name: state, ppid, pgrp, ...
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+            return True
+    return False
+
+
+def stop_groups(
+    pgids: Iterable[int],
+    grace: float,
+    reap: Callable[[], bool] | None = None,
+    first_signal: int = signal.SIGTERM,
+    poll: float = 0.05,
+) -> list[int]:
+    """Send ``first_signal`` to every group, wait up to ``grace`` seconds, SIGKILL what is left.
+
+    Args:
+        reap: called while waiting, to collect exited children (an unreaped zombie still
+            counts as a member of its group); returning True ends the grace period early.
+
+    Returns:
+        The groups that needed SIGKILL.
+    """
+    groups = [g for g in pgids if signal_group(g, first_signal)]
+    deadline = time.monotonic() + grace
+    while groups and time.monotonic() < deadline:
+        if reap is not None and reap():
+            break
+        groups = [g for g in groups if group_alive(g)]
+        if groups:
+            time.sleep(poll)
+    return [g for g in groups if signal_group(g, signal.SIGKILL)]

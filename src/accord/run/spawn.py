@@ -1,0 +1,302 @@
+"""``accord.spawn``: run a function on N local workers with accordrun's environment.
+
+Like Paddle's ``paddle.distributed.spawn`` and Horovod's ``horovod.run``: ``fn(*args)`` runs in
+every worker (the worker learns its rank from the environment, e.g. through
+``hvd.init()`` or ``ACCORD_RANK``); the return values come back in rank order::
+
+    import accord
+
+    def train(lr):
+        import accord.torch as hvd
+        hvd.init()
+        ...
+        return hvd.rank()
+
+    if __name__ == "__main__":
+        print(accord.spawn(train, args=(0.1,), nprocs=2))   # [0, 1]
+
+Each worker gets the worker contract of :mod:`accord.run.worker_env` (its own rendezvous
+store is started here), runs in its own process group, and is killed with its children if
+this process dies (the guardian of :mod:`accord.run.local`). The first failure stops the
+others (SIGTERM, grace period, SIGKILL) and is re-raised here as
+:class:`~accord.errors.WorkerFailedError` naming the rank, with the worker's traceback in
+the message and the original exception as ``__cause__`` when it could be sent back.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import multiprocessing.connection as mpc
+import os
+import pickle
+import secrets
+import sys
+import time
+import traceback
+import uuid
+from typing import Any, Callable, Mapping, Sequence
+
+from accord import config
+from accord.errors import ConfigError, WorkerFailedError, with_hint
+from accord.run import job_store
+from accord.run.assignment import assign_slots
+from accord.run.failures import describe_returncode, exit_status
+from accord.run.hosts import HostSlots
+from accord.run.local import Guardian, stop_groups
+from accord.run.worker_env import SECRET_VAR, JobEnv, Tuning, worker_env
+
+_TUNING_OPTIONS = {
+    "fusion_threshold_mb": "fusion_threshold_mb",
+    "cycle_time_ms": "cycle_time_ms",
+    "timeline_filename": "timeline_filename",
+    "stall_check_warning_time_seconds": "stall_check_warning_s",
+    "stall_check_shutdown_time_seconds": "stall_check_shutdown_s",
+    "no_stall_check": "stall_check_disable",
+    "hierarchical_allreduce": "hierarchical_allreduce",
+    "log_level": "log_level",
+    "network_interface": "network_interface",
+    "verbose": "verbose",
+    "start_timeout": "start_timeout",
+}
+_OTHER_OPTIONS = ("grace_period", "env", "devices")
+
+
+def _worker_main(rank: int, conn: Any, payload: bytes, env: dict[str, str]) -> None:
+    """Entry point of one worker process."""
+    try:
+        os.setsid()  # one process group per worker: the parent stops its whole tree at once
+    except OSError:
+        pass
+    config.set_variables(env)  # again here: a forkserver child did not inherit the parent's env
+    code = 0
+    try:
+        fn, args = pickle.loads(payload)
+        message: tuple[str, Any] = ("ok", fn(*args))
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        message = ("ok", None) if code == 0 else ("error", _describe(exc))
+    except BaseException as exc:  # everything goes back to the parent, KeyboardInterrupt too
+        code = 1
+        message = ("error", _describe(exc))
+    try:
+        conn.send(message)
+    except Exception as exc:  # the result could not be pickled: report that instead
+        code = 1
+        conn.send(("error", _describe(exc)))
+    conn.close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # skip atexit handlers a library may have left behind in the worker
+
+
+def _describe(exc: BaseException) -> dict[str, Any]:
+    try:
+        original = pickle.dumps(exc)
+        pickle.loads(original)
+    except Exception:  # noqa: BLE001 - unpicklable exceptions still report type and text
+        original = None
+    return {
+        "type": type(exc).__qualname__,
+        "message": str(exc),
+        "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+        "pickled": original,
+    }
+
+
+def _default_nprocs() -> int:
+    """One worker per visible GPU, else one per CPU."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.device_count()
+    except ImportError:
+        pass
+    return os.cpu_count() or 1
+
+
+def _split_options(options: Mapping[str, Any]) -> tuple[Tuning, float, dict[str, str], tuple[str, ...] | None]:
+    unknown = sorted(set(options) - set(_TUNING_OPTIONS) - set(_OTHER_OPTIONS))
+    if unknown:
+        raise ConfigError(with_hint(f"accord.spawn got unknown options {unknown}",
+                                    f"use some of {sorted([*_TUNING_OPTIONS, *_OTHER_OPTIONS])}"))
+    tuning = Tuning(**{_TUNING_OPTIONS[k]: v for k, v in options.items() if k in _TUNING_OPTIONS})
+    grace = float(options.get("grace_period", 5.0))
+    extra = {str(k): str(v) for k, v in dict(options.get("env") or {}).items()}
+    devices = options.get("devices")
+    return tuning, grace, extra, None if devices is None else tuple(str(d) for d in devices)
+
+
+class SpawnContext:
+    """The running workers of one :func:`spawn` call.
+
+    ``join()`` waits (True when every worker finished, False on timeout) and raises
+    :class:`WorkerFailedError` on the first failure; ``results`` holds the return values in
+    rank order once ``join()`` returned True.
+    """
+
+    def __init__(self, processes: Sequence[Any], conns: Sequence[Any], grace: float,
+                 store: job_store.JobStore | None, guardian: Guardian) -> None:
+        self.processes = list(processes)
+        self._conns = list(conns)
+        self._grace = grace
+        self._store = store
+        self._guardian: Guardian | None = guardian
+        self._got: dict[int, tuple[str, Any]] = {}
+        self.results: list[Any] | None = None
+
+    def pids(self) -> list[int]:
+        """Process ids of the workers, in rank order."""
+        return [p.pid for p in self.processes]
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for the workers; see the class docstring."""
+        if self.results is not None:
+            return True
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while len(self._got) < len(self.processes):
+                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                waiting = {c: r for r, c in enumerate(self._conns) if r not in self._got}
+                sentinels = {self.processes[r].sentinel: r for r in waiting.values()}
+                ready = mpc.wait([*waiting, *sentinels], remaining)
+                if not ready and deadline is not None:
+                    return False
+                for obj in ready:
+                    rank = waiting.get(obj, sentinels.get(obj))
+                    if rank is not None and rank not in self._got:
+                        self._receive(rank)
+                failed = sorted(r for r, (status, _) in self._got.items() if status == "error")
+                if failed:
+                    self._fail(failed[0])
+        except BaseException:
+            self.close()
+            raise
+        for p in self.processes:
+            p.join()
+        self.results = [self._got[r][1] for r in range(len(self.processes))]
+        self.close()
+        return True
+
+    def _receive(self, rank: int) -> None:
+        conn = self._conns[rank]
+        try:
+            if conn.poll(0.5):  # a worker that just exited may still have its answer in the pipe
+                self._got[rank] = conn.recv()
+                return
+        except (EOFError, OSError):
+            pass
+        proc = self.processes[rank]
+        proc.join(1.0)
+        code = proc.exitcode if proc.exitcode is not None else -9
+        self._got[rank] = ("error", {"type": "WorkerExited", "message": describe_returncode(code),
+                                     "traceback": "", "pickled": None, "exitcode": code})
+
+    def _fail(self, rank: int) -> None:
+        info = self._got[rank][1]
+        self.processes[rank].join(2.0)  # it exits right after answering: keep its own exit code
+        code = self.processes[rank].exitcode
+        self.close()
+        tb = info.get("traceback") or ""
+        text = f"accord.spawn: rank {rank} of {len(self.processes)} failed: {info['type']}: {info['message']}"
+        if tb:
+            text += f"\n\nTraceback from rank {rank}:\n{tb.rstrip()}"
+        error = WorkerFailedError(
+            with_hint(text, "the traceback is the worker's own; fix the error there (the other "
+                            "workers were stopped)"),
+            rank=rank,
+            exit_code=exit_status(code) if code is not None else None,
+        )
+        original = pickle.loads(info["pickled"]) if info.get("pickled") else None
+        raise error from original
+
+    def close(self) -> None:
+        """Stop every worker still running (SIGTERM, grace period, SIGKILL) and release the store."""
+        live = [p for p in self.processes if p.pid is not None]
+
+        def reap() -> bool:
+            for p in live:
+                p.join(0)
+            return False
+
+        stop_groups([p.pid for p in live], self._grace if any(p.is_alive() for p in live) else 0.0, reap=reap)
+        for p in live:
+            if p.is_alive():  # not yet in its own group (setsid not reached): kill it directly
+                p.kill()
+            p.join(5.0)
+        for c in self._conns:
+            c.close()
+        if self._guardian is not None:
+            self._guardian.close()
+            self._guardian = None
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+
+def spawn(
+    fn: Callable[..., Any],
+    args: Sequence[Any] = (),
+    nprocs: int = -1,
+    join: bool = True,
+    daemon: bool = False,
+    start_method: str = "spawn",
+    **options: Any,
+) -> list[Any] | SpawnContext:
+    """Run ``fn(*args)`` on ``nprocs`` local workers; return their results in rank order.
+
+    Args:
+        nprocs: number of workers; -1 = one per visible GPU, else one per CPU.
+        join: False returns a :class:`SpawnContext` at once instead of waiting.
+        daemon, start_method: as in :mod:`multiprocessing` (``fn`` must be importable: defined
+            at module level, under ``if __name__ == "__main__":`` for "spawn").
+        options: ``grace_period`` (s), ``env`` (extra variables), ``devices`` (one per worker),
+            and the tuning flags of accordrun with underscores (``fusion_threshold_mb``, ...).
+
+    Raises:
+        WorkerFailedError: a worker raised or died (first failure; the others are stopped).
+        ConfigError: an unknown option or an invalid ``nprocs``.
+    """
+    tuning, grace, extra, devices = _split_options(options)
+    n = _default_nprocs() if nprocs == -1 else nprocs
+    if n < 1:
+        raise ConfigError(with_hint(f"accord.spawn needs nprocs >= 1 (or -1), got {nprocs}", "pass nprocs=2"))
+    if devices is not None and len(devices) < n:
+        raise ConfigError(with_hint(f"accord.spawn got {len(devices)} devices for {n} workers",
+                                    "pass one device per worker, or fewer workers"))
+    ctx = mp.get_context(start_method)
+    payload = pickle.dumps((fn, tuple(args)))
+    secret = secrets.token_bytes(32)
+    store = job_store.start_store("127.0.0.1", 0, secret)
+    job = JobEnv(job_id=uuid.uuid4().hex[:12], master_addr="127.0.0.1", master_port=job_store.free_port(),
+                 store_addr="127.0.0.1" if store else None, store_port=store.port if store else None)
+    environ = config.snapshot()
+    guardian = Guardian(grace)
+    processes, conns = [], []
+    try:
+        for slot in assign_slots([HostSlots("localhost", n)], n):
+            env = worker_env(slot, job, tuning=tuning, user_env=environ, cpu_count=os.cpu_count() or 1,
+                             devices=devices)
+            env.update(extra)
+            env[SECRET_VAR] = secret.hex()
+            reader, writer = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_worker_main, args=(slot.rank, writer, payload, env),
+                               name=f"accord-spawn-{slot.rank}", daemon=daemon)
+            # set for the start only: a "spawn" child reads its environment before our code runs
+            config.set_variables(env)
+            try:
+                proc.start()
+            finally:
+                config.set_variables({k: environ.get(k) for k in env})
+            writer.close()
+            guardian.watch(proc.pid)
+            processes.append(proc)
+            conns.append(reader)
+    except BaseException:
+        SpawnContext(processes, conns, 0.0, store, guardian).close()
+        raise
+    context = SpawnContext(processes, conns, grace, store, guardian)
+    if not join:
+        return context
+    context.join()
+    assert context.results is not None
+    return context.results

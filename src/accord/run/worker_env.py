@@ -1,0 +1,216 @@
+"""The worker environment contract: what accordrun and accord.spawn give every worker.
+
+This docstring is the one place the contract is written down.
+
+Coordinates (one set per worker; "host" = a name from ``-H``/hostfile):
+
+====================  ==============================================================
+ACCORD_RANK           global rank, 0..size-1 (ranks fill hosts in order)
+ACCORD_SIZE           number of workers in the job
+ACCORD_LOCAL_RANK     rank among the workers on this host
+ACCORD_LOCAL_SIZE     number of workers on this host
+ACCORD_CROSS_RANK     index of this host among the hosts that have a worker with this local rank
+ACCORD_CROSS_SIZE     number of hosts that have a worker with this local rank
+ACCORD_HOSTNAME       the host name the launcher assigned (topology is built from these names)
+====================  ==============================================================
+
+Rendezvous and job:
+
+======================  ============================================================
+ACCORD_STORE_ADDR/PORT  accord's authenticated rendezvous store (started by the launcher)
+ACCORD_JOB_SECRET       hex of 32 random bytes that authenticates control messages. Local
+                        workers get it in their environment; remote workers read it from
+                        ssh's stdin (never argv, never logs). ``ACCORD_SECRET_FILE`` (a 0600
+                        file holding the hex) is the accepted alternative.
+ACCORD_JOB_ID           identifier of the job (logs, error files)
+ACCORD_ERROR_FILE       where :mod:`accord.run.error_file` writes an uncaught exception
+                        (JSON) for the launcher's root-cause report (local workers only)
+ACCORD_START_TIMEOUT    seconds every rank has to reach the rendezvous (when given)
+======================  ============================================================
+
+Check-in: a worker that uses accord's init sets the store key ``CHECKIN_KEY.format(rank=r)``
+(``accord/checkin/<rank>``) once it has connected. The launcher enforces ``--start-timeout``
+against these keys only when that flag is given explicitly, because plain scripts (a DDP script
+using ``env://``) never touch accord's store.
+
+Compatibility, so that Horovod and torchrun scripts run unchanged:
+
+- ``HOROVOD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE/CROSS_RANK/CROSS_SIZE/HOSTNAME`` = the values above.
+- torchrun's ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK`` (index
+  of the host), ``MASTER_ADDR``, ``MASTER_PORT``. ``MASTER_PORT`` is a *different* free port from
+  accord's store: rank 0 of a ``env://`` script binds torch's own TCPStore there.
+
+Resources:
+
+- ``OMP_NUM_THREADS = max(1, cores // local_size)`` unless the user set it (the launcher says so
+  once on stderr). ``cores`` is the launch host's CPU count (also used for remote hosts).
+- ``CUDA_VISIBLE_DEVICES`` = the local rank's device from ``--gpus/--devices`` (one per worker).
+
+Tuning flags map to ``ACCORD_FUSION_THRESHOLD`` (bytes), ``ACCORD_CYCLE_TIME`` (ms),
+``ACCORD_TIMELINE``, ``ACCORD_STALL_CHECK_TIME_SECONDS``, ``ACCORD_STALL_SHUTDOWN_TIME_SECONDS``,
+``ACCORD_STALL_CHECK_DISABLE``, ``ACCORD_HIERARCHICAL_ALLREDUCE``, ``ACCORD_LOG_LEVEL``,
+``ACCORD_INTERFACE`` and ``ACCORD_VERBOSE`` (see :mod:`accord.config`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from accord.run.assignment import Slot
+
+CHECKIN_KEY = "accord/checkin/{rank}"
+SECRET_VAR = "ACCORD_JOB_SECRET"
+SECRET_FILE_VAR = "ACCORD_SECRET_FILE"
+
+# Variables a remote worker gets from the launcher's environment besides the contract
+# (locally the whole environment is inherited).
+FORWARD_PREFIXES = ("ACCORD_", "HOROVOD_", "NCCL_", "GLOO_", "TORCH_", "PYTORCH_", "CUDA_", "OMP_", "MKL_")
+FORWARD_NAMES = ("PYTHONPATH", "PYTHONUNBUFFERED", "LD_LIBRARY_PATH", "DMLC_INTERFACE", "PS_VERBOSE")
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Engine settings given on the command line; ``None`` = leave the worker's default."""
+
+    fusion_threshold_mb: float | None = None
+    cycle_time_ms: float | None = None
+    timeline_filename: str | None = None
+    stall_check_warning_s: float | None = None
+    stall_check_shutdown_s: float | None = None
+    stall_check_disable: bool = False
+    hierarchical_allreduce: bool = False
+    log_level: str | None = None
+    network_interface: str | None = None
+    verbose: bool = False
+    start_timeout: float | None = None
+
+
+@dataclass(frozen=True)
+class JobEnv:
+    """What every worker of one job shares."""
+
+    job_id: str
+    master_addr: str
+    master_port: int
+    store_addr: str | None = None
+    store_port: int | None = None
+
+
+def _num(value: float) -> str:
+    """Render 5.0 as "5" and 0.5 as "0.5" (both parse as the variable's type)."""
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def tuning_env(t: Tuning) -> dict[str, str]:
+    """Map tuning flags to accord's variables (only the ones given)."""
+    env: dict[str, str] = {}
+    if t.fusion_threshold_mb is not None:
+        env["ACCORD_FUSION_THRESHOLD"] = str(int(round(t.fusion_threshold_mb * 1024 * 1024)))
+    if t.cycle_time_ms is not None:
+        env["ACCORD_CYCLE_TIME"] = _num(t.cycle_time_ms)
+    if t.timeline_filename is not None:
+        env["ACCORD_TIMELINE"] = t.timeline_filename
+    if t.stall_check_warning_s is not None:
+        env["ACCORD_STALL_CHECK_TIME_SECONDS"] = _num(t.stall_check_warning_s)
+    if t.stall_check_shutdown_s is not None:
+        env["ACCORD_STALL_SHUTDOWN_TIME_SECONDS"] = _num(t.stall_check_shutdown_s)
+    if t.stall_check_disable:
+        env["ACCORD_STALL_CHECK_DISABLE"] = "1"
+    if t.hierarchical_allreduce:
+        env["ACCORD_HIERARCHICAL_ALLREDUCE"] = "1"
+    if t.log_level is not None:
+        env["ACCORD_LOG_LEVEL"] = t.log_level
+    if t.network_interface is not None:
+        env["ACCORD_INTERFACE"] = t.network_interface
+    if t.verbose:
+        env["ACCORD_VERBOSE"] = "1"
+    if t.start_timeout is not None:
+        env["ACCORD_START_TIMEOUT"] = _num(t.start_timeout)
+    return env
+
+
+def omp_threads(cpu_count: int, local_size: int) -> int:
+    """Threads per worker so that the local workers share the cores: max(1, cores // local)."""
+    return max(1, cpu_count // max(1, local_size))
+
+
+def contract_env(slot: Slot, job: JobEnv) -> dict[str, str]:
+    """The coordinates, rendezvous and compatibility variables for one worker (no secret)."""
+    coords = {
+        "RANK": slot.rank,
+        "SIZE": slot.size,
+        "LOCAL_RANK": slot.local_rank,
+        "LOCAL_SIZE": slot.local_size,
+        "CROSS_RANK": slot.cross_rank,
+        "CROSS_SIZE": slot.cross_size,
+        "HOSTNAME": slot.hostname,
+    }
+    env = {f"ACCORD_{k}": str(v) for k, v in coords.items()}
+    env.update({f"HOROVOD_{k}": str(v) for k, v in coords.items()})
+    env.update({
+        "ACCORD_JOB_ID": job.job_id,
+        "RANK": str(slot.rank),
+        "WORLD_SIZE": str(slot.size),
+        "LOCAL_RANK": str(slot.local_rank),
+        "LOCAL_WORLD_SIZE": str(slot.local_size),
+        "GROUP_RANK": str(slot.host_index),
+        "MASTER_ADDR": job.master_addr,
+        "MASTER_PORT": str(job.master_port),
+    })
+    if job.store_addr is not None and job.store_port is not None:
+        env["ACCORD_STORE_ADDR"] = job.store_addr
+        env["ACCORD_STORE_PORT"] = str(job.store_port)
+    return env
+
+
+def worker_env(
+    slot: Slot,
+    job: JobEnv,
+    *,
+    tuning: Tuning | None = None,
+    user_env: Mapping[str, str] | None = None,
+    cpu_count: int = 1,
+    devices: tuple[str, ...] | None = None,
+    error_file: str | None = None,
+) -> dict[str, str]:
+    """Everything the launcher adds to a worker's environment (no secret: see :data:`SECRET_VAR`).
+
+    Args:
+        user_env: the launcher's environment; an ``OMP_NUM_THREADS`` there wins over ours.
+        devices: ``--gpus`` list; local rank i gets ``devices[i]``.
+    """
+    env = contract_env(slot, job)
+    env.update(tuning_env(tuning or Tuning()))
+    if "OMP_NUM_THREADS" not in (user_env or {}):
+        env["OMP_NUM_THREADS"] = str(omp_threads(cpu_count, slot.local_size))
+    if devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = devices[slot.local_rank]
+    if error_file is not None:
+        env["ACCORD_ERROR_FILE"] = error_file
+    return env
+
+
+def local_environment(base: Mapping[str, str], added: Mapping[str, str], secret_hex: str) -> dict[str, str]:
+    """The full environment of a local worker: the launcher's, the contract, the secret.
+
+    A secret file named in the launcher's environment is dropped: the job's own secret is the
+    one that counts.
+    """
+    env = {k: v for k, v in base.items() if k != SECRET_FILE_VAR}
+    env.update(added)
+    env[SECRET_VAR] = secret_hex
+    return env
+
+
+def forwarded_env(base: Mapping[str, str], added: Mapping[str, str]) -> dict[str, str]:
+    """What a remote (ssh) worker gets exported: chosen launcher variables plus the contract.
+
+    The secret is never part of it (it travels on ssh's stdin).
+    """
+    env = {
+        k: v for k, v in base.items()
+        if (k.startswith(FORWARD_PREFIXES) or k in FORWARD_NAMES)
+        and k not in (SECRET_VAR, SECRET_FILE_VAR, "ACCORD_ERROR_FILE")
+    }
+    env.update({k: v for k, v in added.items() if k not in (SECRET_VAR, "ACCORD_ERROR_FILE")})
+    return env

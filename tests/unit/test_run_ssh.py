@@ -1,0 +1,88 @@
+"""The ssh command line; the remote script itself runs here under sh and bash (no ssh needed)."""
+import os
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from accord.errors import ConfigError
+from accord.run.ssh import SshOptions, remote_script, secret_line, ssh_argv
+
+SECRET = "5e" * 32
+
+
+def test_argv_has_batch_mode_policy_port_identity():
+    argv = ssh_argv("node1", "echo hi", SshOptions(port=2222, identity_file="/k/id", strict_host_key_checking="yes"))
+    assert argv[0] == "ssh" and argv[-2:] == ["node1", "echo hi"]
+    joined = " ".join(argv)
+    for part in ("-o BatchMode=yes", "-o StrictHostKeyChecking=yes", "-p 2222", "-i /k/id", "-T"):
+        assert part in joined
+    default = ssh_argv("n", "x", SshOptions())
+    assert "StrictHostKeyChecking=accept-new" in " ".join(default) and "-p" not in default
+    with pytest.raises(ConfigError, match="HINT:"):
+        ssh_argv("n", "x", SshOptions(strict_host_key_checking="maybe"))
+
+
+def test_secret_is_never_in_argv():
+    script = remote_script(["python", "train.py"], {"ACCORD_RANK": "1"}, "/work dir", 5)
+    argv = ssh_argv("node1", script, SshOptions())
+    assert all(SECRET not in part for part in argv)
+    assert "read -r ACCORD_JOB_SECRET" in script and "cd '/work dir'" in script
+    assert secret_line(SECRET) == (SECRET + "\n").encode()
+
+
+def test_bad_variable_name_rejected():
+    with pytest.raises(ConfigError, match="HINT:"):
+        remote_script(["true"], {"A-B": "1"}, "/", 1)
+
+
+SHELLS = [s for s in ("sh", "bash") if shutil.which(s)]
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("shell", SHELLS)
+def test_remote_script_runs_with_cwd_env_secret_and_exit_code(shell, tmp_path):
+    work = tmp_path / "dir with 'quote"
+    work.mkdir()
+    body = 'echo "$ACCORD_JOB_SECRET|$A|$B|$(pwd)"; exit 7'
+    script = remote_script(["sh", "-c", body], {"A": "x y'z", "B": "$HOME"}, str(work), 1)
+    # stdin stays open while the worker runs (its end-of-file would mean "launcher gone")
+    proc = subprocess.Popen([shell, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        proc.stdin.write(secret_line(SECRET))
+        proc.stdin.flush()
+        assert proc.wait(10) == 7
+        assert proc.stdout.read().decode().strip() == f"{SECRET}|x y'z|$HOME|{work}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdin.close()
+        proc.stdout.close()
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("shell", SHELLS)
+def test_remote_script_kills_worker_tree_when_stdin_closes(shell):
+    # the worker ignores SIGTERM and has a child: EOF -> TERM, 1 s grace, KILL of the whole group
+    body = 'trap "" TERM; sleep 60 & echo $$ $!; wait'
+    script = remote_script(["sh", "-c", body], {}, "/", 1)
+    proc = subprocess.Popen([shell, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        proc.stdin.write(secret_line(SECRET))
+        proc.stdin.flush()
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 2
+        start = time.monotonic()
+        proc.stdin.close()  # what the remote shell sees when the launcher or ssh dies
+        assert proc.wait(10) == 128 + 9  # the worker was SIGKILLed after the grace
+        assert 0.5 < time.monotonic() - start < 8
+        time.sleep(0.2)
+        for pid in pids:
+            assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()

@@ -1,0 +1,96 @@
+"""The worker environment contract, built without starting anything."""
+import pytest
+
+from accord import config
+from accord.run.assignment import assign_slots
+from accord.run.hosts import HostSlots
+from accord.run.worker_env import (
+    CHECKIN_KEY,
+    JobEnv,
+    Tuning,
+    forwarded_env,
+    local_environment,
+    omp_threads,
+    tuning_env,
+    worker_env,
+)
+
+JOB = JobEnv(job_id="j1", master_addr="10.0.0.1", master_port=29500, store_addr="10.0.0.1", store_port=4000)
+
+
+def test_contract_for_a_two_host_job():
+    slots = assign_slots([HostSlots("a", 2), HostSlots("b", 1)], 3)
+    env = worker_env(slots[2], JOB, cpu_count=8)
+    expected = {
+        "ACCORD_RANK": "2", "ACCORD_SIZE": "3", "ACCORD_LOCAL_RANK": "0", "ACCORD_LOCAL_SIZE": "1",
+        "ACCORD_CROSS_RANK": "1", "ACCORD_CROSS_SIZE": "2", "ACCORD_HOSTNAME": "b",
+        "ACCORD_STORE_ADDR": "10.0.0.1", "ACCORD_STORE_PORT": "4000", "ACCORD_JOB_ID": "j1",
+        "HOROVOD_RANK": "2", "HOROVOD_SIZE": "3", "HOROVOD_LOCAL_RANK": "0", "HOROVOD_LOCAL_SIZE": "1",
+        "HOROVOD_CROSS_RANK": "1", "HOROVOD_CROSS_SIZE": "2", "HOROVOD_HOSTNAME": "b",
+        "RANK": "2", "WORLD_SIZE": "3", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "1",
+        "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500", "OMP_NUM_THREADS": "8",
+    }
+    assert env == expected
+    assert "ACCORD_JOB_SECRET" not in env
+
+
+def test_contract_reads_back_through_config():
+    slots = assign_slots([HostSlots("a", 4)], 4)
+    env = worker_env(slots[3], JOB, tuning=Tuning(fusion_threshold_mb=32, cycle_time_ms=2.5))
+    assert config.get("ACCORD_RANK", env) == 3
+    assert config.get("ACCORD_LOCAL_SIZE", env) == 4
+    assert config.get("ACCORD_FUSION_THRESHOLD", env) == 32 * 1024 * 1024
+    assert config.get("ACCORD_CYCLE_TIME", env) == 2.5
+
+
+@pytest.mark.parametrize("cores, local, threads", [(2, 2, 1), (2, 4, 1), (16, 4, 4), (8, 3, 2), (1, 1, 1)])
+def test_omp_threads(cores, local, threads):
+    assert omp_threads(cores, local) == threads
+
+
+def test_user_omp_setting_wins():
+    slot = assign_slots([HostSlots("a", 2)], 2)[0]
+    assert "OMP_NUM_THREADS" not in worker_env(slot, JOB, user_env={"OMP_NUM_THREADS": "3"}, cpu_count=8)
+    assert worker_env(slot, JOB, user_env={}, cpu_count=8)["OMP_NUM_THREADS"] == "4"
+
+
+def test_devices_one_per_local_rank_and_error_file():
+    slots = assign_slots([HostSlots("a", 2), HostSlots("b", 2)], 4)
+    got = [worker_env(s, JOB, devices=("2", "3"), error_file=f"/e{s.rank}")["CUDA_VISIBLE_DEVICES"] for s in slots]
+    assert got == ["2", "3", "2", "3"]
+    assert worker_env(slots[1], JOB, error_file="/tmp/e1")["ACCORD_ERROR_FILE"] == "/tmp/e1"
+
+
+def test_tuning_flags_map_to_variables():
+    env = tuning_env(Tuning(
+        fusion_threshold_mb=0.5, cycle_time_ms=5, timeline_filename="/t.json", stall_check_warning_s=30,
+        stall_check_shutdown_s=90, stall_check_disable=True, hierarchical_allreduce=True,
+        log_level="debug", network_interface="eth0", verbose=True, start_timeout=12.5,
+    ))
+    assert env == {
+        "ACCORD_FUSION_THRESHOLD": str(512 * 1024), "ACCORD_CYCLE_TIME": "5", "ACCORD_TIMELINE": "/t.json",
+        "ACCORD_STALL_CHECK_TIME_SECONDS": "30", "ACCORD_STALL_SHUTDOWN_TIME_SECONDS": "90",
+        "ACCORD_STALL_CHECK_DISABLE": "1", "ACCORD_HIERARCHICAL_ALLREDUCE": "1", "ACCORD_LOG_LEVEL": "debug",
+        "ACCORD_INTERFACE": "eth0", "ACCORD_VERBOSE": "1", "ACCORD_START_TIMEOUT": "12.5",
+    }
+    for name, text in env.items():  # every value parses as the declared type
+        config.get(name, {name: text})
+    assert tuning_env(Tuning()) == {}
+
+
+def test_local_env_has_secret_and_drops_foreign_secret_file():
+    base = {"PATH": "/bin", "ACCORD_SECRET_FILE": "/old", "ACCORD_RANK": "9"}
+    env = local_environment(base, {"ACCORD_RANK": "1"}, "ab" * 32)
+    assert env == {"PATH": "/bin", "ACCORD_RANK": "1", "ACCORD_JOB_SECRET": "ab" * 32}
+
+
+def test_remote_env_forwards_chosen_variables_never_the_secret():
+    base = {"PATH": "/bin", "HOME": "/root", "PYTHONPATH": "/src", "NCCL_DEBUG": "INFO",
+            "ACCORD_JOB_SECRET": "leak", "ACCORD_SECRET_FILE": "/s", "HOROVOD_CYCLE_TIME": "2"}
+    added = {"ACCORD_RANK": "1", "ACCORD_ERROR_FILE": "/local/path", "ACCORD_JOB_SECRET": "leak"}
+    assert forwarded_env(base, added) == {"PYTHONPATH": "/src", "NCCL_DEBUG": "INFO",
+                                          "HOROVOD_CYCLE_TIME": "2", "ACCORD_RANK": "1"}
+
+
+def test_checkin_key_format():
+    assert CHECKIN_KEY.format(rank=3) == "accord/checkin/3"
