@@ -1,1 +1,66 @@
-"""accord.comm."""
+"""accord.comm: communication backends behind one small protocol.
+
+Registered here: ``gloo`` and ``nccl`` (torch.distributed) and ``mpi`` (mpi4py). Registration is
+lazy: importing this package imports neither torch nor mpi4py; a backend's module is imported
+when :func:`get_backend` first asks for it.
+
+    from accord.comm import backend_name_for, get_backend
+    comm = get_backend(backend_name_for("cpu")).create(range(world_size))
+"""
+from __future__ import annotations
+
+from accord import config
+from accord.comm.backend import (
+    Backend, Communicator, get_backend, known_backends, register_backend,
+)
+from accord.comm.ops import ReduceOp
+from accord.errors import BackendError, with_hint
+
+__all__ = [
+    "Backend", "Communicator", "ReduceOp", "backend_name_for", "get_backend", "known_backends",
+    "register_backend",
+]
+
+_DEVICE_VARIABLES = {"cpu": "ACCORD_CPU_BACKEND", "cuda": "ACCORD_GPU_BACKEND"}
+
+
+def backend_name_for(device_type: str) -> str:
+    """The configured backend for tensors on ``device_type`` ("cpu" or "cuda").
+
+    ACCORD_CPU_BACKEND (default gloo) for "cpu", ACCORD_GPU_BACKEND (default nccl) for "cuda".
+
+    Raises:
+        BackendError: no backend is configured for that device type.
+    """
+    try:
+        variable = _DEVICE_VARIABLES[device_type]
+    except KeyError:
+        raise BackendError(with_hint(
+            f"no communication backend is configured for device type {device_type!r}; "
+            f"configured: {', '.join(sorted(_DEVICE_VARIABLES))}",
+            "move the tensors to cpu or cuda, or pass a backend name explicitly "
+            f"(known: {', '.join(known_backends())})")) from None
+    return config.get(variable)
+
+
+def _gloo() -> Backend:
+    from accord.comm.torch_backend import TorchBackend
+
+    return TorchBackend("gloo")
+
+
+def _nccl() -> Backend:
+    from accord.comm.torch_backend import TorchBackend
+
+    return TorchBackend("nccl")
+
+
+def _mpi() -> Backend:
+    from accord.comm.mpi import MpiBackend
+
+    return MpiBackend()
+
+
+register_backend("gloo", _gloo)
+register_backend("nccl", _nccl)
+register_backend("mpi", _mpi)

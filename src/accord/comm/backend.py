@@ -41,7 +41,10 @@ class Communicator(Protocol):
         """Like allgather, but only ``root`` gets the result (others get None)."""
 
     def scatter(self, chunks, root: int):
-        """Root passes one tensor per rank (same shape after dim 0 allowed to differ); each rank gets its own."""
+        """Root passes one tensor per rank (dim 0 may differ, the rest must match); each rank gets its own.
+
+        Non-root ranks pass None: root announces dtype and shapes.
+        """
 
     def reduce(self, tensor, op: ReduceOp, root: int) -> None:
         """Reduce into root's ``tensor`` in place; other ranks' tensors are left unspecified."""
@@ -50,7 +53,10 @@ class Communicator(Protocol):
         """Reduce, then split dim 0 across ranks (lower ranks get the extra rows)."""
 
     def alltoall(self, tensor, splits: Sequence[int] | None):
-        """Send ``splits[i]`` rows to rank i (even split when None); return (output, received_splits)."""
+        """Send ``splits[i]`` rows to rank i (even split when None); return (output, received_splits).
+
+        ``received_splits`` is a CPU int64 tensor: rows received from each rank, in rank order.
+        """
 
     def barrier(self) -> None:
         """Return once every rank has entered."""

@@ -1,0 +1,407 @@
+"""The Communicator semantics every backend shares, built on a handful of library primitives.
+
+A backend subclasses :class:`BaseCommunicator` and implements the ``_primitives`` below (native
+reductions on contiguous tensors, and byte movement with per-rank counts). This class supplies
+the rest, identically for every backend: the dtype/op emulation of :mod:`accord.comm.dtypes`,
+non-contiguous inputs, ragged first dimensions (sizes are exchanged first), uneven
+reduce-scatter, alltoall splits, and argument checks that every rank agrees on, so a bad
+argument on one rank raises on all of them instead of leaving the others waiting.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Sequence
+
+import torch
+
+from accord.comm import dtypes
+from accord.comm.ops import ReduceOp
+from accord.errors import (
+    AccordError, CollectiveError, MismatchError, RankFailedError, with_hint,
+)
+
+_PEER_LOST = ("timed out", "timeout", "connection closed", "connection reset", "broken pipe",
+              "closed by peer", "connection refused", "peer")
+
+
+def split_rows(rows: int, size: int) -> list[int]:
+    """Rows each rank gets when ``rows`` are split ``size`` ways (lower ranks get the extra)."""
+    base, extra = divmod(rows, size)
+    return [base + (1 if i < extra else 0) for i in range(size)]
+
+
+def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """A flat uint8 view of a contiguous tensor (data movement is dtype-agnostic)."""
+    return tensor.reshape(-1).view(torch.uint8)
+
+
+def _shape_hash(shape: Sequence[int]) -> int:
+    value = 0
+    for dim in shape:
+        value = (value * 1000003 + int(dim) + 1) % (2**61 - 1)
+    return value
+
+
+def _collective(fn: Callable) -> Callable:
+    """Run a public collective without autograd, turning library failures into accord errors."""
+    name = fn.__name__.replace("_general", "").lstrip("_")
+
+    @functools.wraps(fn)
+    def wrapper(self: "BaseCommunicator", *args: Any, **kwargs: Any) -> Any:
+        try:
+            with torch.no_grad():
+                return fn(self, *args, **kwargs)
+        except (AccordError, NotImplementedError):
+            raise
+        except RuntimeError as exc:  # torch.distributed and mpi4py errors are RuntimeErrors
+            raise self._failure(name, exc) from exc
+
+    return wrapper
+
+
+class BaseCommunicator:
+    """Collectives among ``ranks``; see :class:`accord.comm.backend.Communicator` for the contract.
+
+    Subclasses set ``ranks``, ``rank``, ``size``, ``backend_name``, ``meta_device`` and call
+    :meth:`_set_native` with the (dtype, library op) pairs their library reduces.
+    """
+
+    ranks: tuple[int, ...]
+    rank: int
+    size: int
+    backend_name: str = "?"
+    meta_device: torch.device = torch.device("cpu")
+    _fast: frozenset = frozenset()
+
+    def _set_native(self, pairs: Sequence[tuple[torch.dtype, ReduceOp]]) -> None:
+        self._fast = frozenset(pairs)
+
+    def _native(self, dtype: torch.dtype, op: ReduceOp) -> bool:
+        return (dtype, op) in self._fast
+
+    # ---- primitives a backend implements (tensors are contiguous) ----
+    def _allreduce_native(self, tensor: torch.Tensor, op: ReduceOp) -> None:
+        raise NotImplementedError
+
+    def _reduce_native(self, tensor: torch.Tensor, op: ReduceOp, root: int) -> None:
+        raise NotImplementedError
+
+    def _reduce_scatter_native(self, tensor: torch.Tensor, op: ReduceOp, rows: list[int]) -> torch.Tensor:
+        """Default: allreduce a copy, keep my rows. Backends with a real reduce-scatter override."""
+        work = tensor.clone()
+        self._allreduce_native(work, op)
+        start = sum(rows[: self.rank])
+        return work[start:start + rows[self.rank]].clone()
+
+    def _broadcast_native(self, data: torch.Tensor, root: int) -> None:
+        raise NotImplementedError
+
+    def _allgatherv(self, data: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _gatherv(self, data: torch.Tensor, counts: list[int], root: int) -> torch.Tensor | None:
+        raise NotImplementedError
+
+    def _scatterv(self, data: torch.Tensor | None, counts: list[int], root: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _alltoallv(self, data: torch.Tensor, send: list[int], recv: list[int]) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _barrier(self) -> None:
+        raise NotImplementedError
+
+    # ---- the protocol ----
+    def allreduce(self, tensor: torch.Tensor, op: ReduceOp) -> None:
+        """Reduce ``tensor`` across ranks in place."""
+        if (tensor.dtype, op) in self._fast and tensor.is_contiguous() and not tensor.requires_grad:
+            # The fast path: straight to the library, no copy, no conversion, no autograd guard
+            # (MPI's small allreduce takes ~1 us, so microseconds here count).
+            try:
+                self._allreduce_native(tensor, op)
+            except (AccordError, NotImplementedError):
+                raise
+            except RuntimeError as exc:
+                raise self._failure("allreduce", exc) from exc
+            return
+        self._allreduce_general(tensor, op)
+
+    @_collective
+    def _allreduce_general(self, tensor: torch.Tensor, op: ReduceOp) -> None:
+        self._reduce(tensor, op, None)
+
+    @_collective
+    def reduce(self, tensor: torch.Tensor, op: ReduceOp, root: int) -> None:
+        """Reduce into root's ``tensor`` in place; other ranks' tensors are left unspecified."""
+        self._check_root(root)
+        if (tensor.dtype, op) in self._fast and tensor.is_contiguous():
+            self._reduce_native(tensor, op, root)
+            return
+        self._reduce(tensor, op, root)
+
+    def _reduce(self, tensor: torch.Tensor, op: ReduceOp, root: int | None) -> None:
+        plan = dtypes.plan_reduction(tensor.dtype, op, self._native)
+        work = self._contiguous(tensor, writable=True)
+        receives = root is None or self.rank == root
+        if plan.gather:
+            stacked = self._gather_equal(work, root)
+            if receives:
+                _write_back(tensor, stacked.prod(dim=0))
+            return
+        wire = dtypes.encode(work, plan)
+        if root is None:
+            self._allreduce_native(wire, plan.op)
+        else:
+            self._reduce_native(wire, plan.op, root)
+        if receives:
+            if plan.average:
+                dtypes.divide_(wire, self.size)
+            _write_back(tensor, dtypes.decode(wire, plan, tensor.dtype))
+
+    @_collective
+    def reduce_scatter(self, tensor: torch.Tensor, op: ReduceOp) -> torch.Tensor:
+        """Reduce, then split dim 0 across ranks (lower ranks get the extra rows)."""
+        if tensor.dim() == 0:
+            raise ValueError(with_hint("reduce_scatter needs a tensor with at least one dimension, got a scalar",
+                                       "reshape it to [1] (or use allreduce)"))
+        rows = split_rows(tensor.shape[0], self.size)
+        plan = dtypes.plan_reduction(tensor.dtype, op, self._native)
+        work = self._contiguous(tensor, writable=False)
+        if plan.gather:
+            start = sum(rows[: self.rank])
+            return self._gather_equal(work, None)[:, start:start + rows[self.rank]].prod(dim=0)
+        out = self._reduce_scatter_native(dtypes.encode(work, plan), plan.op, rows)
+        if plan.average:
+            dtypes.divide_(out, self.size)
+        return dtypes.decode(out, plan, tensor.dtype)
+
+    @_collective
+    def broadcast(self, tensor: torch.Tensor, root: int) -> None:
+        """Overwrite ``tensor`` with root's, in place."""
+        self._check_root(root)
+        work = self._contiguous(tensor, writable=True)
+        self._broadcast_native(_as_bytes(work), root)
+        if work is not tensor:
+            tensor.copy_(work)
+
+    @_collective
+    def allgather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Concatenate every rank's tensor along dim 0; first dims may differ."""
+        work = self._contiguous(tensor, writable=False)
+        work = work.reshape(1) if work.dim() == 0 else work
+        rows = self._agree_rows("allgather", work)
+        row_bytes = _row_bytes(work)
+        data = self._allgatherv(_as_bytes(work), [r * row_bytes for r in rows])
+        return data.view(work.dtype).reshape(sum(rows), *work.shape[1:])
+
+    @_collective
+    def gather(self, tensor: torch.Tensor, root: int) -> torch.Tensor | None:
+        """Like allgather, but only ``root`` gets the result (others get None)."""
+        self._check_root(root)
+        work = self._contiguous(tensor, writable=False)
+        work = work.reshape(1) if work.dim() == 0 else work
+        rows = self._agree_rows("gather", work)
+        row_bytes = _row_bytes(work)
+        data = self._gatherv(_as_bytes(work), [r * row_bytes for r in rows], root)
+        if data is None:
+            return None
+        return data.view(work.dtype).reshape(sum(rows), *work.shape[1:])
+
+    @_collective
+    def scatter(self, chunks: Sequence[torch.Tensor] | None, root: int) -> torch.Tensor:
+        """Root passes one tensor per rank (dim 0 may differ); each rank gets its own.
+
+        Non-root ranks may pass None. Root announces dtype and shapes first, so non-roots need
+        no template; a bad ``chunks`` on root raises ValueError on every rank.
+        """
+        self._check_root(root)
+        problem = ""
+        if self.rank == root:
+            problem = self._scatter_problem(chunks)
+            first = chunks[0] if not problem else None
+            head = [0 if problem else 1, dtypes.dtype_code(first.dtype) if first is not None else 0,
+                    first.dim() if first is not None else 0]
+        else:
+            head = [0, 0, 0]
+        head = self._broadcast_ints(head, root)
+        if not head[0]:
+            raise ValueError(with_hint(
+                f"scatter: root (rank {self.ranks[root]}) passed invalid chunks" + (f": {problem}" if problem else ""),
+                f"on the root pass a list of {self.size} tensors of one dtype whose shapes differ only in dim 0"))
+        dtype, ndim = dtypes.dtype_from_code(head[1]), head[2]
+        if self.rank == root:
+            layout = list(chunks[0].shape[1:]) + [c.shape[0] for c in chunks]
+        else:
+            layout = [0] * (ndim - 1 + self.size)
+        layout = self._broadcast_ints(layout, root)
+        trailing, rows = layout[: ndim - 1], layout[ndim - 1:]
+        row_bytes = _numel(trailing) * _itemsize(dtype)
+        data = None
+        if self.rank == root:
+            data = torch.cat([_as_bytes(c.contiguous()) for c in chunks])
+        out = self._scatterv(data, [r * row_bytes for r in rows], root)
+        return out.view(dtype).reshape(rows[self.rank], *trailing)
+
+    def _scatter_problem(self, chunks: Any) -> str:
+        if not isinstance(chunks, (list, tuple)) or len(chunks) != self.size:
+            return f"expected a list of {self.size} tensors, got {type(chunks).__name__}" + (
+                f" of length {len(chunks)}" if isinstance(chunks, (list, tuple)) else "")
+        if not all(isinstance(c, torch.Tensor) and c.dim() >= 1 for c in chunks):
+            return "every chunk must be a tensor with at least one dimension"
+        kinds = {(c.dtype, tuple(c.shape[1:])) for c in chunks}
+        if len(kinds) != 1:
+            return "chunks differ in dtype or shape after dim 0: " + ", ".join(
+                f"{c.dtype} {list(c.shape)}" for c in chunks)
+        if dtypes.dtype_code(chunks[0].dtype) < 0:
+            return f"dtype {chunks[0].dtype} is not supported"
+        return ""
+
+    @_collective
+    def alltoall(self, tensor: torch.Tensor, splits: Sequence[int] | torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Send ``splits[i]`` rows to rank i (even split when None).
+
+        Returns ``(output, received_splits)``: the received rows concatenated in rank order, and
+        a CPU int64 tensor with the number of rows received from each rank.
+        """
+        work = self._contiguous(tensor, writable=False)
+        problem, sizes = self._alltoall_splits(work, splits)
+        headers = self._exchange([1 if not problem else 0, dtypes.dtype_code(work.dtype), work.dim(),
+                                  _shape_hash(work.shape[1:]), *sizes])
+        self._check_headers("alltoall", work, headers, problem)
+        received = [h[4 + self.rank] for h in headers]
+        row_bytes = _row_bytes(work)
+        data = self._alltoallv(_as_bytes(work), [s * row_bytes for s in sizes],
+                               [r * row_bytes for r in received])
+        out = data.view(work.dtype).reshape(sum(received), *work.shape[1:])
+        return out, torch.tensor(received, dtype=torch.int64)
+
+    def _alltoall_splits(self, work: torch.Tensor, splits: Any) -> tuple[str, list[int]]:
+        if work.dim() == 0:
+            return "the tensor is a scalar; alltoall needs at least one dimension", [0] * self.size
+        rows = work.shape[0]
+        if splits is None:
+            if rows % self.size:
+                return (f"dim 0 ({rows}) is not divisible by the {self.size} ranks and no splits "
+                        "were given", [0] * self.size)
+            return "", [rows // self.size] * self.size
+        values = splits.tolist() if isinstance(splits, torch.Tensor) else list(splits)
+        if len(values) != self.size or any(int(v) < 0 for v in values) or sum(int(v) for v in values) != rows:
+            return (f"splits {values} must have {self.size} non-negative entries summing to dim 0 "
+                    f"({rows})", [0] * self.size)
+        return "", [int(v) for v in values]
+
+    @_collective
+    def barrier(self) -> None:
+        """Return once every rank has entered."""
+        self._barrier()
+
+    # ---- helpers ----
+    def _check_root(self, root: int) -> None:
+        if not isinstance(root, int) or not 0 <= root < self.size:
+            raise ValueError(with_hint(
+                f"root {root!r} is not a rank of this communicator (size {self.size}, global ranks {list(self.ranks)})",
+                f"pass a communicator rank between 0 and {self.size - 1}"))
+
+    def _contiguous(self, tensor: torch.Tensor, writable: bool) -> torch.Tensor:
+        if tensor.is_contiguous():
+            return tensor
+        if writable and any(st == 0 and sz > 1 for st, sz in zip(tensor.stride(), tensor.size())):
+            raise ValueError(with_hint(
+                f"cannot write the result into a tensor whose elements overlap in memory "
+                f"(shape {list(tensor.shape)}, strides {list(tensor.stride())})",
+                "pass tensor.contiguous() (or tensor.clone()) instead of an expanded view"))
+        return tensor.contiguous()
+
+    def _exchange(self, values: list[int]) -> list[list[int]]:
+        """Allgather one list of ints (same length on every rank)."""
+        mine = torch.tensor(values, dtype=torch.int64, device=self.meta_device)
+        data = self._allgatherv(mine.view(torch.uint8), [8 * len(values)] * self.size)
+        return data.view(torch.int64).reshape(self.size, len(values)).tolist()
+
+    def _broadcast_ints(self, values: list[int], root: int) -> list[int]:
+        data = torch.tensor(values, dtype=torch.int64, device=self.meta_device)
+        if data.numel():
+            self._broadcast_native(data.view(torch.uint8), root)
+        return data.tolist()
+
+    def _gather_equal(self, work: torch.Tensor, root: int | None) -> torch.Tensor | None:
+        """Every rank's same-shaped tensor stacked along a new dim 0 (on root only if ``root``)."""
+        data = _as_bytes(work)
+        counts = [data.numel()] * self.size
+        got = self._allgatherv(data, counts) if root is None else self._gatherv(data, counts, root)
+        return None if got is None else got.view(work.dtype).reshape(self.size, *work.shape)
+
+    def _agree_rows(self, kind: str, work: torch.Tensor) -> list[int]:
+        headers = self._exchange([1, dtypes.dtype_code(work.dtype), work.dim(), _shape_hash(work.shape[1:]),
+                                  work.shape[0]])
+        self._check_headers(kind, work, headers, "")
+        return [h[4] for h in headers]
+
+    def _check_headers(self, kind: str, work: torch.Tensor, headers: list[list[int]], problem: str) -> None:
+        bad = [self.ranks[i] for i, h in enumerate(headers) if not h[0]]
+        if bad:
+            mine = f"; here (rank {self.ranks[self.rank]}): {problem}" if problem else ""
+            raise ValueError(with_hint(f"{kind}: invalid arguments on ranks {bad}{mine}",
+                                       f"fix the {kind} arguments on those ranks"))
+        if len({tuple(h[1:4]) for h in headers}) == 1:
+            return
+        # Rare path: fetch every rank's full shape to say exactly who sent what.
+        ndim = max(h[2] for h in headers)
+        shape = list(work.shape) + [-1] * (ndim - work.dim())
+        shapes = self._exchange([dtypes.dtype_code(work.dtype), *shape])
+        seen = ", ".join(
+            f"rank {self.ranks[i]} sent {_dtype_name(s[0])} {[d for d in s[1:] if d >= 0]}" for i, s in enumerate(shapes))
+        raise MismatchError(with_hint(
+            f"Mismatched {kind} tensors over ranks {list(self.ranks)}: {seen}",
+            "every rank must pass the same dtype and the same shape after the first dimension"))
+
+    def _failure(self, name: str, exc: BaseException) -> CollectiveError:
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        where = (f"{name} failed on rank {self.ranks[self.rank]} ({self.backend_name} communicator over "
+                 f"ranks {list(self.ranks)}): {text}")
+        if any(word in text.lower() for word in _PEER_LOST):
+            return RankFailedError(with_hint(
+                where, "another rank exited or stopped answering; check its log. The wait limit is "
+                       "ACCORD_COLLECTIVE_TIMEOUT (seconds)"))
+        return CollectiveError(with_hint(where, "check that every rank called the same collectives in "
+                                                "the same order with matching tensors"))
+
+
+def _write_back(dst: torch.Tensor, result: torch.Tensor) -> None:
+    if result.data_ptr() != dst.data_ptr() or not dst.is_contiguous() or result.dtype != dst.dtype:
+        dst.copy_(result.reshape(dst.shape))
+
+
+def _numel(shape: Sequence[int]) -> int:
+    count = 1
+    for dim in shape:
+        count *= int(dim)
+    return count
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty(0, dtype=dtype).element_size()
+
+
+def _row_bytes(work: torch.Tensor) -> int:
+    return _numel(work.shape[1:]) * work.element_size()
+
+
+def _dtype_name(code: int) -> str:
+    return str(dtypes.dtype_from_code(code)).replace("torch.", "") if 0 <= code < len(dtypes.DTYPES) else "?"
+
+
+def normalize_ranks(ranks: Sequence[int], world_size: int) -> tuple[int, ...]:
+    """Check a member list and return it in communicator order (ascending global rank).
+
+    Raises:
+        ValueError: empty, duplicated, or outside ``0 .. world_size-1``.
+    """
+    values = [int(r) for r in ranks]
+    bad = [r for r in values if not 0 <= r < world_size]
+    if not values or bad or len(set(values)) != len(values):
+        raise ValueError(with_hint(
+            f"invalid communicator ranks {values} for a job of {world_size} ranks"
+            + (f" (out of range: {bad})" if bad else ""),
+            f"pass distinct global ranks between 0 and {world_size - 1}"))
+    return tuple(sorted(values))

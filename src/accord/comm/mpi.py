@@ -1,0 +1,169 @@
+"""The ``mpi`` backend: collectives through mpi4py on CPU tensors.
+
+Tensors reach MPI as numpy views (``tensor.numpy()``, no copy). Data movement (broadcast,
+allgather, gather, scatter, alltoall) sends raw bytes, so every dtype moves, bfloat16 included.
+Reductions run natively on float32/64, every signed and unsigned integer width and complex
+SUM/PRODUCT (MPI multiplies complex numbers properly); float16 and bfloat16, which MPI lacks,
+are reduced in float32 (see :mod:`accord.comm.dtypes`), and so are the few pairs some MPI
+builds get wrong (``_MISREDUCED``).
+
+Global ranks are MPI_COMM_WORLD ranks, so run the job under ``mpirun`` (or accordrun with
+MPI). mpi4py is imported on first use, so ``import accord.comm`` works without it. MPI counts
+are C ints: one rank's part of a collective must stay under 2 GiB. MPI has no per-operation
+timeout (ACCORD_COLLECTIVE_TIMEOUT does not apply): when a rank dies, mpirun ends the job.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Any, Sequence
+
+import torch
+
+from accord.comm.base_communicator import BaseCommunicator, normalize_ranks
+from accord.comm.dtypes import LIBRARY_OPS
+from accord.comm.ops import ReduceOp
+from accord.errors import BackendError, with_hint
+
+_INT_MAX = 2**31 - 1
+_NATIVE_REAL = (torch.float32, torch.float64, torch.int8, torch.int16, torch.int32, torch.int64,
+                torch.uint8) + tuple(getattr(torch, n) for n in ("uint16", "uint32", "uint64") if hasattr(torch, n))
+_NATIVE_COMPLEX = (torch.complex64, torch.complex128)
+# Pairs some MPI builds get wrong, measured on Debian's Open MPI 4.1.4: its AVX op component
+# saturates 8- and 16-bit SUM instead of wrapping, and uint64 MIN/MAX compare as signed. They
+# take the emulated path (widened to int32, or int64 with the sign bit flipped) on every build.
+_MISREDUCED = {(dt, ReduceOp.SUM) for dt in (torch.int8, torch.uint8, torch.int16, getattr(torch, "uint16", None))}
+_MISREDUCED |= {(getattr(torch, "uint64", None), op) for op in (ReduceOp.MIN, ReduceOp.MAX)}
+
+
+def load_mpi() -> Any:
+    """Import mpi4py's MPI module (initializing MPI).
+
+    Raises:
+        BackendError: mpi4py or an MPI library is not installed.
+    """
+    try:
+        from mpi4py import MPI
+    except ImportError as exc:
+        raise BackendError(with_hint(
+            f"the mpi backend needs mpi4py, which could not be imported: {exc}",
+            "pip install 'accord[mpi]' (needs an MPI library, e.g. apt-get install openmpi-bin "
+            "libopenmpi-dev), or choose ACCORD_CPU_BACKEND=gloo")) from None
+    return MPI
+
+
+def _np(tensor: torch.Tensor) -> Any:
+    if tensor.device.type != "cpu":
+        raise BackendError(with_hint(
+            f"the mpi backend handles CPU tensors only, got a tensor on {tensor.device}",
+            "move the tensor to the CPU, or use the nccl backend for CUDA tensors"))
+    return tensor.detach().reshape(-1).numpy()
+
+
+def _displacements(counts: Sequence[int]) -> list[int]:
+    if max(counts, default=0) > _INT_MAX or sum(counts) > _INT_MAX:
+        raise BackendError(with_hint(
+            f"an MPI collective of {sum(counts)} bytes (per-rank parts {list(counts)}) exceeds MPI's "
+            "2**31-1 count limit", "split the tensor into smaller pieces or use the gloo backend"))
+    return [0, *itertools.accumulate(counts)][:-1]
+
+
+class MpiCommunicator(BaseCommunicator):
+    """A communicator over one MPI communicator (a Split of MPI_COMM_WORLD)."""
+
+    backend_name = "mpi"
+
+    def __init__(self, comm: Any, ranks: tuple[int, ...], rank: int) -> None:
+        MPI = load_mpi()
+        self.comm = comm
+        self.ranks = ranks
+        self.rank = rank
+        self.size = len(ranks)
+        self.meta_device = torch.device("cpu")
+        self._byte = MPI.BYTE
+        self._in_place = MPI.IN_PLACE
+        self._ops = {ReduceOp.SUM: MPI.SUM, ReduceOp.MIN: MPI.MIN, ReduceOp.MAX: MPI.MAX,
+                     ReduceOp.PRODUCT: MPI.PROD}
+        pairs = [(dt, op) for dt in _NATIVE_REAL for op in LIBRARY_OPS if (dt, op) not in _MISREDUCED]
+        pairs += [(dt, op) for dt in _NATIVE_COMPLEX for op in (ReduceOp.SUM, ReduceOp.PRODUCT)]
+        self._set_native(pairs)
+
+    def close(self) -> None:
+        """Free the MPI communicator (collective: every member calls it)."""
+        if self.comm is not None:
+            self.comm.Free()
+            self.comm = None
+
+    def _allreduce_native(self, tensor: torch.Tensor, op: ReduceOp) -> None:
+        self.comm.Allreduce(self._in_place, _np(tensor), op=self._ops[op])
+
+    def _reduce_native(self, tensor: torch.Tensor, op: ReduceOp, root: int) -> None:
+        if self.rank == root:
+            self.comm.Reduce(self._in_place, _np(tensor), op=self._ops[op], root=root)
+        else:
+            self.comm.Reduce(_np(tensor), None, op=self._ops[op], root=root)
+
+    def _reduce_scatter_native(self, tensor: torch.Tensor, op: ReduceOp, rows: list[int]) -> torch.Tensor:
+        out = torch.empty((rows[self.rank], *tensor.shape[1:]), dtype=tensor.dtype)
+        if tensor.numel() == 0:
+            return out
+        per_row = tensor.numel() // tensor.shape[0]
+        self.comm.Reduce_scatter(_np(tensor), _np(out), [r * per_row for r in rows], op=self._ops[op])
+        return out
+
+    def _broadcast_native(self, data: torch.Tensor, root: int) -> None:
+        if data.numel():
+            self.comm.Bcast([_np(data), self._byte], root=root)
+
+    def _allgatherv(self, data: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        out = torch.empty(sum(counts), dtype=torch.uint8)
+        displs = _displacements(counts)
+        self.comm.Allgatherv([_np(data), self._byte], [_np(out), counts, displs, self._byte])
+        return out
+
+    def _gatherv(self, data: torch.Tensor, counts: list[int], root: int) -> torch.Tensor | None:
+        displs = _displacements(counts)
+        if self.rank != root:
+            self.comm.Gatherv([_np(data), self._byte], None, root=root)
+            return None
+        out = torch.empty(sum(counts), dtype=torch.uint8)
+        self.comm.Gatherv([_np(data), self._byte], [_np(out), counts, displs, self._byte], root=root)
+        return out
+
+    def _scatterv(self, data: torch.Tensor | None, counts: list[int], root: int) -> torch.Tensor:
+        displs = _displacements(counts)
+        out = torch.empty(counts[self.rank], dtype=torch.uint8)
+        send = [_np(data), counts, displs, self._byte] if self.rank == root else None
+        self.comm.Scatterv(send, [_np(out), self._byte], root=root)
+        return out
+
+    def _alltoallv(self, data: torch.Tensor, send: list[int], recv: list[int]) -> torch.Tensor:
+        out = torch.empty(sum(recv), dtype=torch.uint8)
+        self.comm.Alltoallv([_np(data), send, _displacements(send), self._byte],
+                            [_np(out), recv, _displacements(recv), self._byte])
+        return out
+
+    def _barrier(self) -> None:
+        self.comm.Barrier()
+
+
+class MpiBackend:
+    """A Backend whose communicators are splits of MPI_COMM_WORLD."""
+
+    name = "mpi"
+    device_types = frozenset({"cpu"})
+
+    def create(self, ranks: Sequence[int]) -> MpiCommunicator | None:
+        """Make a communicator over ``ranks`` (collective over MPI_COMM_WORLD; None on non-members).
+
+        Raises:
+            BackendError: mpi4py is missing.
+            ValueError: ``ranks`` is empty, has duplicates or ranks outside MPI_COMM_WORLD.
+        """
+        MPI = load_mpi()
+        world = MPI.COMM_WORLD
+        members = normalize_ranks(ranks, world.Get_size())
+        me = world.Get_rank()
+        comm = world.Split(0 if me in members else MPI.UNDEFINED, me)
+        if me not in members:
+            return None
+        return MpiCommunicator(comm, members, members.index(me))

@@ -1,0 +1,48 @@
+"""The gloo backend on 2 and 3 real ranks: every collective x op x dtype x process set.
+
+All checks for one world size run inside one set of ranks (a rank costs ~1 s to start); see
+tests/helpers/comm_checks.py for what is checked and how expected values are computed.
+"""
+import pytest
+
+from helpers.ranks import run_ranks
+
+
+def _gloo_checks(rank, size):
+    from accord.comm import get_backend
+    from helpers.comm_checks import run_checks
+
+    return run_checks(get_backend("gloo"), rank, size)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("size", [2, 3])
+def test_gloo_collectives(size):
+    results = run_ranks(_gloo_checks, size, timeout=80)
+    failures = [f for _, fails in results for f in fails]
+    assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:60])
+    counts = [n for n, _ in results]
+    assert min(counts) > 250, counts  # every rank really ran the suite
+
+
+def _peer_leaves(rank, size):
+    from accord.comm import ReduceOp, get_backend
+    from accord.errors import RankFailedError
+    import torch
+
+    comm = get_backend("gloo").create(range(size))
+    if rank == 1:
+        return "left"  # exits without joining the allreduce below
+    try:
+        comm.allreduce(torch.ones(4), ReduceOp.SUM)
+    except RankFailedError as exc:
+        return f"RankFailedError: {exc}"
+    return "no error"
+
+
+@pytest.mark.timeout(60)
+def test_lost_peer_raises_rank_failed():
+    results = run_ranks(_peer_leaves, 2, timeout=45, env={"ACCORD_COLLECTIVE_TIMEOUT": "5"})
+    assert results[1] == "left"
+    assert results[0].startswith("RankFailedError: allreduce failed on rank 0 (gloo"), results[0]
+    assert "HINT:" in results[0] and "ACCORD_COLLECTIVE_TIMEOUT" in results[0]
