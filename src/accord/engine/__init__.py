@@ -1,1 +1,11 @@
-"""accord.engine."""
+"""accord.engine: the background engine that matches named collectives across ranks.
+
+- :mod:`~accord.engine.session` — frontend-neutral API (init, shutdown, process sets, submit);
+  ``accord.torch`` and ``accord.kvstore`` wrap it.
+- :mod:`~accord.engine.engine` — the per-process thread: queue, cycles, handles.
+- :mod:`~accord.engine.negotiate` — which requests are ready / mismatched (pure logic).
+- :mod:`~accord.engine.fusion`, :mod:`~accord.engine.execute` — packing and running collectives.
+- :mod:`~accord.engine.compression`, :mod:`~accord.engine.stall`, :mod:`~accord.engine.timeline`.
+
+Importing this package imports nothing else (no torch), so it stays cheap.
+"""

@@ -1,0 +1,85 @@
+"""Gradient compression applied around a collective: ``compress(t) -> (t, ctx)`` / ``decompress``.
+
+The engine compresses a request's tensor when it is submitted and decompresses the collective's
+result into the output, so every rank sends the narrower dtype over the wire. Only floating
+tensors are cast; integer and bool tensors pass through unchanged. ``Compression.fp16`` etc. are
+Horovod's names (``hvd.Compression.fp16``).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+class Compressor:
+    """Interface: turn a tensor into what goes on the wire, and back."""
+
+    name = "compressor"
+    # True when decompress(t, None) is t itself: lets the engine skip per-tensor calls.
+    passthrough = False
+
+    @staticmethod
+    def compress(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """Return the tensor to communicate and whatever ``decompress`` needs."""
+        raise NotImplementedError
+
+    @staticmethod
+    def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
+        """Undo ``compress`` on the collective's result."""
+        raise NotImplementedError
+
+
+class NoneCompressor(Compressor):
+    """Send tensors unchanged."""
+
+    name = "none"
+    passthrough = True
+
+    @staticmethod
+    def compress(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
+        return tensor
+
+
+class _CastCompressor(Compressor):
+    """Cast floating tensors wider than ``wire`` to ``wire``; remember the original dtype."""
+
+    wire: torch.dtype = torch.float16
+    passthrough = True
+
+    @classmethod
+    def compress(cls, tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        # Complex and already-narrow tensors are left alone: a cast would lose data or gain nothing.
+        if tensor.is_floating_point() and tensor.dtype != cls.wire:
+            return tensor.to(cls.wire), tensor.dtype
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
+        return tensor if ctx is None else tensor.to(ctx)
+
+
+class FP16Compressor(_CastCompressor):
+    """Send floating tensors as float16 (halves the bytes; ~3 significant digits)."""
+
+    name = "fp16"
+    wire = torch.float16
+
+
+class BF16Compressor(_CastCompressor):
+    """Send floating tensors as bfloat16 (float32's range, ~2 significant digits)."""
+
+    name = "bf16"
+    wire = torch.bfloat16
+
+
+class Compression:
+    """Horovod's names for the built-in compressors: ``Compression.none/.fp16/.bf16``."""
+
+    none = NoneCompressor
+    fp16 = FP16Compressor
+    bf16 = BF16Compressor

@@ -1,0 +1,340 @@
+"""The background engine: one thread per process that negotiates and runs named collectives.
+
+Callers :meth:`Engine.enqueue` requests and get handles. The thread ("accord-engine") sleeps on a
+condition until something is submitted (then waits ``cycle_time`` to gather more) or until an
+idle tick, so peers waiting on this rank make progress and stalls are noticed without spinning.
+Each cycle: one negotiation allreduce (plus a full exchange when a rank has something new),
+then the ready requests run in the agreed order through :class:`~accord.engine.execute.Executor`.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Sequence
+
+import torch
+
+from accord.comm.backend import Communicator
+from accord.comm.ops import ReduceOp
+from accord.engine import negotiate as neg
+from accord.engine.execute import CommunicationFailure, Executor
+from accord.engine.request import REDUCING_OPS, ROOTED_OPS, Handle, Op, Request
+from accord.engine.sets import ProcessSetRegistry
+from accord.engine.settings import EngineSettings
+from accord.engine.stall import StallInspector
+from accord.engine.timeline import Timeline
+from accord.errors import (CollectiveError, MismatchError, RankFailedError, ShutdownError,
+                           with_hint)
+
+log = logging.getLogger("accord.engine")
+
+
+class Engine:
+    """Request queue + negotiation + execution for one process. Start with :meth:`start`."""
+
+    def __init__(self, rank: int, size: int, negotiation: Communicator, sets: ProcessSetRegistry,
+                 settings: EngineSettings | None = None) -> None:
+        self.rank, self.size = rank, size
+        self.settings = settings or EngineSettings()
+        self.sets = sets
+        self._comm = negotiation
+        self._cond = threading.Condition(threading.Lock())
+        self._incoming: list[Request] = []
+        self._incoming_bytes = 0
+        self._first_arrival = 0.0
+        self._inflight: dict[str, Request] = {}  # submitted and not yet completed, by name
+        self._pending: dict[str, Request] = {}  # engine thread only: waiting for agreement
+        self._stop_requested = False
+        self._stopped = False
+        self._stop_error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self._timeline: Timeline | None = None
+        self.joined = False  # reserved for join(): a joined rank counts as present everywhere
+        self.cache = neg.ResponseCache(self.settings.cache_capacity)
+        s = self.settings
+        self.stall = StallInspector(s.stall_check_time, s.stall_shutdown_time, s.stall_check_disable)
+        self.executor = Executor(sets, s.fusion_threshold, self._complete)
+        self.cycles = self.negotiations = self.full_exchanges = 0
+
+    # --- caller side ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the background thread (and the ACCORD_TIMELINE timeline, if set)."""
+        if self._thread is not None:
+            raise RuntimeError("engine already started")
+        if self.settings.timeline:
+            self.start_timeline(self.settings.timeline, self.settings.timeline_mark_cycles)
+        self._thread = threading.Thread(target=self._main, name="accord-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def running(self) -> bool:
+        """True while the thread runs and no stop was requested or forced."""
+        return self._thread is not None and self._thread.is_alive() and not self._stopped
+
+    def enqueue(self, request: Request) -> Handle:
+        """Submit ``request``; return its handle.
+
+        Raises:
+            ValueError: another request under the same name is in flight on this rank, or the
+                request is invalid for its process set (membership, root, splits, op).
+            ShutdownError / RankFailedError / StallError: the engine has stopped.
+        """
+        self._validate(request)
+        if request.signature.device == "cuda" and request.ready_event is None:
+            request.ready_event = torch.cuda.Event()
+            request.ready_event.record()
+        with self._cond:
+            if self._stopped or self._stop_requested or self._thread is None:
+                raise self._stopped_error()
+            if request.name in self._inflight:
+                raise ValueError(with_hint(
+                    f"a {self._inflight[request.name].op.value} named {request.name!r} is already in "
+                    f"flight on rank {self.rank}",
+                    "synchronize the first handle before reusing the name, or use distinct names"))
+            self._inflight[request.name] = request
+            if not self._incoming:
+                self._first_arrival = time.monotonic()
+                self._cond.notify()
+            self._incoming.append(request)
+            before = self._incoming_bytes
+            self._incoming_bytes += request.nbytes
+            threshold = self.settings.fusion_threshold
+            if before < threshold <= self._incoming_bytes:
+                self._cond.notify()  # a full fusion buffer: no reason to wait out the cycle
+        return request.handle
+
+    def poll(self, handle: Handle) -> bool:
+        """True when ``handle`` has completed (successfully or not)."""
+        return handle.done()
+
+    def synchronize(self, handle: Handle) -> Any:
+        """Wait for ``handle`` and return its result, re-raising the engine's error here."""
+        while not handle.wait(0.5):
+            if self._thread is None or not self._thread.is_alive():
+                handle.wait(0.5)  # the thread fails every request before it exits
+                if not handle.done():
+                    raise self._stopped_error()
+        return handle.result()
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        """Ask every rank's engine to stop after the current cycle, and wait for ours."""
+        with self._cond:
+            self._stop_requested = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(self.settings.collective_timeout + 10 if timeout is None else timeout)
+        self.stop_timeline()
+
+    def start_timeline(self, path: str, mark_cycles: bool = False) -> None:
+        """Record a chrome://tracing timeline to ``path`` (rank 0 writes; others ignore)."""
+        if self.rank != 0:
+            return
+        self.stop_timeline()
+        self._timeline = self.executor.timeline = Timeline(path, self.rank, mark_cycles)
+
+    def stop_timeline(self) -> None:
+        """Finish and close the timeline file, if one is open."""
+        tl, self._timeline = self._timeline, None
+        self.executor.timeline = None
+        if tl is not None:
+            tl.close()
+
+    def inflight_names(self, process_set_id: int | None = None) -> list[str]:
+        """Names submitted on this rank and not yet completed (optionally of one process set)."""
+        with self._cond:
+            return sorted(n for n, r in self._inflight.items()
+                          if process_set_id is None or r.process_set_id == process_set_id)
+
+    def stats(self) -> dict[str, int]:
+        """Counters: cycles, negotiation collectives, full exchanges, data collectives."""
+        return {"cycles": self.cycles, "negotiations": self.negotiations,
+                "full_exchanges": self.full_exchanges, "collectives": self.executor.collectives,
+                "fusion_allocations": self.executor.buffers.allocations}
+
+    def _validate(self, r: Request) -> None:
+        try:
+            group = self.sets.members(r.process_set_id)
+        except KeyError:
+            raise ValueError(with_hint(f"{r.op.value} {r.name!r}: unknown process set {r.process_set_id}",
+                                       "register it with add_process_set on every rank first")) from None
+        if self.rank not in group:
+            raise ValueError(with_hint(
+                f"{r.op.value} {r.name!r}: rank {self.rank} is not in process set {r.process_set_id} {list(group)}",
+                "submit collectives of a process set only on its member ranks"))
+        if r.op is not Op.BARRIER:
+            if r.tensor is None:
+                raise ValueError(f"{r.op.value} {r.name!r} needs a tensor")
+            self.sets.communicator(r.process_set_id, r.signature.device)  # raises if none
+        if r.op in REDUCING_OPS:
+            if r.reduce_op == ReduceOp.ADASUM:
+                raise ValueError(with_hint(f"{r.op.value} {r.name!r}: Adasum is not supported",
+                                           "use Sum or Average"))
+            if r.dtype == torch.bool and (r.prescale_factor != 1 or r.postscale_factor != 1):
+                raise ValueError(f"{r.op.value} {r.name!r}: bool tensors cannot be scaled")
+        if r.op in ROOTED_OPS and r.root_rank not in group:
+            raise ValueError(with_hint(f"{r.op.value} {r.name!r}: root rank {r.root_rank} is not in "
+                                       f"process set {r.process_set_id} {list(group)}",
+                                       "pass a global rank that belongs to the process set"))
+        if r.splits is not None and (r.op is Op.ALLTOALL or (r.op is Op.SCATTER and r.root_rank == self.rank)):
+            if len(r.splits) != len(group) or sum(r.splits) != r.tensor.shape[0] or min(r.splits) < 0:
+                raise ValueError(with_hint(
+                    f"{r.op.value} {r.name!r}: splits {list(r.splits)} must have {len(group)} "
+                    f"non-negative entries summing to dim 0 ({r.tensor.shape[0]})",
+                    "pass one row count per rank of the process set"))
+
+    def _stopped_error(self) -> BaseException:
+        if self._stop_error is not None:
+            cls = type(self._stop_error)
+            return cls(with_hint(f"the accord engine stopped after an earlier error: {self._stop_error}",
+                                 "shut down and init() again (elastic training does this)"))
+        return ShutdownError(with_hint("the accord engine is not running (shut down or never started)",
+                                       "call init() before submitting collectives"))
+
+    # --- engine thread -------------------------------------------------------------------
+
+    def _complete(self, outcomes: Sequence[tuple[Request, Any, BaseException | None]]) -> None:
+        # Names are released before handles complete, so a caller that waited may reuse them.
+        with self._cond:
+            for r, _, _ in outcomes:
+                self._inflight.pop(r.name, None)
+        # Last first: a caller usually waits on the first handle, and waking it only once the
+        # rest are done spares a GIL ping-pong per handle.
+        for r, value, error in reversed(outcomes):
+            if error is None:
+                r.handle.set_result(value)
+            else:
+                r.handle.set_exception(error)
+
+    def _main(self) -> None:
+        error: BaseException | None = None
+        # Grad mode is per thread and on by default: the engine's copies and in-place scaling of
+        # tensors that require grad must neither record autograd history nor be refused.
+        torch.set_grad_enabled(False)
+        try:
+            error = self._loop()
+        except CommunicationFailure as failure:
+            error = RankFailedError(with_hint(
+                f"a collective failed on rank {self.rank} of {self.size}: {failure}",
+                "another rank probably died or stopped answering (ACCORD_COLLECTIVE_TIMEOUT="
+                f"{self.settings.collective_timeout:g}s); the launcher's output and per-rank logs "
+                "name the rank that failed first and its root cause"))
+            error.__cause__ = failure.cause
+        except BaseException as exc:  # a bug in the engine: never leave callers waiting
+            log.exception("accord engine thread failed")
+            error = CollectiveError(with_hint(f"the accord engine failed on rank {self.rank}: {exc!r}",
+                                              "this is a bug in accord; please report it with the log"))
+            error.__cause__ = exc
+        finally:
+            with self._cond:
+                self._stopped = True
+                self._stop_error = error
+                leftovers = list(self._inflight.values())
+            final = error or ShutdownError(with_hint(
+                "the accord engine shut down while this request was pending",
+                "synchronize every handle before shutdown(), and submit the same names on every rank"))
+            self._complete([(r, None, final) for r in leftovers])
+            self._pending.clear()
+            self.executor.buffers.clear()
+
+    def _loop(self) -> BaseException | None:
+        s = self.settings
+        delay = s.cycle_time
+        while True:
+            pause = delay if self._pending else s.tick
+            stop_local, arrived = self._gather(pause)
+            executed, stop = self._cycle(stop_local)
+            if stop is not None:
+                return stop if isinstance(stop, BaseException) else None
+            # Requests waiting on peers without progress: back off (bounded) instead of spinning.
+            delay = 0.0 if executed or arrived else min(max(2 * delay, s.cycle_time, 1e-3), s.max_backoff)
+
+    def _gather(self, pause: float) -> tuple[bool, bool]:
+        """Sleep until work, a stop request or ``pause``; then move arrivals into pending."""
+        with self._cond:
+            if not self._incoming and not self._stop_requested and pause > 0:
+                self._cond.wait(pause)
+            threshold = self.settings.fusion_threshold
+            while self._incoming and not self._stop_requested and not (0 < threshold <= self._incoming_bytes):
+                remaining = self._first_arrival + self.settings.cycle_time - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._cond.wait(remaining)
+            new, self._incoming, self._incoming_bytes = self._incoming, [], 0
+            stop = self._stop_requested
+        for r in new:
+            self._pending[r.name] = r
+        return stop, bool(new)
+
+    def _cycle(self, stop_local: bool) -> tuple[bool, BaseException | bool | None]:
+        """One negotiation + execution. Returns (anything executed, stop reason or None)."""
+        now = time.monotonic()
+        self.cycles += 1
+        pending = list(self._pending.values())
+        tl = self._timeline
+        if tl is not None and pending:
+            tl.cycle(now)
+        ids, unknown = [], False
+        for r in pending:
+            i = self.cache.id_of(r.name, r.signature)
+            if i is not None:
+                ids.append(i)
+            elif not r.announced:
+                unknown = True
+        oldest = min((r.submitted_at for r in pending), default=None)
+        want_full = unknown or self.joined or self.stall.due(now, oldest)
+        vec = neg.build_vector(ids, len(self.cache), want_full=want_full, shutdown=stop_local,
+                               joined=self.joined)
+        sums = self._negotiate(vec)
+        stop: BaseException | bool | None = bool(sums[neg.SHUTDOWN]) or None
+        if sums[neg.WANT_FULL]:
+            decision = self._full_exchange(pending, now)
+            for name, message in decision.errors.items():
+                r = self._pending.pop(name, None)
+                if r is not None:
+                    self._complete([(r, None, MismatchError(message))])
+            stall_error = self.stall.review(decision.partial, now)
+            if stall_error is not None:
+                stop = stall_error
+            names = decision.ready
+        else:
+            ready_ids = neg.ready_from_counts(sums, self.cache)
+            self.cache.touch(ready_ids, self.cycles)
+            names = [self.cache.entry(i)[0] for i in ready_ids]
+        ready = []
+        for name in names:
+            r = self._pending.get(name)
+            if r is not None and (sums[neg.WANT_FULL] or self.cache.id_of(name, r.signature) is not None):
+                ready.append(self._pending.pop(name))
+        if tl is not None:
+            done = time.monotonic()
+            for r in ready:
+                tl.span(r.name, "NEGOTIATE_" + r.op.value.upper(), r.submitted_at, done)
+        self.executor.run(ready)
+        if tl is not None:
+            tl.maybe_flush()
+        return bool(ready), stop
+
+    def _negotiate(self, vec: list[int]) -> list[int]:
+        t = torch.tensor(vec, dtype=torch.int32)
+        try:
+            self._comm.allreduce(t, ReduceOp.SUM)
+        except Exception as exc:
+            raise CommunicationFailure(list(self._pending.values()), exc) from exc
+        self.negotiations += 1
+        return t.tolist()
+
+    def _full_exchange(self, pending: list[Request], now: float) -> neg.Decision:
+        self.full_exchanges += 1
+        sets = {i: self.sets.members(i) for i in {r.process_set_id for r in pending} if i != 0}
+        payload = neg.encode_pending([(r.name, r.signature, now - r.submitted_at) for r in pending],
+                                     sets, self.joined)
+        try:
+            gathered = self._comm.allgather(torch.frombuffer(bytearray(payload), dtype=torch.uint8))
+        except Exception as exc:
+            raise CommunicationFailure(pending, exc) from exc
+        for r in pending:
+            r.announced = True
+        exchange = neg.split_payloads(gathered.numpy().tobytes(), self.size)
+        return neg.decide(exchange, self.cache, self.cycles)

@@ -1,0 +1,244 @@
+"""Running ready requests on their communicators: fused allreduces and one-by-one ops.
+
+Called only from the engine thread, with requests already agreed by every rank and in the same
+order everywhere. Errors that every rank hits identically (a dtype the backend cannot reduce)
+fail just those requests; anything else from a collective means the communicator is unusable
+and is raised as :class:`CommunicationFailure` for the engine to stop on.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Sequence
+
+import torch
+
+from accord.comm.backend import Communicator
+from accord.comm.ops import ReduceOp
+from accord.engine.fusion import FusionBuffers, adjacent_span, copy_out, pack, plan_work, unpack
+from accord.engine.request import Op, Request
+from accord.engine.sets import ProcessSetRegistry
+from accord.engine.timeline import Timeline
+from accord.errors import AccordError, BackendError, CollectiveError, MismatchError
+
+Outcome = tuple[Request, Any, "BaseException | None"]
+Complete = Callable[[Sequence[Outcome]], None]
+
+
+class CommunicationFailure(Exception):
+    """A collective failed in a way that leaves its communicator unusable."""
+
+    def __init__(self, requests: Sequence[Request], cause: BaseException) -> None:
+        super().__init__(f"{cause.__class__.__name__}: {cause}")
+        self.requests = list(requests)
+        self.cause = cause
+
+
+def scale_(tensor: torch.Tensor, factor: float) -> None:
+    """Multiply in place by ``factor``; integers are scaled in float64 and truncated."""
+    if factor == 1.0:
+        return
+    if tensor.is_floating_point() or tensor.is_complex():
+        tensor.mul_(factor)
+    elif tensor.dtype == torch.bool:
+        raise ValueError(f"cannot scale a bool tensor by {factor}")
+    else:
+        tensor.copy_(tensor.to(torch.float64).mul_(factor))
+
+
+def wire_reduction(op: ReduceOp, dtype: torch.dtype, postscale: float, n: int) -> tuple[ReduceOp, float]:
+    """(op to send, postscale to apply): floating AVERAGE becomes SUM with 1/n folded in."""
+    if op == ReduceOp.AVERAGE and (dtype.is_floating_point or dtype.is_complex):
+        return ReduceOp.SUM, postscale / n
+    return op, postscale
+
+
+def even_splits(rows: int, parts: int) -> list[int]:
+    """Split ``rows`` into ``parts`` near-equal counts; lower indices get the extra rows."""
+    base, extra = divmod(rows, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]
+
+
+def _comm_call(fn: Callable[..., Any], *args: Any) -> Any:
+    """Call a collective. Argument problems (raised identically on every rank before any data
+    moves) fail only the request; anything the library raised mid-collective (a peer died,
+    a timeout: RankFailedError and other CollectiveErrors, raw RuntimeErrors) leaves the
+    communicator unusable and becomes CommunicationFailure."""
+    try:
+        return fn(*args)
+    except (ValueError, TypeError, MismatchError, BackendError):
+        raise
+    except Exception as exc:
+        raise CommunicationFailure([], exc) from exc
+
+
+class Executor:
+    """Executes work items; reports each item's outcomes at once through ``complete``."""
+
+    def __init__(self, sets: ProcessSetRegistry, fusion_threshold: int, complete: Complete) -> None:
+        self.sets = sets
+        self.fusion_threshold = fusion_threshold
+        self.complete = complete
+        self.buffers = FusionBuffers()
+        self.timeline: Timeline | None = None
+        self.collectives = 0  # data-plane collectives issued (tests and benchmarks read it)
+
+    def run(self, ready: Sequence[Request]) -> None:
+        """Execute ``ready`` (this rank's requests, in agreed order)."""
+        for item in plan_work(ready, self.fusion_threshold):
+            first = item[0]
+            try:
+                comm = self.sets.communicator(first.process_set_id, first.signature.device or "cpu")
+                if comm is None:
+                    raise CollectiveError(f"rank is not in process set {first.process_set_id}")
+                self._wait_for_data(item)
+                if first.op is Op.ALLREDUCE:
+                    outcomes = self._allreduce(item, comm)
+                else:
+                    outcomes = [(first, self._one(first, comm), None)]
+            except CommunicationFailure as failure:
+                failure.requests = list(item)
+                raise
+            except (ValueError, TypeError, AccordError) as exc:
+                outcomes = [(r, None, exc) for r in item]
+            # One completion per item, not per request: waking the caller's thread 160 times
+            # would make both threads fight over the GIL while outputs are still being copied.
+            self.complete(outcomes)
+
+    # --- helpers -------------------------------------------------------------------------
+
+    def _span(self, reqs: Sequence[Request], phase: str, start: float, end: float) -> None:
+        tl = self.timeline
+        if tl is not None:
+            for r in reqs:
+                tl.span(r.name, phase, start, end)
+
+    def _wait_for_data(self, item: Sequence[Request]) -> None:
+        start = time.monotonic()
+        for r in item:
+            if r.ready_event is not None:  # CUDA: the producer stream must have written it
+                r.ready_event.synchronize()
+        if self.timeline is not None:
+            self._span(item, "WAIT_FOR_DATA", start, time.monotonic())
+
+    def _finish(self, r: Request, result: Any) -> Any:
+        """Decompress into the output (or a private tensor); return the request's value."""
+        if isinstance(result, torch.Tensor):
+            value = r.compression.decompress(result, r.ctx)
+            if r.output is not None:
+                if value is not r.output:
+                    r.output.copy_(value)
+                value = r.output
+            elif self.buffers.owns(value):
+                value = value.clone()
+            if value.is_cuda:
+                torch.cuda.current_stream(value.device).synchronize()
+            return value
+        if isinstance(result, tuple) and result and isinstance(result[0], torch.Tensor):
+            return (r.compression.decompress(result[0], r.ctx), *result[1:])
+        return result
+
+    def _private(self, r: Request) -> torch.Tensor:
+        """A tensor the collective may overwrite (the request's own, or a copy)."""
+        return r.tensor if r.owned else r.tensor.clone()
+
+    # --- allreduce (fused) ---------------------------------------------------------------
+
+    def _allreduce(self, batch: list[Request], comm: Communicator) -> list[Outcome]:
+        sig = batch[0].signature
+        wire = batch[0].tensor
+        op, post = wire_reduction(ReduceOp(sig.reduce_op), wire.dtype, sig.postscale, comm.size)
+        # A lone contiguous request is reduced in place (its own tensor or a private clone), and
+        # so is a batch whose tensors already lie back to back in one storage.
+        fused = len(batch) > 1 or not wire.is_contiguous()
+        t0 = time.monotonic()
+        tensors = [r.tensor for r in batch]
+        span = adjacent_span(tensors) if fused and all(r.owned for r in batch) else None
+        if span is not None:
+            buf = span
+        elif fused:
+            buf = self.buffers.get(wire.device, wire.dtype, sum(t.numel() for t in tensors))
+            pack(tensors, buf)
+        else:
+            buf = self._private(batch[0])
+        t1 = time.monotonic()
+        scale_(buf, sig.prescale)
+        _comm_call(comm.allreduce, buf, op)
+        scale_(buf, post)
+        self.collectives += 1
+        t2 = time.monotonic()
+        if span is not None or not fused:
+            outcomes = [(r, self._finish(r, r.tensor if fused else buf), None) for r in batch]
+        else:
+            outcomes = self._unfuse(batch, buf)
+        t3 = time.monotonic()
+        if self.timeline is not None:
+            if span is None and buf is not wire:
+                self._span(batch, "MEMCPY_IN_FUSION_BUFFER", t0, t1)
+            self._span(batch, "ALLREDUCE", t1, t2)
+            if fused and span is None:
+                self._span(batch, "MEMCPY_OUT_FUSION_BUFFER", t2, t3)
+        return outcomes
+
+    def _unfuse(self, batch: list[Request], buf: torch.Tensor) -> list[Outcome]:
+        parts = unpack(buf, [r.tensor for r in batch])
+        # Plain in-place requests (the common case: gradients) are copied out in one call.
+        plain = [i for i, r in enumerate(batch) if r.output is not None and r.ctx is None
+                 and r.compression.passthrough and r.output.dtype == r.tensor.dtype]
+        copy_out([parts[i] for i in plain], [batch[i].output for i in plain])
+        outcomes: list[Outcome] = [(batch[i], batch[i].output, None) for i in plain]
+        if len(plain) < len(batch):
+            skip = set(plain)
+            outcomes += [(r, self._finish(r, p.view(r.tensor.shape)), None)
+                         for i, (r, p) in enumerate(zip(batch, parts)) if i not in skip]
+        return outcomes
+
+    # --- everything else, one request at a time ------------------------------------------
+
+    def _one(self, r: Request, comm: Communicator) -> Any:
+        t1 = time.monotonic()
+        result = self._dispatch(r, comm)
+        self.collectives += 1
+        if self.timeline is not None:
+            self._span([r], r.op.value.upper(), t1, time.monotonic())
+        return self._finish(r, result)
+
+    def _dispatch(self, r: Request, comm: Communicator) -> Any:
+        root = comm.ranks.index(r.root_rank) if r.root_rank >= 0 else -1
+        me_root = comm.rank == root
+        if r.op is Op.BROADCAST:
+            t = self._private(r)
+            _comm_call(comm.broadcast, t, root)
+            return t
+        if r.op is Op.ALLGATHER:
+            return _comm_call(comm.allgather, r.tensor)
+        if r.op is Op.GATHER:
+            return _comm_call(comm.gather, r.tensor, root)
+        if r.op is Op.SCATTER:
+            chunks = None
+            if me_root:
+                splits = list(r.splits) if r.splits else even_splits(r.tensor.shape[0], comm.size)
+                chunks = list(torch.split(r.tensor, splits))
+            return _comm_call(comm.scatter, chunks, root)
+        if r.op is Op.ALLTOALL:
+            return _comm_call(comm.alltoall, r.tensor, list(r.splits) if r.splits is not None else None)
+        if r.op is Op.BARRIER:
+            _comm_call(comm.barrier)
+            return None
+        # reducing ops with prescale/postscale
+        sig = r.signature
+        op, post = wire_reduction(ReduceOp(sig.reduce_op), r.tensor.dtype, sig.postscale, comm.size)
+        t = r.tensor
+        if sig.prescale != 1.0 or r.op is Op.REDUCE:
+            t = self._private(r)
+            scale_(t, sig.prescale)
+        if r.op is Op.REDUCESCATTER:
+            out = _comm_call(comm.reduce_scatter, t, op)
+            scale_(out, post)
+            return out
+        if r.op is Op.REDUCE:
+            _comm_call(comm.reduce, t, op, root)
+            if not me_root:
+                return None
+            scale_(t, post)
+            return t
+        raise ValueError(f"unknown op {r.op!r}")

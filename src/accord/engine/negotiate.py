@@ -1,0 +1,299 @@
+"""Deciding, identically on every rank, which named requests are ready (pure logic, no I/O).
+
+Every cycle each rank contributes one small int vector to one SUM allreduce::
+
+    [want_full_exchange, shutdown, joined, count_0 .. count_{k-1}]
+
+where ``count_i`` is 1 when this rank has a pending request matching cache entry ``i`` (same
+name and signature). Entry ``i`` is ready when its count equals its process set's size. When the
+summed ``want_full_exchange`` is non-zero, every rank instead sends the (name, signature, age)
+of all its pending requests, and the members of the process sets they use (JSON, never
+pickle), and :func:`decide` works out, from the same data on every rank, what is ready, what is
+mismatched and what is waiting on absent ranks. Nothing rank-local enters a decision: a rank
+may register a process set a little later than its peers without the ranks diverging.
+Steady state (the same names every step) therefore costs one small allreduce per cycle.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Sequence
+
+from accord.comm.ops import ReduceOp
+from accord.engine.request import RAGGED_OPS, Op, Signature
+from accord.errors import with_hint
+
+WANT_FULL, SHUTDOWN, JOINED = 0, 1, 2
+HEADER = 3  # slots before the per-entry counts
+
+SetMap = Mapping[int, Sequence[int]]  # process set id -> its global ranks
+
+
+class ResponseCache:
+    """Agreed (name, signature) pairs with ids that are equal on every rank.
+
+    Every rank applies the same updates in the same order (only from :func:`decide`), so ids
+    agree. When full, the least recently ready entry is replaced in place, which keeps the
+    negotiation vector at most ``capacity`` long.
+    """
+
+    def __init__(self, capacity: int = 1024) -> None:
+        if capacity < 1:
+            raise ValueError(f"cache capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self._names: list[str] = []
+        self._sigs: list[Signature] = []
+        self._sizes: list[int] = []  # members of the entry's process set
+        self._last_used: list[int] = []
+        self._index: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def id_of(self, name: str, signature: Signature) -> int | None:
+        """The entry id for exactly this (name, signature), or None."""
+        i = self._index.get(name)
+        return i if i is not None and self._sigs[i] == signature else None
+
+    def entry(self, i: int) -> tuple[str, Signature]:
+        """(name, signature) of entry ``i``."""
+        return self._names[i], self._sigs[i]
+
+    def touch(self, ids: Iterable[int], tick: int) -> None:
+        """Record that these entries were ready at cycle ``tick`` (for eviction)."""
+        for i in ids:
+            self._last_used[i] = tick
+
+    def set_size(self, i: int) -> int:
+        """How many ranks must count entry ``i`` for it to be ready."""
+        return self._sizes[i]
+
+    def put(self, name: str, signature: Signature, set_size: int, tick: int,
+            protected: set[int]) -> int | None:
+        """Insert or update ``name``; return its id, or None when full of ``protected`` entries."""
+        i = self._index.get(name)
+        if i is None:
+            if len(self._names) < self.capacity:
+                i = len(self._names)
+                self._names.append(name)
+                self._sigs.append(signature)
+                self._sizes.append(set_size)
+                self._last_used.append(tick)
+                self._index[name] = i
+                return i
+            candidates = [j for j in range(len(self._names)) if j not in protected]
+            if not candidates:
+                return None
+            i = min(candidates, key=lambda j: (self._last_used[j], j))
+            del self._index[self._names[i]]
+            self._names[i] = name
+            self._index[name] = i
+        self._sigs[i] = signature
+        self._sizes[i] = set_size
+        self._last_used[i] = tick
+        return i
+
+
+def build_vector(cache_ids: Iterable[int], cache_size: int, *, want_full: bool, shutdown: bool,
+                 joined: bool) -> list[int]:
+    """This rank's contribution to the negotiation allreduce."""
+    vec = [0] * (HEADER + cache_size)
+    vec[WANT_FULL], vec[SHUTDOWN], vec[JOINED] = int(want_full), int(shutdown), int(joined)
+    for i in cache_ids:
+        vec[HEADER + i] = 1
+    return vec
+
+
+def ready_from_counts(sums: Sequence[int], cache: ResponseCache) -> list[int]:
+    """Cache ids whose summed count equals their process set's size, in id order."""
+    return [i for i in range(len(cache)) if sums[HEADER + i] and sums[HEADER + i] == cache.set_size(i)]
+
+
+# --- full exchange --------------------------------------------------------------------------
+
+Pending = dict[str, tuple[Signature, float]]  # name -> (signature, seconds pending)
+
+
+def encode_pending(entries: Iterable[tuple[str, Signature, float]], sets: SetMap | None = None,
+                   joined: bool = False) -> bytes:
+    """This rank's pending (name, signature, seconds pending) and the members of the process
+    sets they use, as compact JSON bytes."""
+    doc = {"j": int(joined), "p": [[n, s.to_json(), round(a, 3)] for n, s, a in entries],
+           "s": {str(k): list(v) for k, v in (sets or {}).items()}}
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def decode_pending(data: bytes) -> tuple[Pending, dict[int, tuple[int, ...]], bool]:
+    """Inverse of :func:`encode_pending`: ({name: (signature, age)}, {set: ranks}, joined)."""
+    return _from_doc(json.loads(data.decode()))
+
+
+def _from_doc(doc: dict) -> tuple[Pending, dict[int, tuple[int, ...]], bool]:
+    pending = {str(n): (Signature.from_json(s), float(a)) for n, s, a in doc["p"]}
+    sets = {int(k): tuple(int(r) for r in v) for k, v in doc.get("s", {}).items()}
+    return pending, sets, bool(doc["j"])
+
+
+@dataclass
+class Exchange:
+    """Every rank's contribution to one full exchange, in rank order."""
+
+    pending: list[Pending]
+    sets: list[dict[int, tuple[int, ...]]]
+    joined: list[int]
+
+
+def split_payloads(data: bytes, size: int) -> Exchange:
+    """Split the allgathered payloads of ``size`` ranks (each JSON document delimits itself).
+
+    Raises ValueError on malformed data.
+    """
+    decoder = json.JSONDecoder()
+    text, pos = data.decode(), 0
+    out = Exchange([], [], [])
+    for rank in range(size):
+        doc, pos = decoder.raw_decode(text, pos)
+        pending, sets, joined = _from_doc(doc)
+        out.pending.append(pending)
+        out.sets.append(sets)
+        if joined:
+            out.joined.append(rank)
+    if pos != len(text):
+        raise ValueError(f"negotiation payload has {len(text) - pos} trailing bytes")
+    return out
+
+
+@dataclass(frozen=True)
+class Partial:
+    """A name some members of its process set submitted and others did not (yet)."""
+
+    name: str
+    process_set: int
+    present: tuple[int, ...]
+    missing: tuple[int, ...]
+    age: float  # longest time any present rank has waited on it
+
+
+@dataclass
+class Decision:
+    """Outcome of a full exchange, identical on every rank."""
+
+    ready: list[str] = field(default_factory=list)  # execution order (cache id, then uncached)
+    errors: dict[str, str] = field(default_factory=dict)  # name -> MismatchError message
+    partial: list[Partial] = field(default_factory=list)
+
+
+def decide(exchange: Exchange, cache: ResponseCache, tick: int) -> Decision:
+    """Classify every name submitted anywhere; update ``cache`` with the ready ones.
+
+    A joined rank counts as present for every name. Mutates ``cache`` identically on every
+    rank (the exchange is the same everywhere).
+    """
+    per_rank = exchange.pending
+    joined_set = set(exchange.joined)
+    decision = Decision()
+    ready: list[tuple[str, Signature, int]] = []
+    for name in sorted(set().union(*per_rank)):
+        holders = {r: d[name] for r, d in enumerate(per_rank) if name in d}
+        sigs = {r: sig for r, (sig, _) in holders.items()}
+        if len(set(sigs.values())) > 1:
+            decision.errors[name] = mismatch_message(name, sigs)
+            continue
+        sig = next(iter(sigs.values()))
+        group, problem = _members(sig.process_set, holders, exchange.sets, len(per_rank))
+        if problem:
+            decision.errors[name] = problem
+            continue
+        missing = tuple(r for r in group if r not in holders and r not in joined_set)
+        if missing:
+            age = max(a for _, a in holders.values())
+            decision.partial.append(Partial(name, sig.process_set, tuple(sorted(holders)), missing, age))
+        else:
+            ready.append((name, sig, len(group)))
+    # New ids follow the submission order of the lowest rank holding each name (then the name):
+    # the same on every rank, and usually the order tensors were produced in, so a batch of
+    # gradients that are views of one flat buffer lies back to back (see fusion.adjacent_span).
+    position = [{n: i for i, n in enumerate(d)} for d in per_rank]
+    first = {name: min(r for r, d in enumerate(per_rank) if name in d) for name, _, _ in ready}
+    ready.sort(key=lambda e: (position[first[e[0]]][e[0]], e[0]))
+    protected = {i for n, s, _ in ready if (i := cache.id_of(n, s)) is not None}
+    ordered: list[tuple[int, str]] = []
+    uncached: list[str] = []
+    for name, sig, set_size in ready:
+        i = cache.put(name, sig, set_size, tick, protected)
+        if i is None:
+            uncached.append(name)
+        else:
+            protected.add(i)
+            ordered.append((i, name))
+    decision.ready = [n for _, n in sorted(ordered)] + uncached
+    return decision
+
+
+def _members(set_id: int, holders: Mapping[int, object], sets: Sequence[Mapping[int, Sequence[int]]],
+             size: int) -> tuple[tuple[int, ...], str]:
+    """The members of ``set_id`` as the ranks holding the name report them, or a problem."""
+    if set_id == 0:
+        return tuple(range(size)), ""
+    views = {r: tuple(sets[r].get(set_id, ())) for r in holders}
+    unknown = [r for r, v in views.items() if not v]
+    if unknown:
+        return (), with_hint(f"process set {set_id} is not registered on ranks {sorted(unknown)}",
+                             "register it with add_process_set on every rank before using it")
+    if len(set(views.values())) == 1:
+        return next(iter(views.values())), ""
+    seen = ", ".join(f"rank {r} has {list(v)}" for r, v in sorted(views.items()))
+    return (), with_hint(f"process set {set_id} differs between ranks: {seen}",
+                         "call add_process_set / remove_process_set on every rank, in the same order")
+
+
+# --- mismatch messages ----------------------------------------------------------------------
+
+_LABELS = [  # (field, label) in the order they are reported
+    ("op", "operations"),
+    ("process_set", "process sets"),
+    ("device", "device types"),
+    ("dtype", "data types"),
+    ("wire_dtype", "compressed data types"),
+    ("shape", "shapes"),
+    ("reduce_op", "reduce ops"),
+    ("root", "root ranks"),
+    ("prescale", "prescale factors"),
+    ("postscale", "postscale factors"),
+]
+
+
+def _show(fieldname: str, value) -> str:
+    if fieldname == "shape":
+        return str(list(value))
+    if fieldname == "reduce_op":
+        return ReduceOp(value).name if value >= 0 else "none"
+    return str(value)
+
+
+def _per_rank(fieldname: str, sigs: dict[int, Signature]) -> str:
+    groups: dict[str, list[int]] = {}
+    for r in sorted(sigs):
+        groups.setdefault(_show(fieldname, getattr(sigs[r], fieldname)), []).append(r)
+    parts = []
+    for value, ranks in groups.items():
+        who = f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+        parts.append(f"{who} sent {value}")
+    return ", ".join(parts)
+
+
+def mismatch_message(name: str, sigs: dict[int, Signature]) -> str:
+    """E.g. "Mismatched allreduce shapes for 'w': rank 0 sent [3], rank 1 sent [4]" + HINT."""
+    ops = {s.op for s in sigs.values()}
+    op = next(iter(ops)) if len(ops) == 1 else None
+    lines = []
+    for fieldname, label in _LABELS:
+        if len({getattr(s, fieldname) for s in sigs.values()}) > 1:
+            if fieldname == "shape" and op is not None and Op(op) in RAGGED_OPS:
+                label = "shapes (after dim 0)"
+            what = f"{op} {label}" if op is not None and fieldname != "op" else label
+            lines.append(f"Mismatched {what} for {name!r}: {_per_rank(fieldname, sigs)}")
+    return with_hint("\n".join(lines),
+                     "every rank must submit the same collective under a name, with the same "
+                     "shape, dtype, device, op, root and scale factors; check the code path that "
+                     "builds this tensor on the ranks listed")

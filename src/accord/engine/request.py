@@ -1,0 +1,218 @@
+"""What a rank submits to the engine (a ``Request``), what ranks must agree on (its
+``Signature``), and what the caller waits on (a ``Handle``)."""
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Sequence
+
+import torch
+
+from accord.comm.ops import ReduceOp
+from accord.engine.compression import Compressor, NoneCompressor
+
+
+class Op(str, enum.Enum):
+    """The collectives the engine runs."""
+
+    ALLREDUCE = "allreduce"
+    ALLGATHER = "allgather"
+    BROADCAST = "broadcast"
+    ALLTOALL = "alltoall"
+    REDUCESCATTER = "reducescatter"
+    REDUCE = "reduce"
+    GATHER = "gather"
+    SCATTER = "scatter"
+    BARRIER = "barrier"
+
+
+# Ops whose first dimension may differ between ranks: only the trailing shape must agree.
+RAGGED_OPS = frozenset({Op.ALLGATHER, Op.ALLTOALL, Op.GATHER, Op.SCATTER})
+ROOTED_OPS = frozenset({Op.BROADCAST, Op.REDUCE, Op.GATHER, Op.SCATTER})
+REDUCING_OPS = frozenset({Op.ALLREDUCE, Op.REDUCESCATTER, Op.REDUCE})
+
+
+_DTYPE_NAMES: dict = {None: ""}
+
+
+def dtype_name(dtype: torch.dtype | None) -> str:
+    """``torch.float32`` -> ``"float32"`` (what error messages and the wire show)."""
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).replace("torch.", "")
+    return name
+
+
+class Signature(NamedTuple):
+    """Everything ranks must agree on for one name before the collective may run.
+
+    ``shape`` is the full shape, or all but dim 0 for ragged ops. ``reduce_op`` / ``root`` are
+    -1 where the op has none. ``wire_dtype`` is the dtype after compression. (A NamedTuple:
+    one is built per submitted request, so construction cost matters.)
+    """
+
+    op: str
+    dtype: str
+    wire_dtype: str
+    shape: tuple[int, ...]
+    device: str
+    reduce_op: int
+    root: int
+    prescale: float
+    postscale: float
+    process_set: int
+
+    def to_json(self) -> list:
+        """A JSON-friendly list (field order as declared)."""
+        return [self.op, self.dtype, self.wire_dtype, list(self.shape), self.device,
+                self.reduce_op, self.root, self.prescale, self.postscale, self.process_set]
+
+    @classmethod
+    def from_json(cls, data: Sequence) -> "Signature":
+        """Inverse of :meth:`to_json` (validates field count and types)."""
+        if len(data) != 10:
+            raise ValueError(f"signature has {len(data)} fields, expected 10")
+        op, dtype, wire, shape, device, red, root, pre, post, pset = data
+        return cls(str(op), str(dtype), str(wire), tuple(int(d) for d in shape), str(device),
+                   int(red), int(root), float(pre), float(post), int(pset))
+
+
+class Handle:
+    """Completion of one request: ``done()``, ``wait()``, ``result()`` (re-raises the engine's error)."""
+
+    # A bare lock held until completion: a fraction of threading.Event's creation cost, which
+    # matters when a training step submits hundreds of gradients.
+    __slots__ = ("name", "_gate", "_done", "_value", "_error")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._gate = threading.Lock()
+        self._gate.acquire()
+        self._done = False
+        self._value: Any = None
+        self._error: BaseException | None = None
+
+    def done(self) -> bool:
+        """True once the request has completed or failed."""
+        return self._done
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until done (or ``timeout`` seconds); return ``done()``."""
+        if not self._done and self._gate.acquire(timeout=-1 if timeout is None else max(timeout, 0)):
+            self._gate.release()  # let the next waiter through
+        return self._done
+
+    def result(self) -> Any:
+        """The collective's result; raises the engine's error if the request failed."""
+        if not self._done:
+            raise RuntimeError(f"request {self.name!r} has not completed; call wait() first")
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def _finish(self, value: Any, error: BaseException | None) -> None:
+        if self._done:  # the first outcome wins
+            return
+        self._value, self._error = value, error
+        self._done = True
+        self._gate.release()
+
+    def set_result(self, value: Any) -> None:
+        """Complete the handle (engine side)."""
+        self._finish(value, None)
+
+    def set_exception(self, error: BaseException) -> None:
+        """Fail the handle (engine side)."""
+        self._finish(None, error)
+
+    def __repr__(self) -> str:
+        state = "failed" if self._error is not None else "done" if self.done() else "pending"
+        return f"Handle({self.name!r}, {state})"
+
+
+@dataclass(eq=False)
+class Request:
+    """One named collective submitted by this rank.
+
+    ``tensor`` is what goes on the wire (already compressed). ``output`` is the user's tensor for
+    in-place ops (results are copied or reduced into it), None for out-of-place ones. ``owned``
+    says the engine may overwrite ``tensor`` (it is the in-place target or a private copy).
+    ``root_rank`` is a global rank. ``splits`` is per-rank rows for alltoall/scatter.
+    """
+
+    name: str
+    op: Op
+    tensor: torch.Tensor | None = None
+    output: torch.Tensor | None = None
+    reduce_op: ReduceOp = ReduceOp.SUM
+    root_rank: int = -1
+    prescale_factor: float = 1.0
+    postscale_factor: float = 1.0
+    process_set_id: int = 0
+    splits: tuple[int, ...] | None = None
+    compression: type[Compressor] | Compressor = NoneCompressor
+    dtype: torch.dtype | None = None  # the caller's dtype (before compression)
+    ctx: Any = None
+    owned: bool = False
+    ready_event: Any = None  # CUDA event recorded at submit (data ready on the producer stream)
+    handle: Handle = field(init=False)
+    signature: Signature = field(init=False)
+    submitted_at: float = field(init=False)
+    announced: bool = False  # already sent in a full exchange (the others know about it)
+    nbytes: int = field(init=False)  # bytes this request puts on the wire
+
+    def __post_init__(self) -> None:
+        self.handle = Handle(self.name)
+        self.submitted_at = time.monotonic()
+        if self.dtype is None and self.tensor is not None:
+            self.dtype = self.tensor.dtype
+        self.signature = signature_of(self)
+        t = self.tensor
+        self.nbytes = 0 if t is None else t.numel() * t.element_size()
+
+
+
+def signature_of(request: Request) -> Signature:
+    """The values every rank must agree on for ``request``."""
+    t = request.tensor
+    op = request.op
+    if t is None:
+        shape: tuple[int, ...] = ()
+        wire, device = "", ""
+    else:
+        shape = tuple(t.shape)
+        wire, device = dtype_name(t.dtype), t.device.type
+        if op in RAGGED_OPS:
+            shape = shape[1:]
+    reducing = op in REDUCING_OPS
+    return Signature(
+        op.value, dtype_name(request.dtype), wire, shape, device,
+        int(request.reduce_op) if reducing else -1,
+        request.root_rank if op in ROOTED_OPS else -1,
+        float(request.prescale_factor) if reducing else 1.0,
+        float(request.postscale_factor) if reducing else 1.0,
+        request.process_set_id,
+    )
+
+
+def build_request(op: Op, tensor: torch.Tensor | None, name: str, *, in_place: bool = False,
+                  compression: type[Compressor] | Compressor = NoneCompressor,
+                  reduce_op: ReduceOp = ReduceOp.SUM, root_rank: int = -1,
+                  prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                  process_set_id: int = 0, splits: Sequence[int] | None = None) -> Request:
+    """Make a request the way frontends do: compress now, decide who owns what.
+
+    ``in_place`` (allreduce, broadcast): the result is written into ``tensor``. Otherwise the
+    engine never writes into ``tensor``; it must not change until the handle completes.
+    """
+    if in_place and op not in (Op.ALLREDUCE, Op.BROADCAST):
+        raise ValueError(f"{op.value} cannot run in place: its output has another shape")
+    wire, ctx = (None, None) if tensor is None else compression.compress(tensor)
+    return Request(
+        name, op, wire, output=tensor if in_place else None, reduce_op=ReduceOp(reduce_op),
+        root_rank=root_rank, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+        process_set_id=process_set_id, splits=None if splits is None else tuple(int(s) for s in splits),
+        compression=compression, dtype=None if tensor is None else tensor.dtype, ctx=ctx,
+        owned=in_place or (tensor is not None and wire is not tensor))

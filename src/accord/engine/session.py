@@ -1,0 +1,238 @@
+"""The frontend-neutral session: init / shutdown, process sets, and submitting collectives.
+
+``accord.torch`` (Horovod's API) and ``accord.kvstore`` wrap these functions. ``init()`` meets
+the other ranks (:func:`accord.runtime.bootstrap.bootstrap`), creates one communicator per
+device kind for every process set (Gloo for CPU tensors, NCCL for CUDA ones, or what
+ACCORD_CPU_BACKEND / ACCORD_GPU_BACKEND name) and starts the engine; ``shutdown()`` stops the
+engine on every rank and leaves the job, after which ``init()`` works again.
+
+Process sets, as in Horovod, are collective: every rank calls :func:`add_process_set` and
+:func:`remove_process_set` with the same arguments in the same order, so ids agree.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+from accord.comm.ops import ReduceOp
+from accord.engine.compression import Compressor, NoneCompressor
+from accord.engine.engine import Engine
+from accord.engine.request import Handle, Op, build_request
+from accord.engine.sets import ProcessSetRegistry
+from accord.engine.settings import EngineSettings
+from accord.errors import ConfigError, with_hint
+from accord.runtime.groups import GLOBAL_ID, ProcessSetTable
+from accord.runtime.topology import Topology
+
+
+@dataclass
+class _Session:
+    runtime: Any
+    engine: Engine
+    table: ProcessSetTable
+    registry: ProcessSetRegistry
+    backends: dict[str, Any]  # device type -> Backend
+    unnamed: dict[str, itertools.count] = field(default_factory=dict)
+
+
+_session: _Session | None = None
+_lock = threading.RLock()
+
+
+def _devices() -> list[str]:
+    return ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
+
+
+def init(process_sets: Sequence[Sequence[int]] | None = None,
+         settings: EngineSettings | None = None) -> list[int]:
+    """Join the job and start the engine; a no-op if already initialized.
+
+    Args:
+        process_sets: rank lists to register now (ids 1, 2, ... in this order).
+        settings: engine settings (default: read from accord.config).
+    Returns:
+        The ids of ``process_sets``.
+    Raises:
+        RendezvousError: the ranks could not meet. BackendError: a backend is unavailable.
+    """
+    global _session
+    with _lock:
+        if _session is not None:
+            return [_session.table.find(sorted(r)) for r in process_sets or []]
+        from accord.comm import backend_name_for
+        from accord.comm.backend import get_backend
+        from accord.runtime.bootstrap import bootstrap
+
+        runtime = bootstrap()
+        try:
+            size = runtime.topology.size
+            backends = {d: get_backend(backend_name_for(d)) for d in _devices()}
+            registry = ProcessSetRegistry()
+            comms = {d: b.create(list(range(size))) for d, b in backends.items()}
+            registry.add(GLOBAL_ID, range(size), comms)
+            settings = settings or EngineSettings.from_config()
+            _check_settings_agree(settings, comms["cpu"])
+            # The engine negotiates on the global CPU communicator: its own process group, not
+            # the default one, so collectives a frontend runs directly never interleave with it.
+            engine = Engine(runtime.topology.rank, size, comms["cpu"], registry, settings)
+            session = _Session(runtime, engine, ProcessSetTable(size), registry, backends)
+            ids = [_add(session, ranks) for ranks in process_sets or []]
+            engine.start()
+        except BaseException:
+            runtime.close()
+            raise
+        _session = session
+        return ids
+
+
+def _check_settings_agree(settings: EngineSettings, comm: Any) -> None:
+    """Every rank must fuse and time out stalls alike, or their collectives would not line up."""
+    fields = ("fusion_threshold", "cache_capacity", "stall_check_disable", "stall_check_time",
+              "stall_shutdown_time")
+    mine = torch.tensor([float(getattr(settings, f)) for f in fields], dtype=torch.float64)
+    table = comm.allgather(mine.unsqueeze(0)).tolist()
+    for j, name in enumerate(fields):
+        values = [row[j] for row in table]
+        if len(set(values)) > 1:
+            seen = ", ".join(f"rank {r} has {v:g}" for r, v in enumerate(values))
+            raise ConfigError(with_hint(f"engine setting {name} differs between ranks: {seen}",
+                                        "give every rank the same ACCORD_* engine variables "
+                                        "(accordrun passes the launcher's environment to all)"))
+
+
+def shutdown() -> None:
+    """Stop the engine on every rank (pending requests fail with ShutdownError) and leave the
+    job. Idempotent; ``init()`` may be called again afterwards."""
+    global _session
+    with _lock:
+        session, _session = _session, None
+    if session is not None:
+        try:
+            session.engine.shutdown()
+        finally:
+            session.runtime.close()
+
+
+def is_initialized() -> bool:
+    """True between ``init()`` and ``shutdown()``."""
+    return _session is not None
+
+
+def _current() -> _Session:
+    session = _session
+    if session is None:
+        raise ValueError(with_hint("accord has not been initialized", "call init() first (hvd.init())"))
+    return session
+
+
+def topology() -> Topology:
+    """This rank's place in the job (rank, size, local and cross coordinates)."""
+    return _current().runtime.topology
+
+
+def runtime() -> Any:
+    """The :class:`accord.runtime.bootstrap.Runtime` of this session (store, secret, ...)."""
+    return _current().runtime
+
+
+def engine() -> Engine:
+    """The running engine."""
+    return _current().engine
+
+
+def _add(session: _Session, ranks: Sequence[int]) -> int:
+    ranks = [int(r) for r in ranks]
+    set_id = session.table.add(ranks)  # validates; equal on every rank
+    comms = {d: b.create(ranks) for d, b in session.backends.items()}  # collective on all ranks
+    session.registry.add(set_id, ranks, comms)
+    return set_id
+
+
+def add_process_set(ranks: Sequence[int]) -> int:
+    """Register a process set on every rank (collective); return its id.
+
+    Raises:
+        ValueError: ranks invalid, or the same set is already registered.
+    """
+    with _lock:
+        return _add(_current(), ranks)
+
+
+def remove_process_set(set_id: int) -> None:
+    """Unregister a process set on every rank (collective).
+
+    Raises:
+        ValueError: id 0, an unknown id, or this rank still has requests in flight on it.
+    """
+    with _lock:
+        session = _current()
+        ranks = session.table.get(set_id)  # ValueError for unknown ids
+        busy = session.engine.inflight_names(set_id)
+        if busy:
+            raise ValueError(with_hint(
+                f"process set {set_id} {list(ranks)} still has requests in flight: {busy[:5]}",
+                "synchronize their handles before removing the process set"))
+        session.table.remove(set_id)
+        session.registry.remove(set_id)
+
+
+def process_sets() -> dict[int, tuple[int, ...]]:
+    """Every registered process set: id -> global ranks (0 = every rank)."""
+    table = _current().table
+    return {i: table.get(i) for i in table.ids()}
+
+
+def submit(op: Op | str, tensor: torch.Tensor | None, name: str | None = None, *,
+           in_place: bool = False, compression: type[Compressor] | Compressor = NoneCompressor,
+           reduce_op: ReduceOp = ReduceOp.SUM, root_rank: int = -1, prescale_factor: float = 1.0,
+           postscale_factor: float = 1.0, process_set_id: int = GLOBAL_ID,
+           splits: Sequence[int] | None = None) -> Handle:
+    """Submit one collective to the engine and return its handle (see :func:`synchronize`).
+
+    ``name`` matches the request across ranks; without one, ``"<op>.noname.<n>"`` is used, which
+    only matches if every rank makes its unnamed calls in the same order (as in Horovod).
+    ``root_rank`` is a global rank. ``splits`` gives rows per rank for alltoall / scatter.
+
+    Results: allreduce, broadcast, allgather, reducescatter -> tensor; alltoall -> (tensor,
+    received splits); reduce, gather -> tensor on the root, None elsewhere; scatter -> this
+    rank's rows (non-root ranks pass any tensor with the root's dtype and shape after dim 0,
+    e.g. ``torch.empty(0, *trailing)``); barrier -> None.
+    """
+    session = _current()
+    op = Op(op)
+    if name is None:
+        counter = session.unnamed.setdefault(op.value, itertools.count())
+        name = f"{op.value}.noname.{next(counter)}"
+    request = build_request(op, tensor, name, in_place=in_place, compression=compression,
+                            reduce_op=reduce_op, root_rank=root_rank, prescale_factor=prescale_factor,
+                            postscale_factor=postscale_factor, process_set_id=process_set_id,
+                            splits=splits)
+    return session.engine.enqueue(request)
+
+
+def poll(handle: Handle) -> bool:
+    """True when the request behind ``handle`` has finished."""
+    return handle.done()
+
+
+def synchronize(handle: Handle) -> Any:
+    """Wait for ``handle``; return its result or raise the error the engine reported."""
+    session = _session
+    if session is None:
+        handle.wait()
+        return handle.result()
+    return session.engine.synchronize(handle)
+
+
+def start_timeline(path: str, mark_cycles: bool = False) -> None:
+    """Start writing a chrome://tracing timeline to ``path`` (on rank 0)."""
+    _current().engine.start_timeline(path, mark_cycles)
+
+
+def stop_timeline() -> None:
+    """Finish the timeline file (valid JSON afterwards)."""
+    _current().engine.stop_timeline()

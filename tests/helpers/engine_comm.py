@@ -1,0 +1,57 @@
+"""Test-only helpers for engine tests: communicators from accord's gloo backend, a call counter,
+and an Engine wired the way the session wires it (without the rendezvous)."""
+from __future__ import annotations
+
+
+def make_comm(ranks):
+    """A gloo communicator over ``ranks`` (collective on every rank; None on non-members).
+
+    Its collective timeout is ACCORD_COLLECTIVE_TIMEOUT, read by the backend.
+    """
+    from accord.comm import get_backend
+
+    return get_backend("gloo").create(list(ranks))
+
+
+class CountingComm:
+    """Wraps a communicator and counts calls per method (for 'one collective per cycle')."""
+
+    def __init__(self, inner) -> None:
+        self._inner = inner
+        self.ranks, self.rank, self.size = inner.ranks, inner.rank, inner.size
+        self.calls: dict[str, int] = {}
+
+    def __getattr__(self, name):
+        attr = getattr(self._inner, name)
+        if not callable(attr):
+            return attr
+
+        def counted(*args, **kwargs):
+            self.calls[name] = self.calls.get(name, 0) + 1
+            return attr(*args, **kwargs)
+
+        return counted
+
+
+def start_engine(rank, size, extra_sets=(), count_negotiation=False, **overrides):
+    """An Engine over gloo groups: set 0 = every rank, then ``extra_sets`` as ids 1, 2, ...
+
+    Settings come from accord.config (so per-rank env works) with ``overrides`` on top.
+    """
+    from accord.engine.engine import Engine
+    from accord.engine.sets import ProcessSetRegistry
+    from accord.engine.settings import EngineSettings
+
+    settings = EngineSettings.from_config(**overrides)
+    registry = ProcessSetRegistry()
+    world = make_comm(range(size))
+    registry.add(0, range(size), {"cpu": world})
+    for set_id, ranks in enumerate(extra_sets, start=1):
+        registry.add(set_id, ranks, {"cpu": make_comm(ranks)})
+    # A separate communicator for negotiation, so that counting its calls counts only those.
+    negotiation = make_comm(range(size))
+    if count_negotiation:
+        negotiation = CountingComm(negotiation)
+    engine = Engine(rank, size, negotiation, registry, settings)
+    engine.start()
+    return engine

@@ -1,0 +1,112 @@
+"""The frontend-neutral session on real ranks: init, process sets, submit, shutdown, init again."""
+import json
+import os
+import threading
+
+import numpy as np
+import pytest
+
+from helpers.ranks import run_ranks
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def _session_checks(rank, size, tmp):
+    import torch
+
+    from accord.engine import session
+    from accord.errors import ShutdownError
+
+    assert not session.is_initialized()
+    with pytest.raises(ValueError, match="HINT"):
+        session.topology()
+    session.init()
+    topo = session.topology()
+    assert (topo.rank, topo.size) == (rank, size)
+    assert session.engine().running
+
+    # named and unnamed requests; unnamed ones match by call order
+    x = torch.full((4,), float(rank + 1))
+    h1 = session.submit("allreduce", x, "x", in_place=True)
+    h2 = session.submit("allreduce", torch.ones(2))
+    h3 = session.submit("allgather", torch.full((1,), float(rank)))
+    assert session.synchronize(h1) is x and x.tolist() == [6.0] * 4
+    assert session.synchronize(h2).tolist() == [3.0, 3.0]
+    assert session.synchronize(h3).tolist() == [0.0, 1.0, 2.0]
+    assert session.poll(h1)
+
+    # process sets are collective: every rank registers and removes them
+    even = session.add_process_set([0, 2])
+    assert even == 1 and session.process_sets() == {0: (0, 1, 2), 1: (0, 2)}
+    if rank in (0, 2):
+        got = session.synchronize(session.submit("allreduce", torch.tensor([float(rank)]), "even",
+                                                 process_set_id=even))
+        assert got.tolist() == [2.0]
+        got = session.synchronize(session.submit("broadcast", torch.tensor([float(rank)]), "even.bc",
+                                                 root_rank=2, process_set_id=even))
+        assert got.tolist() == [2.0]
+    with pytest.raises(ValueError, match="already registered"):
+        session.add_process_set([0, 2])
+    session.remove_process_set(even)
+    assert session.process_sets() == {0: (0, 1, 2)}
+    with pytest.raises(ValueError):
+        session.remove_process_set(0)
+
+    session.start_timeline(os.path.join(tmp, "explicit.json"))
+    session.synchronize(session.submit("allreduce", torch.ones(3), "traced"))
+    session.stop_timeline()
+
+    # shutdown stops the engine; init again works in the same processes
+    session.shutdown()
+    session.shutdown()  # idempotent
+    assert not session.is_initialized()
+    assert not [t for t in threading.enumerate() if t.name == "accord-engine"]
+    with pytest.raises(ValueError):
+        session.submit("allreduce", torch.ones(1), "after.shutdown")
+    session.init([[1, 2]])
+    assert session.process_sets() == {0: (0, 1, 2), 1: (1, 2)}
+    got = session.synchronize(session.submit("allreduce", torch.ones(2), "again"))
+    assert got.tolist() == [3.0, 3.0]
+    if rank in (1, 2):
+        got = session.synchronize(session.submit("allreduce", torch.ones(1), "pair", process_set_id=1))
+        assert got.tolist() == [2.0]
+    # a request still pending at shutdown fails with ShutdownError instead of hanging
+    pending = session.submit("allreduce", torch.ones(1), "never.matched") if rank == 0 else None
+    eng = session.engine()
+    session.shutdown()
+    assert not eng.running
+    if pending is not None:
+        with pytest.raises(ShutdownError):
+            session.synchronize(pending)
+    return True
+
+
+def test_session_lifecycle_on_three_ranks(tmp_path):
+    env = {"ACCORD_TIMELINE": str(tmp_path / "from_env.json")}
+    assert run_ranks(_session_checks, 3, str(tmp_path), init="accord", env=env, timeout=80) == [True] * 3
+    explicit = json.loads((tmp_path / "explicit.json").read_text())
+    names = {e["args"]["name"] for e in explicit["traceEvents"] if e["name"] == "thread_name"}
+    assert names == {"traced"}
+    # ACCORD_TIMELINE started a timeline at each init; the second init's file is complete JSON
+    from_env = json.loads((tmp_path / "from_env.json").read_text())
+    names = {e["args"]["name"] for e in from_env["traceEvents"] if e["name"] == "thread_name"}
+    assert "again" in names and "x" not in names
+
+
+def _init_with_other_settings(rank, size):
+    from accord.engine import session
+    from accord.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        session.init()
+    assert not session.is_initialized()
+    return str(info.value)
+
+
+def test_init_refuses_engine_settings_that_differ_between_ranks():
+    messages = run_ranks(_init_with_other_settings, 2, init="accord", timeout=60,
+                         per_rank_env=lambda r: {"ACCORD_FUSION_THRESHOLD": str(1024 * (r + 1))})
+    for m in messages:
+        assert m.startswith("engine setting fusion_threshold differs between ranks: "
+                            "rank 0 has 1024, rank 1 has 2048")
+        assert "HINT:" in m

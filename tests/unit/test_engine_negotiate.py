@@ -1,0 +1,148 @@
+"""Negotiation decisions (pure logic): cache ids, readiness, mismatch text, partial presence."""
+import pytest
+
+from accord.engine import negotiate as neg
+from accord.engine.negotiate import Exchange, Partial, ResponseCache, decide
+from accord.engine.request import Signature
+
+pytestmark = pytest.mark.timeout(10)
+
+
+def sig(shape=(3,), op="allreduce", dtype="float32", pset=0, reduce_op=1, root=-1, pre=1.0):
+    return Signature(op, dtype, dtype, tuple(shape), "cpu", reduce_op, root, pre, 1.0, pset)
+
+
+SETS = {1: (0, 2)}  # process set 1 = ranks 0 and 2 (set 0 is every rank)
+
+
+def exch(per_rank, joined=()):
+    """An Exchange where each rank reports the members of the sets its requests use."""
+    sets = [{sig.process_set: SETS[sig.process_set] for sig, _ in d.values()
+             if sig.process_set in SETS} for d in per_rank]
+    return Exchange(list(per_rank), sets, list(joined))
+
+
+def test_new_ids_follow_the_lowest_ranks_submission_order_and_survive_updates():
+    cache = ResponseCache()
+    d = decide(exch([{"b": (sig(), 0), "a": (sig(), 0)}, {"a": (sig(), 0), "b": (sig(), 0)}]), cache, tick=1)
+    assert d.ready == ["b", "a"]  # rank 0 submitted b first
+    assert cache.id_of("b", sig()) == 0 and cache.id_of("a", sig()) == 1
+    # a later name is appended; an existing name with a new signature keeps its id
+    d = decide(exch([{"c": (sig(), 0), "a": (sig((4,)), 0)}, {"a": (sig((4,)), 0), "c": (sig(), 0)}]), cache, tick=2)
+    assert d.ready == ["a", "c"]
+    assert cache.id_of("a", sig((4,))) == 1 and cache.id_of("a", sig()) is None
+    assert cache.id_of("c", sig()) == 2 and len(cache) == 3
+    # a set without rank 0: its lowest member's order counts
+    d = decide(exch([{}, {"y": (sig(pset=1), 0), "x": (sig(pset=1), 0)}, {}]), ResponseCache(), tick=1)
+    assert d.ready == []  # set 1 is {0, 2}: rank 1 cannot use it (and rank 0 lacks it)
+    d = decide(exch([{"y": (sig(pset=1), 0), "x": (sig(pset=1), 0)}, {}, {"x": (sig(pset=1), 0), "y": (sig(pset=1), 0)}]),
+               ResponseCache(), tick=1)
+    assert d.ready == ["y", "x"]
+
+
+def test_ready_order_is_cache_id_order_not_arrival_order():
+    cache = ResponseCache()
+    decide(exch([{"z": (sig(), 0)}, {"z": (sig(), 0)}]), cache, tick=1)  # z gets id 0
+    d = decide(exch([{"a": (sig(), 0), "z": (sig(), 0)}, {"z": (sig(), 0), "a": (sig(), 0)}]), cache, tick=2)
+    assert d.ready == ["z", "a"]
+
+
+def test_counts_vector_and_ready_detection():
+    cache = ResponseCache()
+    decide(exch([{"a": (sig(), 0), "s": (sig(pset=1), 0)}, {"a": (sig(), 0)}, {"a": (sig(), 0), "s": (sig(pset=1), 0)}]), cache, tick=1)
+    a, s = cache.id_of("a", sig()), cache.id_of("s", sig(pset=1))
+    v0 = neg.build_vector([a, s], len(cache), want_full=False, shutdown=False, joined=False)
+    v1 = neg.build_vector([a], len(cache), want_full=True, shutdown=True, joined=False)
+    v2 = neg.build_vector([s], len(cache), want_full=False, shutdown=False, joined=False)
+    assert v0 == [0, 0, 0, 1, 1] and v1 == [1, 1, 0, 1, 0]
+    sums = [x + y + z for x, y, z in zip(v0, v1, v2)]
+    # 'a' has 2 of 3 ranks; 's' has both members of its set {0, 2}
+    assert neg.ready_from_counts(sums, cache) == [s]
+    sums[neg.HEADER + a] = 3
+    assert neg.ready_from_counts(sums, cache) == [a, s]
+
+
+def test_shape_mismatch_message_lists_every_rank():
+    d = decide(exch([{"grad.fc.weight": (sig((3,)), 0)}, {"grad.fc.weight": (sig((4,)), 0)}]), ResponseCache(), tick=1)
+    assert d.ready == []
+    msg = d.errors["grad.fc.weight"]
+    assert msg.startswith("Mismatched allreduce shapes for 'grad.fc.weight': rank 0 sent [3], rank 1 sent [4]")
+    assert "\nHINT: " in msg
+
+
+def test_mismatch_groups_equal_values_and_reports_each_field():
+    per_rank = [{"x": (sig((2, 2)), 0)}, {"x": (sig((2, 2), dtype="float64"), 0)},
+                {"x": (sig((2, 2)), 0)}]
+    msg = decide(exch(per_rank), ResponseCache(), 1).errors["x"]
+    assert "Mismatched allreduce data types for 'x': ranks 0, 2 sent float32, rank 1 sent float64" in msg
+    per_rank = [{"x": (sig(op="allreduce"), 0)}, {"x": (sig(op="broadcast", root=0), 0)}]
+    msg = decide(exch(per_rank), ResponseCache(), 1).errors["x"]
+    assert "Mismatched operations for 'x': rank 0 sent allreduce, rank 1 sent broadcast" in msg
+    per_rank = [{"x": (sig(reduce_op=1), 0)}, {"x": (sig(reduce_op=4), 0)}]
+    msg = decide(exch(per_rank), ResponseCache(), 1).errors["x"]
+    assert "Mismatched allreduce reduce ops for 'x': rank 0 sent SUM, rank 1 sent MAX" in msg
+    per_rank = [{"x": (sig(op="allgather", shape=(3,)), 0)}, {"x": (sig(op="allgather", shape=(5,)), 0)}]
+    msg = decide(exch(per_rank), ResponseCache(), 1).errors["x"]
+    assert "Mismatched allgather shapes (after dim 0) for 'x': rank 0 sent [3], rank 1 sent [5]" in msg
+
+
+def test_mismatch_is_reported_even_when_a_rank_is_missing():
+    per_rank = [{"x": (sig((3,)), 0)}, {}, {"x": (sig((4,)), 0)}]
+    d = decide(exch(per_rank), ResponseCache(), 1)
+    assert "rank 0 sent [3], rank 2 sent [4]" in d.errors["x"] and not d.partial
+
+
+def test_partial_presence_stays_pending_with_missing_ranks_and_oldest_age():
+    per_rank = [{"a": (sig(), 5.0), "b": (sig(), 1.0)}, {"b": (sig(), 2.0)}, {"a": (sig(), 7.5)}]
+    cache = ResponseCache()
+    d = decide(exch(per_rank), cache, 1)
+    assert d.ready == [] and d.errors == {}
+    assert d.partial == [Partial("a", 0, (0, 2), (1,), 7.5), Partial("b", 0, (0, 1), (2,), 2.0)]
+    assert len(cache) == 0  # nothing cached until it is ready
+
+
+def test_process_set_members_only():
+    per_rank = [{"s": (sig(pset=1), 0)}, {}, {"s": (sig(pset=1), 0)}]
+    assert decide(exch(per_rank), ResponseCache(), 1).ready == ["s"]
+    d = decide(exch([{"s": (sig(pset=9), 0)}, {"s": (sig(pset=9), 0)}]), ResponseCache(), 1)
+    assert "process set 9" in d.errors["s"]
+
+
+def test_joined_ranks_count_as_present():
+    d = decide(exch([{"a": (sig(), 0)}, {}], joined=[1]), ResponseCache(), 1)
+    assert d.ready == ["a"]
+
+
+def test_eviction_replaces_least_recently_ready_entry_in_place():
+    cache = ResponseCache(capacity=2)
+    decide(exch([{"a": (sig(), 0), "b": (sig(), 0)}] * 2), cache, tick=1)
+    cache.touch([0], tick=5)  # 'a' used recently, 'b' not
+    d = decide(exch([{"c": (sig(), 0)}] * 2), cache, tick=6)
+    assert d.ready == ["c"]
+    assert cache.id_of("c", sig()) == 1 and cache.id_of("b", sig()) is None and len(cache) == 2
+    # more ready names than capacity: the extra ones still run, after the cached ones
+    d = decide(exch([{"p": (sig(), 0), "q": (sig(), 0), "r": (sig(), 0)}] * 2), cache, tick=7)
+    assert d.ready == ["p", "q", "r"] and len(cache) == 2
+
+
+def test_payload_roundtrip_and_split():
+    entries = [("w", sig((2, 3)), 1.25), ("b", sig(op="broadcast", root=1, pset=1), 0.0)]
+    data = [neg.encode_pending(entries, {1: (0, 2)}), neg.encode_pending([], joined=True)]
+    decoded, sets, joined = neg.decode_pending(data[0])
+    assert decoded == {"w": (sig((2, 3)), 1.25), "b": (sig(op="broadcast", root=1, pset=1), 0.0)}
+    assert sets == {1: (0, 2)} and not joined
+    ex = neg.split_payloads(b"".join(data), 2)
+    assert ex.pending == [decoded, {}] and ex.sets == [{1: (0, 2)}, {}] and ex.joined == [1]
+    with pytest.raises(ValueError):
+        neg.split_payloads(b"".join(data) + b"{}", 2)
+    assert data[0].startswith(b"{")  # JSON, never pickle
+
+
+def test_process_set_members_come_from_the_exchange_not_local_state():
+    # rank 1 registered set 1 as [0, 1] while rank 0 has [0, 1] too: agreed, ready
+    per_rank = [{"s": (sig(pset=1), 0)}, {"s": (sig(pset=1), 0)}, {}]
+    ex = Exchange(per_rank, [{1: (0, 1)}, {1: (0, 1)}, {}], [])
+    assert decide(ex, ResponseCache(), 1).ready == ["s"]
+    ex = Exchange(per_rank, [{1: (0, 1)}, {1: (0, 1, 2)}, {}], [])
+    msg = decide(ex, ResponseCache(), 1).errors["s"]
+    assert msg.startswith("process set 1 differs between ranks: rank 0 has [0, 1], rank 1 has [0, 1, 2]")

@@ -1,0 +1,57 @@
+"""Stall inspector decisions and engine settings (pure logic, no processes)."""
+import logging
+
+import pytest
+
+from accord.engine.negotiate import Partial
+from accord.engine.settings import EngineSettings
+from accord.engine.stall import StallInspector
+from accord.errors import ConfigError, StallError
+
+pytestmark = pytest.mark.timeout(10)
+
+
+def test_due_only_after_check_time_and_at_most_once_per_interval():
+    s = StallInspector(check_time=10.0)
+    assert not s.due(now=100.0, oldest_submitted=None)  # nothing pending
+    assert not s.due(now=100.0, oldest_submitted=95.0)  # 5 s < 10 s
+    assert s.due(now=100.0, oldest_submitted=90.0)
+    assert not s.due(now=105.0, oldest_submitted=90.0)  # checked 5 s ago
+    assert s.due(now=110.0, oldest_submitted=90.0)
+    assert not StallInspector(10.0, disabled=True).due(now=1e6, oldest_submitted=0.0)
+
+
+def test_due_again_right_when_shutdown_is_due():
+    s = StallInspector(check_time=10.0, shutdown_time=12.0)
+    assert s.due(now=100.0, oldest_submitted=90.0)  # age 10: next look at age 12, not 20
+    assert not s.due(now=101.9, oldest_submitted=90.0)
+    assert s.due(now=102.0, oldest_submitted=90.0)
+
+
+def test_review_logs_missing_ranks_rate_limited_and_returns_stall_error(caplog):
+    s = StallInspector(check_time=1.0, shutdown_time=3.0)
+    young = Partial("young", 0, (0,), (1,), 0.5)
+    old = Partial("grad.w", 0, (0, 2), (1,), 1.5)
+    with caplog.at_level(logging.WARNING, logger="accord.engine"):
+        assert s.review([young, old], now=10.0) is None
+        assert s.review([young, old], now=10.5) is None  # already warned within check_time
+    assert len(caplog.records) == 1
+    text = caplog.records[0].getMessage()
+    assert "'grad.w': submitted by ranks [0, 2] (1.5 s), missing on ranks [1]" in text
+    assert "young" not in text and "HINT:" in text
+    error = s.review([Partial("grad.w", 0, (0, 2), (1,), 3.2)], now=12.0)
+    assert isinstance(error, StallError) and "Stall shutdown" in str(error) and "grad.w" in str(error)
+    assert StallInspector(1.0).review([Partial("x", 0, (0,), (1,), 99.0)], now=1.0) is None  # no shutdown
+
+
+def test_settings_from_config_with_horovod_aliases(monkeypatch):
+    monkeypatch.setenv("HOROVOD_CYCLE_TIME", "5")
+    monkeypatch.setenv("ACCORD_FUSION_THRESHOLD", "1024")
+    monkeypatch.setenv("HOROVOD_STALL_CHECK_TIME_SECONDS", "2")
+    s = EngineSettings.from_config()
+    assert s.cycle_time == 0.005 and s.fusion_threshold == 1024 and s.stall_check_time == 2.0
+    assert s.tick == 0.5  # a quarter of the stall check time, below the 1 s idle interval
+    assert EngineSettings(stall_check_disable=True).tick == 1.0
+    assert EngineSettings.from_config(fusion_threshold=0).fusion_threshold == 0
+    with pytest.raises(ConfigError, match="HINT"):
+        EngineSettings(fusion_threshold=-1)

@@ -1,0 +1,51 @@
+"""Timeline files: valid chrome://tracing JSON with the recorded phases."""
+import json
+import time
+
+import pytest
+
+from accord.engine.timeline import Timeline
+
+pytestmark = pytest.mark.timeout(10)
+
+
+def test_spans_become_complete_events_with_a_row_per_name(tmp_path):
+    path = tmp_path / "tl.json"
+    tl = Timeline(str(path), rank=0, mark_cycles=True)
+    t0 = time.monotonic()
+    tl.cycle(t0)
+    tl.span("grad.a", "NEGOTIATE_ALLREDUCE", t0, t0 + 0.001)
+    tl.span("grad.b", "ALLREDUCE", t0 + 0.001, t0 + 0.003)
+    tl.span("grad.a", "ALLREDUCE", t0 + 0.001, t0 + 0.003)
+    tl.close()
+    tl.close()  # idempotent
+    tl.span("late", "ALLREDUCE", t0, t0)  # ignored after close
+    doc = json.loads(path.read_text())
+    events = doc["traceEvents"]
+    threads = {e["args"]["name"]: e["tid"] for e in events if e["name"] == "thread_name"}
+    assert set(threads) == {"grad.a", "grad.b"} and threads["grad.a"] != threads["grad.b"]
+    spans = [(e["name"], e["tid"], e["dur"]) for e in events if e["ph"] == "X"]
+    assert spans == [("NEGOTIATE_ALLREDUCE", threads["grad.a"], 1000.0),
+                     ("ALLREDUCE", threads["grad.b"], 2000.0),
+                     ("ALLREDUCE", threads["grad.a"], 2000.0)]
+    assert any(e["name"] == "CYCLE_START" and e["ph"] == "i" for e in events)
+    assert all(e["pid"] == 0 for e in events)
+
+
+def test_periodic_flush_writes_incrementally(tmp_path):
+    path = tmp_path / "tl.json"
+    tl = Timeline(str(path), rank=3)
+    t0 = time.monotonic()
+    tl.span("x", "ALLREDUCE", t0, t0)
+    tl.maybe_flush(now=t0 + 10)  # a second has passed: written now, not at close
+    text = path.read_text()
+    assert '"ALLREDUCE"' in text and not text.rstrip().endswith("]}")
+    tl.close()
+    doc = json.loads(path.read_text())
+    assert [e["pid"] for e in doc["traceEvents"]] == [3, 3, 3]
+
+
+def test_empty_timeline_is_valid_json(tmp_path):
+    path = tmp_path / "tl.json"
+    Timeline(str(path)).close()
+    assert json.loads(path.read_text())["traceEvents"][0]["name"] == "process_name"
