@@ -73,6 +73,7 @@ VARIABLES: dict[str, Variable] = {
         _v("ACCORD_HIERARCHICAL_ALLREDUCE", parse_bool, False, "Allreduce within hosts first, then across hosts.", "HOROVOD_HIERARCHICAL_ALLREDUCE"),
         _v("ACCORD_COLLECTIVE_TIMEOUT", float, 60.0, "Seconds a collective may wait for a peer before the rank is declared lost."),
         _v("ACCORD_START_TIMEOUT", float, 30.0, "Seconds for every rank to reach the rendezvous.", "HOROVOD_START_TIMEOUT"),
+        _v("ACCORD_ELASTIC_TIMEOUT", float, 60.0, "Seconds elastic ranks wait for live peers to regroup after a failure.", "HOROVOD_ELASTIC_TIMEOUT"),
         _v("ACCORD_LOG_LEVEL", str, "warning", "Log level: trace, debug, info, warning, error.", "HOROVOD_LOG_LEVEL"),
         _v("ACCORD_INTERFACE", str, None, "Network interface to bind and advertise.", "DMLC_INTERFACE", "HOROVOD_GLOO_IFACE"),
         _v("ACCORD_VERBOSE", parse_bool, False, "Log node registration and connections.", "PS_VERBOSE"),

@@ -1,1 +1,61 @@
-"""accord.torch."""
+"""accord.torch: Horovod's PyTorch API on accord's engine.
+
+A Horovod script runs with one changed line::
+
+    import accord.torch as hvd   # was: import horovod.torch as hvd
+
+    hvd.init()
+    model = Net()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size()),
+                                   named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+
+Beyond Horovod: bfloat16 compression (``Compression.bf16``), Adasum on CPU without MPI,
+SyncBatchNorm on CPU with ``comm_scope='local'``, and every dtype torch has in allreduce.
+"""
+from __future__ import annotations
+
+from accord.comm.ops import ReduceOp
+from accord.errors import CollectiveError as HorovodInternalError
+from accord.torch.async_ops import (Adasum, Average, Max, Min, Product, Sum, allgather_async,
+                                    allreduce_async, allreduce_async_, alltoall_async, barrier,
+                                    broadcast_async, broadcast_async_, grouped_allgather_async,
+                                    grouped_allreduce_async, grouped_allreduce_async_,
+                                    grouped_reducescatter_async, join, reducescatter_async,
+                                    sparse_allreduce_async)
+from accord.torch.basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
+                                 gloo_built, gloo_enabled, init, is_homogeneous, is_initialized,
+                                 local_rank, local_size, mpi_built, mpi_enabled,
+                                 mpi_threads_supported, nccl_built, rank, rocm_built, shutdown,
+                                 size, start_timeline, stop_timeline)
+from accord.torch.compression import Compression, Compressor
+from accord.torch.functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
+                                    broadcast_parameters)
+from accord.torch.handles import poll, synchronize
+from accord.torch.mpi_ops import (allgather, allreduce, allreduce_, alltoall, broadcast, broadcast_,
+                                  grouped_allgather, grouped_allreduce, grouped_allreduce_,
+                                  grouped_reducescatter, reducescatter)
+from accord.torch.optimizer import DistributedOptimizer
+from accord.torch.process_sets import (ProcessSet, add_process_set, global_process_set,
+                                       remove_process_set)
+from accord.torch.sync_batch_norm import SyncBatchNorm, convert_sync_batchnorm
+from accord.torch import elastic  # noqa: E402  (hvd.elastic.run, TorchState, ElasticSampler)
+
+__all__ = [
+    "Adasum", "Average", "Compression", "Compressor", "DistributedOptimizer",
+    "HorovodInternalError", "Max", "Min", "ProcessSet", "Product", "ReduceOp", "Sum",
+    "SyncBatchNorm", "add_process_set", "allgather", "allgather_async", "allgather_object",
+    "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "alltoall",
+    "alltoall_async", "barrier", "broadcast", "broadcast_", "broadcast_async",
+    "broadcast_async_", "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters",
+    "ccl_built", "convert_sync_batchnorm", "cross_rank", "cross_size", "cuda_built",
+    "ddl_built", "elastic", "global_process_set", "gloo_built", "gloo_enabled", "grouped_allgather",
+    "grouped_allgather_async", "grouped_allreduce", "grouped_allreduce_",
+    "grouped_allreduce_async", "grouped_allreduce_async_", "grouped_reducescatter",
+    "grouped_reducescatter_async", "init", "is_homogeneous", "is_initialized", "join",
+    "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported",
+    "nccl_built", "poll", "rank", "reducescatter", "reducescatter_async", "remove_process_set",
+    "rocm_built", "shutdown", "size", "sparse_allreduce_async", "start_timeline",
+    "stop_timeline", "synchronize",
+]

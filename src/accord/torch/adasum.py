@@ -1,0 +1,78 @@
+"""Adasum on any backend (Horovod needs MPI for it on CPU; we gather instead).
+
+Adasum combines two gradients ``a`` and ``b`` as::
+
+    (1 - a.b / (2 |a|^2)) a + (1 - a.b / (2 |b|^2)) b
+
+which sums orthogonal gradients and averages parallel ones. Horovod applies it over a binary
+tree of ranks (pairs (0,1), (2,3)... then pairs of pairs), each tensor on its own, so the
+size must be a power of two. Here every rank allgathers the (pre-scaled) flattened tensors and
+evaluates the same tree locally in float64: identical results on every rank, at the cost of an
+allgather (``size`` times the bytes of an allreduce), which is fine for the CPU jobs it serves.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from accord.engine.request import Op, Request
+from accord.torch import handles
+
+# Below this squared norm a gradient counts as zero: its coefficient stays 1 (Horovod's guard).
+_TINY_NORMSQ = 1e-8
+
+
+def combine_pair(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Adasum of two flat float64 vectors."""
+    dot = float(torch.dot(a, b))
+    a_sq = float(torch.dot(a, a))
+    b_sq = float(torch.dot(b, b))
+    a_coeff = 1.0 - dot / a_sq * 0.5 if a_sq >= _TINY_NORMSQ else 1.0
+    b_coeff = 1.0 - dot / b_sq * 0.5 if b_sq >= _TINY_NORMSQ else 1.0
+    return a_coeff * a + b_coeff * b
+
+
+def combine_tree(rows: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Adasum of ``rows`` (a power-of-two count) over Horovod's binary tree of neighbours."""
+    level = list(rows)
+    if len(level) & (len(level) - 1):
+        raise ValueError(f"Adasum needs a power-of-two number of inputs, got {len(level)}")
+    while len(level) > 1:
+        level = [combine_pair(level[i], level[i + 1]) for i in range(0, len(level), 2)]
+    return level[0]
+
+
+def reduce_gathered(gathered: torch.Tensor, like: torch.Tensor, postscale: float) -> torch.Tensor:
+    """Turn the allgathered ``[size, numel]`` rows into the Adasum result shaped like ``like``."""
+    rows = [row.to(torch.float64) for row in gathered]
+    out = combine_tree(rows)
+    if postscale != 1.0:
+        out = out * postscale
+    return out.to(like.dtype).reshape(like.shape)
+
+
+def submit(handle: int, tensors: Sequence[torch.Tensor], inplace: bool, names: Sequence[str],
+           prescale: float, postscale: float, set_id: int, grouped: bool) -> int:
+    """Start Adasum of ``tensors`` under ``handle`` (one allgather per tensor)."""
+    reqs = []
+    for t, name in zip(tensors, names):
+        if not (t.is_floating_point() or t.is_complex()):
+            raise ValueError(f"Adasum needs floating point tensors, got {t.dtype} for {name!r}")
+        flat = t.detach().reshape(1, -1)
+        if prescale != 1.0:
+            flat = flat * prescale
+        reqs.append(Request(name=name, op=Op.ALLGATHER, tensor=flat.contiguous(),
+                            process_set_id=set_id))
+
+    def finish(results: list[Any]) -> Any:
+        outs = []
+        for t, gathered in zip(tensors, results):
+            value = reduce_gathered(gathered, t, postscale)
+            if inplace:
+                t.detach().copy_(value)
+                value = t
+            outs.append(value)
+        return outs if grouped else outs[0]
+
+    return handles.submit(handle, reqs, finish, keep=tuple(tensors))

@@ -1,0 +1,70 @@
+"""Horovod's elastic API for PyTorch: ``hvd.elastic.run``, ``TorchState``, ``ElasticSampler``.
+
+::
+
+    @hvd.elastic.run
+    def train(state):
+        for state.epoch in range(state.epoch, epochs):
+            for state.batch, (x, y) in enumerate(loader):
+                ...
+                state.commit()
+
+    state = hvd.elastic.TorchState(model, optimizer, epoch=0, batch=0)
+    train(state)
+
+When a collective fails (``HorovodInternalError``, e.g. a rank died), every surviving rank
+restores the last commit, the job re-forms without the lost ranks (under accordrun; see
+:mod:`accord.torch.elastic.reform`), reset callbacks run, rank 0's state is broadcast and
+``train`` is called again.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+from accord.errors import CollectiveError as HorovodInternalError
+from accord.torch import basics
+from accord.torch.elastic.reform import Membership
+from accord.torch.elastic.sampler import ElasticSampler
+from accord.torch.elastic.state import (HostsUpdatedInterrupt, ObjectState, State,
+                                        TorchState)
+
+__all__ = ["ElasticSampler", "HorovodInternalError", "HostsUpdatedInterrupt", "ObjectState",
+           "State", "TorchState", "run"]
+
+
+def run(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorate ``func(state, ...)`` so it resumes from the last commit after failures."""
+
+    @functools.wraps(func)
+    def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
+        if not basics.is_initialized():
+            basics.init()
+        basics.elastic_mode = True
+        membership = Membership()
+        skip_sync = False
+        try:
+            while True:
+                try:
+                    if not skip_sync:
+                        state.sync()
+                    return func(state, *args, **kwargs)
+                except HorovodInternalError:
+                    state.restore()
+                    skip_sync = False
+                except HostsUpdatedInterrupt as exc:
+                    skip_sync = exc.skip_sync
+                _reset(membership)
+                state.on_reset()
+        finally:
+            membership.stop()
+            basics.elastic_mode = False
+
+    return wrapper
+
+
+def _reset(membership: Membership) -> None:
+    """Leave the broken job, agree on the survivors, and start the new one."""
+    basics.shutdown()
+    membership.regroup()
+    basics.init()

@@ -1,0 +1,208 @@
+"""Elastic training state (Horovod's ``State``, ``ObjectState`` and ``TorchState``).
+
+A state is what training needs to resume after a failure: ``commit()`` keeps an in-memory copy,
+``restore()`` goes back to it, ``sync()`` makes every rank's copy rank 0's (after a reset, new
+or restarted ranks catch up). Model and optimizer are saved with ``state_dict``; an
+``ElasticSampler`` keeps which samples were processed; anything else passed as a keyword
+(epoch, batch, ...) is an attribute broadcast as an object.
+"""
+from __future__ import annotations
+
+import copy
+import queue
+from typing import Any, Callable
+
+import torch
+
+from accord.torch import functions
+from accord.torch.basics import rank
+from accord.torch.elastic.sampler import ElasticSampler
+
+
+class HostsUpdatedInterrupt(RuntimeError):
+    """Raised from ``commit()`` when the set of hosts changed; ``hvd.elastic.run`` then resets.
+
+    ``skip_sync`` is True when only hosts were added (no state was lost).
+    """
+
+    def __init__(self, skip_sync: bool = False) -> None:
+        super().__init__("hosts were updated")
+        self.skip_sync = skip_sync
+
+
+class State:
+    """Base class: commit/restore/sync plus reset callbacks (run after every reset)."""
+
+    def __init__(self, bcast_object: Callable[[Any], Any], get_rank: Callable[[], int]) -> None:
+        self._bcast_object = bcast_object
+        self._rank = get_rank
+        self._host_messages: queue.Queue = queue.Queue()
+        self._reset_callbacks: list[Callable[[], None]] = []
+
+    def register_reset_callbacks(self, callbacks: list[Callable[[], None]]) -> None:
+        """Call these (e.g. to rescale the learning rate with the new size) after each reset."""
+        self._reset_callbacks.extend(callbacks)
+
+    def on_reset(self) -> None:
+        """Run after the ranks re-formed: reset hook, then the registered callbacks."""
+        self._host_messages = queue.Queue()
+        self.reset()
+        for callback in self._reset_callbacks:
+            callback()
+
+    def on_hosts_updated(self, timestamp: float, update_res: Any = None) -> None:
+        """Record a host change; the next ``commit()`` raises HostsUpdatedInterrupt."""
+        self._host_messages.put((timestamp, update_res))
+
+    def commit(self) -> None:
+        """Save the state in memory, then interrupt if hosts changed since the last commit."""
+        self.save()
+        self.check_host_updates()
+
+    def check_host_updates(self) -> None:
+        """Raise HostsUpdatedInterrupt when a host update was recorded."""
+        if not self._host_messages.empty():
+            while not self._host_messages.empty():
+                self._host_messages.get()
+            raise HostsUpdatedInterrupt(False)
+
+    def save(self) -> None:
+        raise NotImplementedError
+
+    def restore(self) -> None:
+        raise NotImplementedError
+
+    def sync(self) -> None:
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        """Hook for subclasses: called on every reset before the callbacks."""
+
+
+class ObjectState(State):
+    """State made of plain attributes given as keywords (they must be picklable)."""
+
+    def __init__(self, bcast_object: Callable[[Any], Any], get_rank: Callable[[], int],
+                 **kwargs: Any) -> None:
+        self._saved_state = kwargs
+        self._set_attrs()
+        super().__init__(bcast_object=bcast_object, get_rank=get_rank)
+
+    def save(self) -> None:
+        self._saved_state = {attr: copy.deepcopy(getattr(self, attr)) for attr in self._saved_state}
+
+    def restore(self) -> None:
+        self._set_attrs()
+
+    def sync(self) -> None:
+        if self._saved_state:
+            self._saved_state = self._bcast_object(self._saved_state)
+            self._set_attrs()
+
+    def _set_attrs(self) -> None:
+        for attr, value in self._saved_state.items():
+            setattr(self, attr, copy.deepcopy(value))
+
+
+class _Handler:
+    """Save/restore/sync of one object held by a TorchState."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+        self.saved: Any = None
+        self.save()
+
+    def save(self) -> None:
+        self.saved = copy.deepcopy(self.value.state_dict())
+
+    def restore(self) -> None:
+        self.value.load_state_dict(self.saved)
+
+    def set_value(self, value: Any) -> None:
+        self.value = value
+        self.save()
+
+
+class _ModelHandler(_Handler):
+    def restore(self) -> None:
+        super().restore()
+        self.value.zero_grad(set_to_none=True)  # gradients of the aborted step are stale
+
+    def sync(self) -> None:
+        functions.broadcast_parameters(self.value.state_dict(), root_rank=0)
+
+
+class _OptimizerHandler(_Handler):
+    def restore(self) -> None:
+        super().restore()  # a DistributedOptimizer also forgets its in-flight reductions here
+        for group in self.value.param_groups:
+            for p in group["params"]:
+                p.grad = None  # gradients of the aborted step are stale
+
+    def sync(self) -> None:
+        functions.broadcast_optimizer_state(self.value, root_rank=0)
+
+
+class _SamplerHandler(_Handler):
+    def sync(self) -> None:
+        # Every rank processed different samples: rank 0 adopts their union, then broadcasts.
+        processed: set[int] = set()
+        for part in functions.allgather_object(self.value.processed_indices):
+            processed.update(part)
+        state = self.value.state_dict()
+        state["processed_indices"] = processed
+        self.value.load_state_dict(functions.broadcast_object(state, root_rank=0))
+
+
+def _handler_for(value: Any) -> _Handler | None:
+    if isinstance(value, torch.nn.Module):
+        return _ModelHandler(value)
+    if isinstance(value, torch.optim.Optimizer):
+        return _OptimizerHandler(value)
+    if isinstance(value, ElasticSampler):
+        return _SamplerHandler(value)
+    return None
+
+
+class TorchState(ObjectState):
+    """Elastic state of a PyTorch job: ``TorchState(model, optimizer, epoch=0, batch=0, ...)``.
+
+    Models, optimizers and ElasticSamplers (given under any keyword) are saved with their
+    ``state_dict``; other keywords become plain attributes (``state.epoch``).
+    """
+
+    def __init__(self, model: torch.nn.Module | None = None,
+                 optimizer: torch.optim.Optimizer | None = None, **kwargs: Any) -> None:
+        kwargs.update(model=model, optimizer=optimizer)
+        handlers, plain = {}, {}
+        for name, value in kwargs.items():
+            handler = _handler_for(value)
+            if handler is not None:
+                handlers[name] = handler
+            elif value is not None or name not in ("model", "optimizer"):
+                plain[name] = value
+        object.__setattr__(self, "_handlers", handlers)
+        for name, handler in handlers.items():
+            object.__setattr__(self, name, handler.value)
+        super().__init__(bcast_object=functions.broadcast_object, get_rank=rank, **plain)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        handlers = self.__dict__.get("_handlers", {})
+        if name in handlers:
+            handlers[name].set_value(value)
+        super().__setattr__(name, value)
+
+    def save(self) -> None:
+        for handler in self._handlers.values():
+            handler.save()
+        super().save()
+
+    def restore(self) -> None:
+        for handler in self._handlers.values():
+            handler.restore()
+        super().restore()
+
+    def sync(self) -> None:
+        for handler in self._handlers.values():
+            handler.sync()
+        super().sync()

@@ -1,0 +1,165 @@
+"""Helpers over the collectives: broadcasting a model's parameters and an optimizer's state,
+and broadcasting / allgathering arbitrary Python objects.
+
+Security note on ``broadcast_object`` / ``allgather_object``: objects are serialized with pickle
+(cloudpickle when installed, as Horovod does) and the bytes travel only over the job's own data
+plane (the collective backend between the job's ranks, which met through the authenticated
+rendezvous). They never pass through the rendezvous store or any control channel. Unpickling
+runs code chosen by the sending rank, so these functions trust the job's ranks exactly as much
+as the training script itself does; the data plane is for trusted networks (see SECURITY.md).
+"""
+from __future__ import annotations
+
+import io
+import pickle
+from typing import Any
+
+import torch
+
+from accord.torch import async_ops as A
+from accord.torch import basics
+from accord.torch.handles import synchronize
+from accord.torch.process_sets import ProcessSet, global_process_set
+
+try:  # cloudpickle also serializes lambdas and local classes, like Horovod's
+    import cloudpickle as _pickler
+except ImportError:  # pragma: no cover - depends on the environment
+    _pickler = pickle
+
+
+def broadcast_parameters(params: Any, root_rank: int,
+                         process_set: ProcessSet = global_process_set) -> None:
+    """Overwrite ``params`` in place with root's values.
+
+    Args:
+        params: ``model.state_dict()`` (a dict), or a list of tensors or of (name, tensor) pairs,
+            e.g. ``list(model.named_parameters())``. A generator is rejected, as in Horovod.
+        root_rank: global rank whose values everyone receives.
+    Raises:
+        ValueError: ``params`` is neither a dict nor a list.
+    """
+    if isinstance(params, dict):
+        items = sorted(params.items())
+    elif isinstance(params, list):
+        items = [p if isinstance(p, tuple) else (None, p) for p in params]
+    else:
+        raise ValueError("invalid params of type: %s" % type(params))
+    handles = [A.broadcast_async_(p, root_rank, name, process_set) for name, p in items]
+    for h in handles:
+        synchronize(h)
+
+
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
+                              model: torch.nn.Module | None = None,
+                              process_set: ProcessSet = global_process_set) -> None:
+    """Make every rank's optimizer state (buffers, step counts, lr and other options) root's.
+
+    An optimizer without state yet gets it first, by one step with zero gradients whose effect
+    on the parameters is undone (so weight decay does not move them). ``model`` is accepted for
+    Horovod compatibility: its gradients are reset to None afterwards.
+
+    Raises:
+        ValueError: ``optimizer`` is an LBFGS (its state is not a set of tensors).
+    """
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise ValueError("cannot broadcast torch.optim.LBFGS state")
+    if len(optimizer.state_dict()["state"]) == 0:
+        _initialize_state(optimizer)
+        if model is not None:
+            model.zero_grad(set_to_none=True)
+    state_dict = optimizer.state_dict()
+    is_root = basics.rank() == root_rank
+    # Root's layout decides: ranks whose state covers other parameters (e.g. root never saw a
+    # gradient for some) still agree on every name, so nothing can stall.
+    layout = None
+    if is_root:
+        layout = {"tensors": [], "scalars": {}, "options": [
+            {k: v for k, v in group.items() if k != "params"} for group in state_dict["param_groups"]]}
+        for pid in sorted(state_dict["state"], key=str):
+            for key in sorted(state_dict["state"][pid], key=str):
+                value = state_dict["state"][pid][key]
+                if torch.is_tensor(value):
+                    layout["tensors"].append((pid, key, tuple(value.shape), str(value.dtype)))
+                else:
+                    layout["scalars"][(pid, key)] = value
+    layout = broadcast_object(layout, root_rank, process_set=process_set)
+    received = []
+    for pid, key, shape, dtype in layout["tensors"]:
+        if is_root:
+            buf = state_dict["state"][pid][key]
+        else:
+            buf = torch.empty(shape, dtype=getattr(torch, dtype.replace("torch.", "")))
+        received.append((pid, key, buf))
+    broadcast_parameters([(f"optimizer_state.{pid}.{key}", buf) for pid, key, buf in received],
+                         root_rank, process_set)
+    if is_root:
+        return
+    state: dict[Any, dict[str, Any]] = {}
+    for pid, key, buf in received:
+        state.setdefault(pid, {})[key] = buf
+    for (pid, key), value in layout["scalars"].items():
+        state.setdefault(pid, {})[key] = value
+    state_dict["state"] = state
+    for group, opts in zip(state_dict["param_groups"], layout["options"]):
+        group.update(opts)
+    optimizer.load_state_dict(state_dict)
+
+
+def _initialize_state(optimizer: torch.optim.Optimizer) -> None:
+    """Create optimizer state with a zero-gradient step, leaving parameters and grads as found."""
+    saved = []
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad:
+                saved.append((p, p.detach().clone(), p.grad))
+                grad = torch.zeros_like(p)
+                p.grad = grad.to_sparse() if isinstance(optimizer, torch.optim.SparseAdam) else grad
+    # A DistributedOptimizer's step() would allreduce; the wrapped class's step() does not.
+    step = getattr(optimizer, "_accord_local_step", None) or optimizer.step
+    step()
+    with torch.no_grad():
+        for p, value, grad in saved:
+            p.copy_(value)
+            p.grad = grad
+
+
+def _dumps(obj: Any) -> torch.Tensor:
+    buf = io.BytesIO()
+    _pickler.dump(obj, buf)
+    return torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+
+
+def _loads(data: torch.Tensor) -> Any:
+    return pickle.loads(data.numpy().tobytes())  # cloudpickle output loads with plain pickle
+
+
+def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
+                     process_set: ProcessSet = global_process_set) -> Any:
+    """Return root's ``obj`` on every rank of the set (pickled; see the module's security note).
+
+    Example: ``state = hvd.broadcast_object(state if hvd.rank() == 0 else None, root_rank=0)``.
+    """
+    is_root = basics.rank() == root_rank
+    payload = _dumps(obj) if is_root else torch.empty(0, dtype=torch.uint8)
+    length = torch.tensor([payload.numel()], dtype=torch.int64)
+    sz_name = f"{name}.sz" if name else None
+    t_name = f"{name}.t" if name else None
+    synchronize(A.broadcast_async_(length, root_rank, sz_name, process_set))
+    if not is_root:
+        payload = torch.empty(int(length.item()), dtype=torch.uint8)
+    synchronize(A.broadcast_async_(payload, root_rank, t_name, process_set))
+    return obj if is_root else _loads(payload)
+
+
+def allgather_object(obj: Any, name: str | None = None,
+                     process_set: ProcessSet = global_process_set) -> list[Any]:
+    """Return every rank's ``obj`` as a list in rank order (pickled; see the security note)."""
+    payload = _dumps(obj)
+    sizes = synchronize(A.allgather_async(torch.tensor([payload.numel()], dtype=torch.int64),
+                                          f"{name}.sz" if name else None, process_set))
+    gathered = synchronize(A.allgather_async(payload, f"{name}.t" if name else None, process_set))
+    out, start = [], 0
+    for n in sizes.tolist():
+        out.append(_loads(gathered[start:start + n]))
+        start += n
+    return out

@@ -1,0 +1,311 @@
+"""The synchronous, differentiable half of the Horovod collective API.
+
+``allreduce``, ``grouped_allreduce``, ``allgather``, ``grouped_allgather``, ``broadcast``,
+``alltoall``, ``reducescatter`` and ``grouped_reducescatter`` are autograd functions with
+Horovod 0.28's backward rules:
+
+- allreduce: the gradient is allreduced with the same op and scale factors;
+- allgather: the gradient is averaged over the set, then this rank's rows are taken;
+- broadcast: the gradient is averaged over the set, and zero on every rank but the root;
+- alltoall: the gradient goes back with an alltoall using the received splits;
+- reducescatter: the gradient is allgathered (times the set size for Sum).
+
+The in-place variants (``allreduce_``, ``broadcast_``, ...) are not differentiable, as in Horovod.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from accord.comm.ops import ReduceOp
+from accord.engine.compression import Compressor, NoneCompressor
+from accord.torch import async_ops as A
+from accord.torch import basics
+from accord.torch.handles import poll, synchronize  # noqa: F401 (Horovod's module layout)
+from accord.torch.process_sets import (ProcessSet, add_process_set,  # noqa: F401
+                                       global_process_set, remove_process_set)
+
+# Horovod's ``horovod.torch.mpi_ops`` also holds the async ops and the basics; scripts that import
+# them from there keep working.
+from accord.torch.async_ops import (Adasum, Average, Max, Min, Product, Sum,  # noqa: F401,E402
+                                    allgather_async, allreduce_async, allreduce_async_,
+                                    alltoall_async, barrier, broadcast_async, broadcast_async_,
+                                    grouped_allgather_async, grouped_allreduce_async,
+                                    grouped_allreduce_async_, grouped_reducescatter_async, join,
+                                    reducescatter_async, sparse_allreduce_async)
+from accord.torch.basics import (ccl_built, cross_rank, cross_size, cuda_built,  # noqa: F401,E402
+                                 ddl_built, gloo_built, gloo_enabled, init, is_homogeneous,
+                                 is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
+                                 mpi_threads_supported, nccl_built, rank, rocm_built, shutdown,
+                                 size, start_timeline, stop_timeline)
+from accord.errors import CollectiveError as HorovodInternalError  # noqa: F401,E402
+
+
+def _set_size(process_set: ProcessSet) -> int:
+    return len(basics.process_set_members(A._set_id(process_set)))
+
+
+def _set_rank(process_set: ProcessSet) -> int:
+    return basics.process_set_members(A._set_id(process_set)).index(basics.rank())
+
+
+# --- allreduce ----------------------------------------------------------------------------------
+
+class HorovodAllreduce(torch.autograd.Function):
+    """Differentiable allreduce."""
+
+    @staticmethod
+    def forward(ctx, tensor, average, name, op, prescale_factor, postscale_factor, process_set):
+        ctx.average, ctx.op = average, op
+        ctx.prescale_factor, ctx.postscale_factor = prescale_factor, postscale_factor
+        ctx.process_set = process_set
+        return synchronize(A.allreduce_async(tensor, average, name, op, prescale_factor,
+                                             postscale_factor, process_set))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad = allreduce(grad_output.contiguous(), average=ctx.average, op=ctx.op,
+                         prescale_factor=ctx.prescale_factor,
+                         postscale_factor=ctx.postscale_factor, process_set=ctx.process_set)
+        return grad, None, None, None, None, None, None
+
+
+def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+              compression: type[Compressor] | Compressor = NoneCompressor,
+              op: ReduceOp | None = None, prescale_factor: float = 1.0,
+              postscale_factor: float = 1.0,
+              process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """Average (default) or reduce ``tensor`` over the set; returns a new tensor.
+
+    Example: ``avg = hvd.allreduce(torch.tensor([rank]), op=hvd.Average)``.
+    """
+    compressed, cctx = compression.compress(tensor)
+    reduced = HorovodAllreduce.apply(compressed, average, name, op, prescale_factor,
+                                     postscale_factor, process_set)
+    return compression.decompress(reduced, cctx)
+
+
+def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+               op: ReduceOp | None = None, prescale_factor: float = 1.0,
+               postscale_factor: float = 1.0,
+               process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """In-place :func:`allreduce`; returns ``tensor``."""
+    return synchronize(A.allreduce_async_(tensor, average, name, op, prescale_factor,
+                                          postscale_factor, process_set))
+
+
+class HorovodGroupedAllreduce(torch.autograd.Function):
+    """Differentiable grouped allreduce."""
+
+    @staticmethod
+    def forward(ctx, average, name, op, prescale_factor, postscale_factor, process_set, *tensors):
+        ctx.average, ctx.op = average, op
+        ctx.prescale_factor, ctx.postscale_factor = prescale_factor, postscale_factor
+        ctx.process_set = process_set
+        return tuple(synchronize(A.grouped_allreduce_async(
+            list(tensors), average, name, op, prescale_factor, postscale_factor, process_set)))
+
+    @staticmethod
+    def backward(ctx, *grad_output):
+        grads = grouped_allreduce([g.contiguous() for g in grad_output], average=ctx.average,
+                                  op=ctx.op, prescale_factor=ctx.prescale_factor,
+                                  postscale_factor=ctx.postscale_factor,
+                                  process_set=ctx.process_set)
+        return (None, None, None, None, None, None, *grads)
+
+
+def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = None,
+                      name: str | None = None,
+                      compression: type[Compressor] | Compressor = NoneCompressor,
+                      op: ReduceOp | None = None, prescale_factor: float = 1.0,
+                      postscale_factor: float = 1.0,
+                      process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
+    """Allreduce a list of tensors together; returns a list of new tensors."""
+    pairs = [compression.compress(t) for t in tensors]
+    reduced = HorovodGroupedAllreduce.apply(average, name, op, prescale_factor, postscale_factor,
+                                            process_set, *[t for t, _ in pairs])
+    return [compression.decompress(t, c) for t, (_, c) in zip(reduced, pairs)]
+
+
+def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = None,
+                       name: str | None = None, op: ReduceOp | None = None,
+                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                       process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
+    """In-place :func:`grouped_allreduce`; returns the input tensors."""
+    return synchronize(A.grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+                                                  postscale_factor, process_set))
+
+
+# --- allgather ----------------------------------------------------------------------------------
+
+def _own_rows(grad: torch.Tensor, my_rows: int, process_set: ProcessSet) -> torch.Tensor:
+    """This rank's slice of a gathered gradient (the first dims of ranks may differ)."""
+    rows = allgather(torch.tensor([my_rows], dtype=torch.int64), process_set=process_set)
+    offset = int(rows[:_set_rank(process_set)].sum())
+    return grad.narrow(0, offset, my_rows)
+
+
+class HorovodAllgather(torch.autograd.Function):
+    """Differentiable allgather."""
+
+    @staticmethod
+    def forward(ctx, tensor, name, process_set):
+        ctx.dim, ctx.process_set = tensor.shape[0], process_set
+        return synchronize(A.allgather_async(tensor, name, process_set))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        reduced = allreduce(grad_output.contiguous(), op=A.Average, process_set=ctx.process_set)
+        return _own_rows(reduced, ctx.dim, ctx.process_set), None, None
+
+
+def allgather(tensor: torch.Tensor, name: str | None = None,
+              process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """Concatenate every rank's ``tensor`` along dim 0 (first dims may differ)."""
+    return HorovodAllgather.apply(tensor, name, process_set)
+
+
+class HorovodGroupedAllgather(torch.autograd.Function):
+    """Differentiable grouped allgather."""
+
+    @staticmethod
+    def forward(ctx, name, process_set, *tensors):
+        ctx.dims, ctx.process_set = [t.shape[0] for t in tensors], process_set
+        return tuple(synchronize(A.grouped_allgather_async(list(tensors), name, process_set)))
+
+    @staticmethod
+    def backward(ctx, *grad_output):
+        reduced = grouped_allreduce([g.contiguous() for g in grad_output], op=A.Average,
+                                    process_set=ctx.process_set)
+        counts = grouped_allgather([torch.tensor([d], dtype=torch.int64) for d in ctx.dims],
+                                   process_set=ctx.process_set)
+        me = _set_rank(ctx.process_set)
+        grads = [g.narrow(0, int(c[:me].sum()), d) for g, c, d in zip(reduced, counts, ctx.dims)]
+        return (None, None, *grads)
+
+
+def grouped_allgather(tensors: Sequence[torch.Tensor], name: str | None = None,
+                      process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
+    """Allgather a list of tensors together; returns a list."""
+    return list(HorovodGroupedAllgather.apply(name, process_set, *tensors))
+
+
+# --- broadcast ----------------------------------------------------------------------------------
+
+class HorovodBroadcast(torch.autograd.Function):
+    """Differentiable broadcast."""
+
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name, process_set):
+        ctx.root_rank, ctx.process_set = root_rank, process_set
+        return synchronize(A.broadcast_async(tensor, root_rank, name, process_set))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad = allreduce(grad_output.contiguous(), op=A.Average, process_set=ctx.process_set)
+        if basics.rank() != ctx.root_rank:
+            grad = grad * 0
+        return grad, None, None, None
+
+
+def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+              process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """Return global rank ``root_rank``'s ``tensor`` on every rank of the set."""
+    return HorovodBroadcast.apply(tensor, root_rank, name, process_set)
+
+
+def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+               process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """In-place :func:`broadcast`; returns ``tensor``."""
+    return synchronize(A.broadcast_async_(tensor, root_rank, name, process_set))
+
+
+# --- alltoall -----------------------------------------------------------------------------------
+
+class HorovodAlltoall(torch.autograd.Function):
+    """Differentiable alltoall."""
+
+    @staticmethod
+    def forward(ctx, tensor, splits, name, process_set):
+        output, received = synchronize(A.alltoall_async(tensor, splits, name, process_set))
+        ctx.process_set, ctx.recvsplits = process_set, received
+        if splits is None:
+            return output
+        ctx.mark_non_differentiable(received)
+        return output, received
+
+    @staticmethod
+    def backward(ctx, grad_output, *_unused):
+        grad, _ = alltoall(grad_output.contiguous(), splits=ctx.recvsplits,
+                           process_set=ctx.process_set)
+        return grad, None, None, None
+
+
+def alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
+             process_set: ProcessSet = global_process_set):
+    """Send ``splits[i]`` rows to rank i of the set and receive theirs.
+
+    Returns the gathered tensor, or ``(output, received_splits)`` when ``splits`` was given.
+    """
+    return HorovodAlltoall.apply(tensor, splits, name, process_set)
+
+
+# --- reducescatter ------------------------------------------------------------------------------
+
+class HorovodReducescatter(torch.autograd.Function):
+    """Differentiable reducescatter."""
+
+    @staticmethod
+    def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):
+        ctx.op, ctx.process_set = op, process_set
+        return synchronize(A.reducescatter_async(tensor, name, op, process_set, prescale_factor,
+                                                 postscale_factor))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad = grad_output.contiguous()
+        if ctx.op == A.Sum:
+            grad = grad * _set_size(ctx.process_set)
+        return allgather(grad, process_set=ctx.process_set), None, None, None, None, None
+
+
+def reducescatter(tensor: torch.Tensor, name: str | None = None,
+                  compression: type[Compressor] | Compressor = NoneCompressor,
+                  op: ReduceOp = A.Average, process_set: ProcessSet = global_process_set,
+                  prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> torch.Tensor:
+    """Reduce (Sum or Average) over the set, then keep this rank's share of dim 0."""
+    compressed, cctx = compression.compress(tensor)
+    out = HorovodReducescatter.apply(compressed, name, op, process_set, prescale_factor,
+                                     postscale_factor)
+    return compression.decompress(out, cctx)
+
+
+class HorovodGroupedReducescatter(torch.autograd.Function):
+    """Differentiable grouped reducescatter."""
+
+    @staticmethod
+    def forward(ctx, name, op, process_set, prescale_factor, postscale_factor, *tensors):
+        ctx.op, ctx.process_set = op, process_set
+        return tuple(synchronize(A.grouped_reducescatter_async(
+            list(tensors), name, op, process_set, prescale_factor, postscale_factor)))
+
+    @staticmethod
+    def backward(ctx, *grad_output):
+        grads = [g.contiguous() for g in grad_output]
+        if ctx.op == A.Sum:
+            n = _set_size(ctx.process_set)
+            grads = [g * n for g in grads]
+        return (None, None, None, None, None, *grouped_allgather(grads, process_set=ctx.process_set))
+
+
+def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: str | None = None,
+                          compression: type[Compressor] | Compressor = NoneCompressor,
+                          op: ReduceOp = A.Average, process_set: ProcessSet = global_process_set,
+                          prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0) -> list[torch.Tensor]:
+    """Reducescatter a list of tensors together; returns a list."""
+    pairs = [compression.compress(t) for t in tensors]
+    outs = HorovodGroupedReducescatter.apply(name, op, process_set, prescale_factor,
+                                             postscale_factor, *[t for t, _ in pairs])
+    return [compression.decompress(t, c) for t, (_, c) in zip(outs, pairs)]

@@ -1,0 +1,82 @@
+"""hvd.elastic pieces that need no ranks: ElasticSampler bookkeeping, state commit/restore."""
+import pytest
+import torch
+
+import accord.torch as hvd
+from accord.torch import basics
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_sampler_single_process_records_and_resumes():
+    sampler = hvd.elastic.ElasticSampler(list(range(10)), shuffle=False)
+    assert list(sampler) == list(range(10)) and len(sampler) == 10
+    sampler.record_batch(0, 3)
+    sampler.record_indices([9])
+    assert sampler.state_dict() == {"epoch": 0, "processed_indices": {0, 1, 2, 9}}
+    sampler.reset()
+    assert list(sampler) == [3, 4, 5, 6, 7, 8] and len(sampler) == 6
+    saved = sampler.state_dict()
+    sampler.set_epoch(1)
+    assert len(sampler) == 10 and sampler.processed_indices == set()
+    sampler.load_state_dict(saved)
+    assert sampler.epoch == 0 and list(sampler) == [3, 4, 5, 6, 7, 8]
+
+
+def test_sampler_shuffle_depends_on_seed_and_epoch_only():
+    a = hvd.elastic.ElasticSampler(list(range(20)), seed=3)
+    b = hvd.elastic.ElasticSampler(list(range(20)), seed=3)
+    assert list(a) == list(b) and sorted(a) == list(range(20))
+    first = list(a)
+    a.set_epoch(1)
+    assert list(a) != first and sorted(a) == list(range(20))
+
+
+def test_sampler_splits_remaining_samples_over_ranks(monkeypatch):
+    monkeypatch.setattr(basics, "is_initialized", lambda: True)
+    monkeypatch.setattr(basics, "size", lambda: 3)
+    shares = []
+    for r in range(3):
+        monkeypatch.setattr(basics, "rank", lambda r=r: r)
+        sampler = hvd.elastic.ElasticSampler(list(range(11)), shuffle=False)
+        sampler.record_indices([0, 1, 2, 3])  # 7 left -> 3 each, 2 padded
+        sampler.reset()
+        shares.append(list(sampler))
+        assert len(sampler) == 3
+    assert sorted(set(i for s in shares for i in s)) == [4, 5, 6, 7, 8, 9, 10]
+    assert sum(len(s) for s in shares) == 9
+
+
+def test_object_state_commit_restore_and_reset_callbacks():
+    calls = []
+    state = hvd.elastic.ObjectState(lambda obj: obj, lambda: 0, epoch=1, seen=[1])
+    state.register_reset_callbacks([lambda: calls.append("cb")])
+    state.epoch, state.seen = 2, [1, 2]
+    state.commit()
+    state.epoch = 3
+    state.seen.append(3)
+    state.restore()
+    assert (state.epoch, state.seen) == (2, [1, 2])
+    state.on_reset()
+    assert calls == ["cb"]
+    state.on_hosts_updated(1.0)
+    with pytest.raises(hvd.elastic.HostsUpdatedInterrupt):
+        state.commit()
+
+
+def test_torch_state_saves_model_and_optimizer(monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # first optimizer sets it
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+    state = hvd.elastic.TorchState(model, opt, epoch=0)
+    assert state.model is model and state.optimizer is opt and state.epoch == 0
+    before = model.weight.detach().clone()
+    state.commit()
+    model(torch.ones(1, 2)).sum().backward()
+    opt.step()
+    state.epoch = 5
+    assert not torch.equal(model.weight, before)
+    state.restore()
+    assert torch.equal(model.weight, before) and state.epoch == 0
+    assert model.weight.grad is None  # the aborted step's gradients are dropped
+    assert opt.state_dict()["state"] == {}
