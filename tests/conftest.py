@@ -10,6 +10,10 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))  # makes `helpers` importable from tests
 
 
+# Variables pytest or torch set for themselves on first use, not a test's doing.
+_SET_BY_LIBRARIES = {"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR"}
+
+
 def _threads() -> set[str]:
     return {t.name for t in threading.enumerate() if t.is_alive()}
 
@@ -23,7 +27,7 @@ def no_leaks():
     env_after = dict(os.environ)
     changed = sorted(
         k for k in set(env_before) | set(env_after)
-        if env_before.get(k) != env_after.get(k) and k != "PYTEST_CURRENT_TEST"
+        if env_before.get(k) != env_after.get(k) and k not in _SET_BY_LIBRARIES
     )
     # multiprocessing's fork server and queue feeder threads belong to the harness, not the test.
     leaked = {

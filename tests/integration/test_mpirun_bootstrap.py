@@ -15,6 +15,7 @@ pytestmark = pytest.mark.mpi
 
 _SCRIPT = r'''
 import json
+import sys
 import torch
 import torch.distributed as dist
 from mpi4py import MPI
@@ -23,9 +24,11 @@ from accord.runtime.rendezvous import _same_host
 
 torch.set_num_threads(1)
 comm = MPI.COMM_WORLD
+# One file per rank: mpirun interleaves the ranks' stdout, even in the middle of a line.
+out = open(f"{sys.argv[1]}.{comm.Get_rank()}", "w")
 # The host check rank 0 uses when the launcher does not say how many ranks share a host.
 print(json.dumps({"same": _same_host(comm, MPI, "h"),
-                  "differ": _same_host(comm, MPI, f"h{comm.Get_rank()}")}), flush=True)
+                  "differ": _same_host(comm, MPI, f"h{comm.Get_rank()}")}), file=out, flush=True)
 for round_ in range(2):  # the second bootstrap checks shutdown-then-init under MPI
     rt = bootstrap(timeout=30)
     t = rt.topology
@@ -33,7 +36,7 @@ for round_ in range(2):  # the second bootstrap checks shutdown-then-init under 
     dist.all_reduce(value)
     print(json.dumps({"round": round_, "rank": t.rank, "size": t.size, "source": rt.source,
                       "local_size": t.local_size, "sum": value.tolist(),
-                      "secret": rt.secret.hex()}), flush=True)
+                      "secret": rt.secret.hex()}), file=out, flush=True)
     rt.close()
 '''
 
@@ -61,15 +64,16 @@ def test_mpirun_bootstrap_without_accord_variables(tmp_path):
     env["OMP_NUM_THREADS"] = "1"
     proc = subprocess.run(
         ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", sys.executable,
-         str(script)],
+         str(script), str(tmp_path / "result")],
         env=env, capture_output=True, text=True, timeout=100,
     )
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
-    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    text = "".join((tmp_path / f"result.{rank}").read_text() for rank in (0, 1))
+    lines = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
     checks = [line for line in lines if "same" in line]
     lines = [line for line in lines if "same" not in line]
-    assert checks == [{"same": True, "differ": False}] * 2, proc.stdout
-    assert len(lines) == 4, proc.stdout
+    assert checks == [{"same": True, "differ": False}] * 2, text
+    assert len(lines) == 4, text
     for line in lines:
         assert line["source"] == "openmpi"
         assert line["size"] == 2 and line["local_size"] == 2
