@@ -5,6 +5,7 @@
 - :mod:`~accord.engine.engine` — the per-process thread: queue, cycles, handles.
 - :mod:`~accord.engine.negotiate` — which requests are ready / mismatched (pure logic).
 - :mod:`~accord.engine.fusion`, :mod:`~accord.engine.execute` — packing and running collectives.
+- :mod:`~accord.engine.join` — Horovod's join: joined ranks serve the others' collectives.
 - :mod:`~accord.engine.compression`, :mod:`~accord.engine.stall`, :mod:`~accord.engine.timeline`.
 
 Importing this package imports nothing else (no torch), so it stays cheap.

@@ -19,6 +19,7 @@ from accord.comm.backend import Communicator
 from accord.comm.ops import ReduceOp
 from accord.engine import negotiate as neg
 from accord.engine.execute import CommunicationFailure, Executor
+from accord.engine.join import JoinState, stand_in
 from accord.engine.request import REDUCING_OPS, ROOTED_OPS, Handle, Op, Request
 from accord.engine.sets import ProcessSetRegistry
 from accord.engine.settings import EngineSettings
@@ -50,7 +51,9 @@ class Engine:
         self._stop_error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._timeline: Timeline | None = None
-        self.joined = False  # reserved for join(): a joined rank counts as present everywhere
+        self.joined = False  # engine thread only: this rank has joined (see accord.engine.join)
+        self._join = JoinState()
+        self._join_requested = False
         self.cache = neg.ResponseCache(self.settings.cache_capacity)
         s = self.settings
         self.stall = StallInspector(s.stall_check_time, s.stall_shutdown_time, s.stall_check_disable)
@@ -117,6 +120,30 @@ class Engine:
                 if not handle.done():
                     raise self._stopped_error()
         return handle.result()
+
+    def join(self, device: int = -1) -> int:
+        """Horovod's join: this rank has no more data. Until every rank has joined, this rank
+        takes part in the collectives the others submit (see :mod:`accord.engine.join`).
+
+        Args:
+            device: CUDA device index for stand-in tensors of CUDA collectives (-1: current).
+        Returns:
+            The rank that joined last (the same on every rank).
+        Raises:
+            ValueError: join() is already waiting on this rank (another thread called it).
+            ShutdownError / RankFailedError / StallError: the engine stopped.
+        """
+        with self._cond:
+            if self._stopped or self._stop_requested or self._thread is None:
+                raise self._stopped_error()
+            if self._join.handle is not None:
+                raise ValueError(with_hint(f"join() is already waiting on rank {self.rank}",
+                                           "call join() from one thread only"))
+            handle = self._join.handle = Handle("join")
+            self._join.device = int(device)
+            self._join_requested = True
+            self._cond.notify()
+        return int(self.synchronize(handle))
 
     def shutdown(self, timeout: float | None = None) -> None:
         """Ask every rank's engine to stop after the current cycle, and wait for ours."""
@@ -198,7 +225,8 @@ class Engine:
         # Names are released before handles complete, so a caller that waited may reuse them.
         with self._cond:
             for r, _, _ in outcomes:
-                self._inflight.pop(r.name, None)
+                if self._inflight.get(r.name) is r:  # not a joined rank's stand-in
+                    del self._inflight[r.name]
         # Last first: a caller usually waits on the first handle, and waking it only once the
         # rest are done spares a GIL ping-pong per handle.
         for r, value, error in reversed(outcomes):
@@ -231,10 +259,13 @@ class Engine:
                 self._stopped = True
                 self._stop_error = error
                 leftovers = list(self._inflight.values())
+                join_handle, self._join.handle = self._join.handle, None
             final = error or ShutdownError(with_hint(
                 "the accord engine shut down while this request was pending",
                 "synchronize every handle before shutdown(), and submit the same names on every rank"))
             self._complete([(r, None, final) for r in leftovers])
+            if join_handle is not None:
+                join_handle.set_exception(final)
             self._pending.clear()
             self.executor.buffers.clear()
 
@@ -242,7 +273,9 @@ class Engine:
         s = self.settings
         delay = s.cycle_time
         while True:
-            pause = delay if self._pending else s.tick
+            # A joined rank cycles without pausing: its peers' collectives need it, and each
+            # cycle blocks in the negotiation until they come, so this does not spin.
+            pause = 0.0 if self.joined else delay if self._pending else s.tick
             stop_local, arrived = self._gather(pause)
             executed, stop = self._cycle(stop_local)
             if stop is not None:
@@ -253,7 +286,7 @@ class Engine:
     def _gather(self, pause: float) -> tuple[bool, bool]:
         """Sleep until work, a stop request or ``pause``; then move arrivals into pending."""
         with self._cond:
-            if not self._incoming and not self._stop_requested and pause > 0:
+            if not self._incoming and not self._stop_requested and not self._join_requested and pause > 0:
                 self._cond.wait(pause)
             threshold = self.settings.fusion_threshold
             while self._incoming and not self._stop_requested and not (0 < threshold <= self._incoming_bytes):
@@ -263,6 +296,8 @@ class Engine:
                 self._cond.wait(remaining)
             new, self._incoming, self._incoming_bytes = self._incoming, [], 0
             stop = self._stop_requested
+            if self._join_requested:  # set here, so a cycle's vector and payload agree
+                self._join_requested, self.joined = False, True
         for r in new:
             self._pending[r.name] = r
         return stop, bool(new)
@@ -288,8 +323,9 @@ class Engine:
                                joined=self.joined)
         sums = self._negotiate(vec)
         stop: BaseException | bool | None = bool(sums[neg.SHUTDOWN]) or None
+        decision, joined = None, None
         if sums[neg.WANT_FULL]:
-            decision = self._full_exchange(pending, now)
+            decision, joined = self._full_exchange(pending, now)
             for name, message in decision.errors.items():
                 r = self._pending.pop(name, None)
                 if r is not None:
@@ -307,6 +343,10 @@ class Engine:
             r = self._pending.get(name)
             if r is not None and (sums[neg.WANT_FULL] or self.cache.id_of(name, r.signature) is not None):
                 ready.append(self._pending.pop(name))
+            elif r is None and self.joined and decision is not None:
+                sig, members = decision.agreed[name]
+                if self.rank in members:
+                    ready.append(stand_in(name, sig, members, self._join.device))
         if tl is not None:
             done = time.monotonic()
             for r in ready:
@@ -314,6 +354,14 @@ class Engine:
         self.executor.run(ready)
         if tl is not None:
             tl.maybe_flush()
+        if joined is not None:
+            last = self._join.observe(joined, self.size)
+            if last is not None:  # every rank has joined: all of them return, in this cycle
+                self.joined = False
+                with self._cond:
+                    handle, self._join.handle = self._join.handle, None
+                if handle is not None:
+                    handle.set_result(last)
         return bool(ready), stop
 
     def _negotiate(self, vec: list[int]) -> list[int]:
@@ -325,7 +373,8 @@ class Engine:
         self.negotiations += 1
         return t.tolist()
 
-    def _full_exchange(self, pending: list[Request], now: float) -> neg.Decision:
+    def _full_exchange(self, pending: list[Request], now: float) -> tuple[neg.Decision, list[int]]:
+        """Exchange every rank's pending names; return the decision and the joined ranks."""
         self.full_exchanges += 1
         sets = {i: self.sets.members(i) for i in {r.process_set_id for r in pending} if i != 0}
         payload = neg.encode_pending([(r.name, r.signature, now - r.submitted_at) for r in pending],
@@ -337,4 +386,4 @@ class Engine:
         for r in pending:
             r.announced = True
         exchange = neg.split_payloads(gathered.numpy().tobytes(), self.size)
-        return neg.decide(exchange, self.cache, self.cycles)
+        return neg.decide(exchange, self.cache, self.cycles), exchange.joined

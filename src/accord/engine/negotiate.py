@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
 from accord.comm.ops import ReduceOp
-from accord.engine.request import RAGGED_OPS, Op, Signature
+from accord.engine.request import RAGGED_OPS, ROOTED_OPS, Op, Signature
 from accord.errors import with_hint
 
 WANT_FULL, SHUTDOWN, JOINED = 0, 1, 2
@@ -181,13 +181,17 @@ class Decision:
     ready: list[str] = field(default_factory=list)  # execution order (cache id, then uncached)
     errors: dict[str, str] = field(default_factory=dict)  # name -> MismatchError message
     partial: list[Partial] = field(default_factory=list)
+    # ready name -> (agreed signature, members of its process set): what a joined rank needs
+    # to build a stand-in for a name it never submitted
+    agreed: dict[str, tuple[Signature, tuple[int, ...]]] = field(default_factory=dict)
 
 
 def decide(exchange: Exchange, cache: ResponseCache, tick: int) -> Decision:
     """Classify every name submitted anywhere; update ``cache`` with the ready ones.
 
-    A joined rank counts as present for every name. Mutates ``cache`` identically on every
-    rank (the exchange is the same everywhere).
+    A joined rank counts as present for every name, except as the root of a rooted op it did
+    not submit (it has no data to send and nobody to receive for): that is an error. Mutates
+    ``cache`` identically on every rank (the exchange is the same everywhere).
     """
     per_rank = exchange.pending
     joined_set = set(exchange.joined)
@@ -205,11 +209,15 @@ def decide(exchange: Exchange, cache: ResponseCache, tick: int) -> Decision:
             decision.errors[name] = problem
             continue
         missing = tuple(r for r in group if r not in holders and r not in joined_set)
+        if not missing and Op(sig.op) in ROOTED_OPS and sig.root not in holders:
+            decision.errors[name] = joined_root_message(name, sig)
+            continue
         if missing:
             age = max(a for _, a in holders.values())
             decision.partial.append(Partial(name, sig.process_set, tuple(sorted(holders)), missing, age))
         else:
             ready.append((name, sig, len(group)))
+            decision.agreed[name] = (sig, group)
     # New ids follow the submission order of the lowest rank holding each name (then the name):
     # the same on every rank, and usually the order tensors were produced in, so a batch of
     # gradients that are views of one flat buffer lies back to back (see fusion.adjacent_span).
@@ -245,6 +253,18 @@ def _members(set_id: int, holders: Mapping[int, object], sets: Sequence[Mapping[
     seen = ", ".join(f"rank {r} has {list(v)}" for r, v in sorted(views.items()))
     return (), with_hint(f"process set {set_id} differs between ranks: {seen}",
                          "call add_process_set / remove_process_set on every rank, in the same order")
+
+
+def joined_root_message(name: str, sig: Signature) -> str:
+    """The error for a rooted op whose root rank has called join() instead of submitting it."""
+    if sig.op in (Op.BROADCAST.value, Op.SCATTER.value):
+        why = "so there is no data to send"
+    else:
+        why = "so no rank would receive the result"
+    return with_hint(f"{sig.op} {name!r}: root rank {sig.root} has joined (hvd.join()) without "
+                     f"submitting it, {why}",
+                     "submit rooted collectives on the root before it calls join(), or pick a "
+                     "root rank that has not joined")
 
 
 # --- mismatch messages ----------------------------------------------------------------------

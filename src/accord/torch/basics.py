@@ -275,13 +275,8 @@ def remove_process_set_id(set_id: int) -> bool:
 
 
 def join(device: int = -1) -> int:
-    """Horovod's join (see :func:`accord.torch.join`); needs the engine's join support."""
+    """Horovod's join (see :func:`accord.torch.join`): block until every rank has joined,
+    serving the others' collectives meanwhile; return the rank that joined last."""
     if not session.is_initialized():
         raise ValueError(NOT_INITIALIZED)
-    engine = session.engine()
-    joiner = getattr(engine, "join", None)
-    if joiner is None:
-        raise NotImplementedError(with_hint(
-            "hvd.join() needs join support in the accord engine, which this build lacks",
-            "make every rank run the same number of steps (e.g. drop the last uneven batches)"))
-    return int(joiner(device))
+    return session.engine().join(device)

@@ -1,0 +1,79 @@
+"""Join (Horovod's ``hvd.join()``): a rank that has run out of data keeps serving its peers.
+
+A joined rank sets the JOINED slot of the negotiation vector and asks for a full exchange every
+cycle, so every rank sees who has joined; :func:`~accord.engine.negotiate.decide` counts joined
+ranks as present for every name. For each ready name a joined rank did not submit it runs a
+*stand-in* built from the agreed signature, so the collective lines up on every rank:
+
+- allreduce / reducescatter / reduce: zeros of the agreed shape (Horovod contributes zeros
+  for every reduce op; Average still divides by the full process set size);
+- allgather / gather / alltoall: zero rows (alltoall: zero rows to every rank);
+- broadcast / scatter: a receive buffer (the result is dropped);
+- barrier: takes part.
+
+Horovod 0.28 refuses allgather, alltoall, broadcast and reducescatter while a rank is joined;
+accord runs them as above. A rooted op whose root has joined without submitting it is an
+error on every rank. ``join()`` returns on every rank once all have joined, with the rank that
+joined last (ranks that join in the same cycle: the highest of them).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from accord.comm.ops import ReduceOp
+from accord.engine.request import RAGGED_OPS, REDUCING_OPS, ROOTED_OPS, Handle, Op, Request, Signature
+
+
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown dtype {name!r} in an agreed signature")
+    return dtype
+
+
+def _device(kind: str, index: int) -> torch.device:
+    if kind == "cuda":
+        return torch.device("cuda", index if index >= 0 else torch.cuda.current_device())
+    return torch.device(kind or "cpu")
+
+
+def stand_in(name: str, sig: Signature, members: Sequence[int], device_index: int = -1) -> Request:
+    """The request a joined rank runs for ``name``, which only other ranks submitted."""
+    op = Op(sig.op)
+    if op is Op.BARRIER:
+        return Request(name, op, process_set_id=sig.process_set)
+    ragged = op in RAGGED_OPS
+    shape = (0, *sig.shape) if ragged else tuple(sig.shape)
+    tensor = torch.zeros(shape, dtype=_dtype(sig.wire_dtype), device=_device(sig.device, device_index))
+    splits = (0,) * len(members) if op is Op.ALLTOALL else None
+    return Request(
+        name, op, tensor, reduce_op=ReduceOp(sig.reduce_op) if op in REDUCING_OPS else ReduceOp.SUM,
+        root_rank=sig.root if op in ROOTED_OPS else -1, prescale_factor=sig.prescale,
+        postscale_factor=sig.postscale, process_set_id=sig.process_set, splits=splits,
+        dtype=_dtype(sig.dtype), owned=True)
+
+
+class JoinState:
+    """This rank's side of join: the caller's pending request and who has joined, in order.
+
+    Only the engine thread calls :meth:`observe`, with the joined ranks of every full exchange
+    (while any rank is joined, every cycle has one), so every rank reaches the same answer in
+    the same cycle.
+    """
+
+    def __init__(self) -> None:
+        self.handle: Handle | None = None  # the waiting join() call, if any
+        self.device = -1
+        self._seen: set[int] = set()
+
+    def observe(self, joined: Sequence[int], size: int) -> int | None:
+        """Record this cycle's joined ranks; once all ``size`` have joined, forget them and
+        return the rank that joined last."""
+        now = set(joined)
+        fresh, self._seen = now - self._seen, now
+        if len(now) < size:
+            return None
+        self._seen = set()
+        return max(fresh or now)
