@@ -61,6 +61,13 @@ def _mpi() -> Backend:
     return MpiBackend()
 
 
+def _shm() -> Backend:
+    from accord.comm.shm import ShmBackend
+
+    return ShmBackend()
+
+
 register_backend("gloo", _gloo)
 register_backend("nccl", _nccl)
 register_backend("mpi", _mpi)
+register_backend("shm", _shm)

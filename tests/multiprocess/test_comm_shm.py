@@ -1,0 +1,287 @@
+"""The shm backend: the same check suite as gloo on 2 and 3 ranks, large tensors through the
+chunk pipeline, setup refusals, mismatches, dead and hung peers, no busy waiting, no leftovers.
+
+Expected values are computed with numpy (see tests/helpers/comm_checks.py). Several checks
+share one set of ranks (a rank costs ~1 s to start).
+"""
+import ctypes
+import glob
+import mmap
+import os
+import threading
+
+import numpy as np
+import pytest
+
+from helpers.dying_ranks import run_ranks_with_deaths
+from helpers.ranks import run_ranks
+
+# Forces every pipeline path with a handful of elements: 2-3 ranks' slots of 64-192 bytes
+# (so the suite's 80-element tensors take several chunks), reductions split across ranks.
+TINY = {"chunk_bytes": 64, "direct_max_ranks": 1, "split_min_bytes": 0}
+
+
+def _large_checks(comm, rank, size, tag):
+    """Multi-chunk tensors (default 1 MB slots) for every op, against numpy."""
+    import torch
+
+    from accord.comm import ReduceOp
+
+    failures = []
+
+    def same(what, got, want):
+        if not np.array_equal(np.asarray(got), want):
+            failures.append(f"[{tag} rank {rank}] {what}: got {np.asarray(got).ravel()[:6]}, want {want.ravel()[:6]}")
+
+    rng = [np.random.default_rng(100 + r) for r in range(size)]
+    ins = [g.integers(-1000, 1000, size=1_000_003).astype(np.float32) for g in rng]  # 4 MB: 4+ chunks
+    t = torch.from_numpy(ins[rank].copy())
+    comm.allreduce(t, ReduceOp.SUM)
+    same("allreduce float32 SUM", t.numpy(), np.sum(ins, axis=0, dtype=np.float32))
+    longs = [np.arange(300_001, dtype=np.int64) * (r + 1) % 7919 for r in range(size)]
+    t = torch.from_numpy(longs[rank].copy())
+    comm.allreduce(t, ReduceOp.MAX)
+    same("allreduce int64 MAX", t.numpy(), np.maximum.reduce(longs))
+    t = torch.from_numpy(ins[rank].copy())
+    comm.reduce(t, ReduceOp.MIN, size - 1)
+    if comm.rank == size - 1:
+        same("reduce float32 MIN", t.numpy(), np.minimum.reduce(ins))
+    rows = [np.full((700_001, 3), r + 1, dtype=np.int32) for r in range(size)]
+    out = comm.reduce_scatter(torch.from_numpy(rows[rank]), ReduceOp.SUM)
+    counts = [len(p) for p in np.array_split(np.arange(700_001), size)]
+    same("reduce_scatter int32 SUM", out.numpy(), np.full((counts[comm.rank], 3), sum(range(1, size + 1))))
+    payload = np.random.default_rng(7).integers(0, 256, size=3 * 2**20 + 5, dtype=np.uint8)
+    t = torch.from_numpy(payload.copy() if comm.rank == 0 else np.zeros_like(payload))
+    comm.broadcast(t, 0)
+    same("broadcast 3 MB", t.numpy(), payload)
+    parts = [np.arange(r * 1_000_000, r * 1_000_000 + 400_000 * (r + 1), dtype=np.int64) for r in range(size)]
+    same("allgather ragged", comm.allgather(torch.from_numpy(parts[comm.rank])).numpy(), np.concatenate(parts))
+    splits = [[(i + j) * 70_000 + 1 for j in range(size)] for i in range(size)]
+    data = [np.arange(sum(s), dtype=np.float64) + 1e7 * i for i, s in enumerate(splits)]
+    got, received = comm.alltoall(torch.from_numpy(data[comm.rank]), splits[comm.rank])
+    me = comm.rank
+    want = np.concatenate([data[i][sum(splits[i][:me]):sum(splits[i][:me + 1])] for i in range(size)])
+    same("alltoall uneven", got.numpy(), want)
+    same("alltoall received", received.numpy(), np.array([splits[i][me] for i in range(size)]))
+    return failures
+
+
+def _suite(rank, size):
+    from accord.comm import get_backend
+    from accord.comm.shm import ShmBackend
+    from helpers.comm_checks import run_checks
+
+    count, failures = run_checks(get_backend("shm"), rank, size)
+    n, f = run_checks(ShmBackend(**TINY), rank, size)
+    count, failures = count + n, failures + f
+    if size == 2:  # the Gloo-barrier fallback moves the same data
+        n, f = run_checks(ShmBackend(sync="gloo", chunk_bytes=256), rank, size)
+        count, failures = count + n, failures + f
+    paths = []
+    for kwargs, tag in (({}, "default"), ({"direct_max_ranks": 1}, "split")):
+        comm = ShmBackend(**kwargs).create(range(size))
+        paths.append(comm.segment_path)
+        failures += _large_checks(comm, rank, size, tag)
+        comm.close()
+    return count, failures, paths, os.getpid()
+
+
+@pytest.mark.timeout(100)
+@pytest.mark.parametrize("size", [2, 3])
+def test_shm_collectives(size):
+    results = run_ranks(_suite, size, timeout=90)
+    failures = [f for _, fails, _, _ in results for f in fails]
+    assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:60])
+    counts = [n for n, _, _, _ in results]
+    assert min(counts) > 2 * 250, counts  # every rank ran the whole suite, twice or more
+    paths = {p for _, _, ps, _ in results for p in ps}
+    assert len(paths) == 2 and not any(os.path.exists(p) for p in paths), paths
+    for _, _, _, pid in results:  # every segment was unlinked during setup: none is left
+        assert not glob.glob(f"/dev/shm/accord-shm-{pid}-*")
+
+
+def _hosts(rank, size):
+    import torch
+
+    from accord.comm import ReduceOp, get_backend
+    from accord.comm.shm import ShmBackend
+    from accord.errors import BackendError
+
+    with pytest.raises(BackendError) as info:  # ACCORD_HOSTNAME differs per rank
+        get_backend("shm").create(range(size))
+    text = str(info.value)
+    assert "span 2 hosts: rank 0 on 'host0', rank 1 on 'host1'" in text and "HINT:" in text
+    only_me = get_backend("shm").create([1])  # one host: fine; rank 0 is not a member
+    assert (only_me is None) == (rank == 0)
+    comm = ShmBackend(hostnames=["box", "box"]).create(range(size))  # the caller knows better
+    t = torch.full((3,), float(rank + 1))
+    comm.allreduce(t, ReduceOp.SUM)
+    assert t.tolist() == [3.0, 3.0, 3.0]
+    return True
+
+
+@pytest.mark.timeout(60)
+def test_members_on_different_hosts_are_refused():
+    assert run_ranks(_hosts, 2, timeout=50, per_rank_env=lambda r: {"ACCORD_HOSTNAME": f"host{r}"}) == [True, True]
+
+
+def _mismatch_and_close(rank, size):
+    import time
+
+    import torch
+
+    from accord.comm import ReduceOp
+    from accord.comm.shm import ShmBackend
+    from accord.errors import MismatchError, RankFailedError
+
+    comm = ShmBackend().create(range(size))
+    with pytest.raises(MismatchError) as info:
+        comm.allreduce(torch.ones(4 + rank), ReduceOp.SUM)
+    assert ("rank 0 called allreduce (16 bytes, float32 SUM), rank 1 called allreduce (20 bytes, "
+            "float32 SUM)") in str(info.value) and "HINT:" in str(info.value)
+    with pytest.raises(MismatchError, match="rank 1 called broadcast"):
+        if rank == 0:
+            comm.allreduce(torch.ones(2), ReduceOp.MAX)
+        else:
+            comm.broadcast(torch.ones(2), 0)
+    t = torch.ones(2)
+    comm.allreduce(t, ReduceOp.SUM)  # still in step after both mismatches
+    assert t.tolist() == [2.0, 2.0]
+    # A waiting rank sleeps in the kernel: rank 0 waits ~1 s for rank 1 at almost no CPU cost.
+    if rank == 1:
+        time.sleep(1.0)
+    cpu, wall = time.process_time(), time.monotonic()
+    comm.barrier()
+    cpu, wall = time.process_time() - cpu, time.monotonic() - wall
+    if rank == 0:
+        assert wall > 0.5 and cpu < 0.2, (wall, cpu)
+    # A rank that closes makes peers still waiting on it raise at once, not at the timeout.
+    if rank == 1:
+        comm.close()
+        return "closed"
+    start = time.monotonic()
+    with pytest.raises(RankFailedError) as info:
+        comm.allreduce(torch.ones(2), ReduceOp.SUM)
+    assert time.monotonic() - start < 5
+    return str(info.value)
+
+
+@pytest.mark.timeout(60)
+def test_mismatches_raise_everywhere_and_waiting_does_not_spin():
+    results = run_ranks(_mismatch_and_close, 2, timeout=50, env={"ACCORD_COLLECTIVE_TIMEOUT": "30"})
+    assert results[1] == "closed"
+    assert results[0].startswith("allreduce failed on rank 0 (shm communicator over ranks [0, 1]): "
+                                 "peer rank 1 aborted"), results[0]
+    assert "HINT:" in results[0]
+
+
+def _peer_dies(rank, size, how):
+    import signal
+    import time
+
+    import torch
+
+    from accord.comm import ReduceOp, get_backend
+    from accord.errors import RankFailedError
+
+    comm = get_backend("shm").create(range(size))
+    t = torch.ones(3)
+    comm.allreduce(t, ReduceOp.SUM)
+    assert t.tolist() == [2.0] * 3
+    if rank == 1:
+        os.kill(os.getpid(), getattr(signal, how))
+    start = time.monotonic()
+    with pytest.raises(RankFailedError) as info:
+        comm.allreduce(torch.ones(1 << 20), ReduceOp.SUM)
+    elapsed = time.monotonic() - start
+    with pytest.raises(RankFailedError, match="unusable after an earlier failure"):
+        comm.broadcast(torch.ones(2), 0)
+    return {"elapsed": elapsed, "message": str(info.value), "leftovers": glob.glob(f"{comm.segment_path}*")}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how, limit", [("SIGKILL", "30"), ("SIGSTOP", "2")])
+def test_lost_peer_raises_rank_failed(how, limit):
+    results = run_ranks_with_deaths(_peer_dies, 2, {1}, how, timeout=50,
+                                    env={"ACCORD_COLLECTIVE_TIMEOUT": limit})
+    res = results[0]
+    assert res["message"].startswith("allreduce failed on rank 0 (shm communicator over ranks [0, 1]): ")
+    assert "HINT:" in res["message"] and "ACCORD_COLLECTIVE_TIMEOUT" in res["message"]
+    assert res["leftovers"] == []
+    if how == "SIGKILL":  # a dead process is noticed from /proc, long before the 30 s limit
+        assert "peer rank 1 (pid " in res["message"] and "exited" in res["message"]
+        assert res["elapsed"] < 5, res
+    else:  # a stopped process still exists: the wait ends at ACCORD_COLLECTIVE_TIMEOUT
+        assert "timed out after 2s (ACCORD_COLLECTIVE_TIMEOUT)" in res["message"]
+        assert 1.9 < res["elapsed"] < 8, res
+
+
+def _through_the_engine(rank, size):
+    import torch
+
+    import accord.torch as hvd
+    from accord.comm.shm import ShmCommunicator
+    from accord.engine import session
+
+    hvd.init()
+    try:
+        assert isinstance(session._current().registry.communicator(0, "cpu"), ShmCommunicator)
+        got = hvd.allreduce(torch.arange(6.0) * (rank + 1), op=hvd.Sum, name="x")
+        assert got.tolist() == [float(v * 3) for v in range(6)]
+        assert hvd.allgather(torch.full((rank + 1, 2), rank)).tolist() == [[0, 0], [1, 1], [1, 1]]
+        assert hvd.broadcast(torch.full((2,), float(rank)), root_rank=1).tolist() == [1.0, 1.0]
+    finally:
+        hvd.shutdown()
+    return True
+
+
+@pytest.mark.timeout(60)
+def test_selected_by_accord_cpu_backend():
+    assert run_ranks(_through_the_engine, 2, init="accord", timeout=50,
+                     env={"ACCORD_CPU_BACKEND": "shm"}) == [True, True]
+
+
+@pytest.mark.timeout(30)
+def test_futex_barrier_keeps_threads_in_step():
+    """Two threads as two ranks on one anonymous mapping: nobody passes a barrier early."""
+    from accord.comm.shm_segment import ABORT_OFFSET, COUNTER_OFFSET
+    from accord.comm.shm_sync import FutexBarrier, PeerWatch, futex
+
+    assert futex() is not None  # Linux x86-64/arm64: the fast path is available
+    buffer = mmap.mmap(-1, 4096)
+    progress = [ctypes.c_uint32.from_buffer(buffer, 1024 + 64 * r) for r in (0, 1)]  # checked by the other
+    rounds, errors = 3000, []
+
+    def rank_main(me):
+        barrier = FutexBarrier(buffer, COUNTER_OFFSET, ABORT_OFFSET, 2, (0, 1), me, 10.0,
+                               50e-6 if me else 0.0, PeerWatch([]))
+        for i in range(rounds):
+            progress[me].value = i + 1
+            barrier.wait()
+            if progress[1 - me].value < i + 1:
+                errors.append(f"rank {me} passed barrier {i} before its peer arrived")
+            barrier.wait()  # nobody starts round i + 1 before both checked round i
+        barrier.close()
+
+    threads = [threading.Thread(target=rank_main, args=(r,), name=f"accord-test-barrier-{r}") for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(25)
+    assert not any(t.is_alive() for t in threads)
+    assert errors == []
+    assert ctypes.c_uint32.from_buffer(buffer, COUNTER_OFFSET).value == 2 * 2 * rounds
+    del progress
+    buffer.close()
+
+
+def test_segment_layout_keeps_areas_apart():
+    from accord.comm.shm_segment import ABORT_OFFSET, COUNTER_OFFSET, Layout
+
+    lay = Layout(3, 4096)
+    areas = sorted([lay.slot(b, r) for b in (0, 1) for r in range(3)] + [lay.result(b) for b in (0, 1)])
+    assert areas[0] == lay.header and lay.header % 4096 == 0
+    assert all(b - a == 4096 for a, b in zip(areas, areas[1:])) and areas[-1] + 4096 == lay.total
+    metas = [lay.meta(b, r) for b in (0, 1) for r in range(3)]
+    assert max(metas) + 40 <= lay.header and min(metas) > ABORT_OFFSET > COUNTER_OFFSET
+    assert len({m // 128 for m in metas}) == 3  # one record (two cache lines) per rank
