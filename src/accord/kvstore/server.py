@@ -1,0 +1,346 @@
+"""Parameter-server processes: ``python -m accord.kvstore.server`` (no torch: starts in ~0.2 s).
+
+A server reads its configuration from the environment (accord names, MXNet's accepted)::
+
+    ACCORD_ROLE / DMLC_ROLE                 server (or scheduler, see below)
+    ACCORD_NUM_WORKERS / DMLC_NUM_WORKER    workers in the job (default ACCORD_SIZE)
+    ACCORD_PS_ROOT_URI/PORT (DMLC_PS_ROOT_URI/PORT), else ACCORD_STORE_ADDR/PORT
+                                            the job's authenticated store, where servers register
+    ACCORD_JOB_SECRET / ACCORD_SECRET_FILE  the per-job secret
+    ACCORD_NODE_HOST / DMLC_NODE_HOST       address to advertise (multi-host runs)
+    ACCORD_VERBOSE / PS_VERBOSE             log registration and connections to stderr
+
+It takes the next server index from a store counter, binds a ZeroMQ ROUTER socket on a free port
+(loopback when the store is on loopback, else every interface), publishes
+``tcp://host:port`` under ``accord/kvstore/server/<index>`` and serves until a ``stop`` request,
+SIGTERM/SIGINT, or the store stops answering (the job is over), so no server outlives its job.
+
+``ACCORD_ROLE=scheduler`` runs the store itself on ACCORD_PS_ROOT_URI:ACCORD_PS_ROOT_PORT, for
+jobs started MXNet-style (a scheduler, servers and workers started by another tool, e.g. MXNet's
+``tools/launch.py``, with DMLC_* variables and ACCORD_JOB_SECRET). In such jobs rank 0's store
+stops the servers when it closes (at exit at the latest), as MXNet's does, and the scheduler
+exits once every server has stopped.
+
+The launcher starts servers with :func:`start_servers` (``accordrun --num-servers``).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import zmq
+
+from accord import config
+from accord.errors import AuthenticationError, ConfigError, RendezvousError, with_hint
+from accord.kvstore import protocol
+from accord.kvstore.server_core import ServerCore, _Buf
+
+log = logging.getLogger("accord.kvstore")
+
+PREFIX = "accord/kvstore"
+SERVER_KEY = PREFIX + "/server/{index}"
+SERVER_COUNTER = PREFIX + "/server_count"
+STOPPED_KEY = PREFIX + "/server/{index}/stopped"
+_COPY_LIMIT = 64 * 1024  # smaller payloads are copied by zmq anyway; no tracking needed
+
+
+class ParameterServer:
+    """One server: a ROUTER socket in front of a :class:`ServerCore`.
+
+    Args:
+        secret: the job secret. num_workers: workers in the job. server_id: this server's index.
+        verbose: log connections (PS_VERBOSE).
+        payload_mac: authenticate array bytes too (ACCORD_KVSTORE_PAYLOAD_MAC; see protocol).
+    """
+
+    def __init__(self, secret: bytes, num_workers: int, server_id: int = 0, verbose: bool = False,
+                 payload_mac: bool = True) -> None:
+        self._secret = secret
+        self._payload_mac = payload_mac
+        self.server_id = server_id
+        self.verbose = verbose
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._monitor = self._sock.get_monitor_socket(
+            zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED) if verbose else None
+        self.core = ServerCore(num_workers, server_id, self._send, payload_mac)
+        self._seen: dict[str, int] = {}
+        self._refused = 0
+        self._stop_requested = False
+        self.endpoint = ""
+
+    def bind(self, host: str = "127.0.0.1", advertise: str | None = None) -> str:
+        """Bind a free port on ``host``; return the endpoint workers connect to."""
+        self._sock.bind(f"tcp://{host}:*")
+        port = self._sock.getsockopt(zmq.LAST_ENDPOINT).decode().rsplit(":", 1)[1]
+        self.endpoint = f"tcp://{advertise or host}:{port}"
+        return self.endpoint
+
+    def request_stop(self) -> None:
+        """Make :meth:`serve` return soon (safe from a signal handler)."""
+        self._stop_requested = True
+
+    def serve(self, heartbeat: Callable[[], None] | None = None, interval: float = 2.0) -> None:
+        """Handle requests until stopped; ``heartbeat()`` runs every ``interval`` seconds and may
+        raise to stop the server (the job's store is gone)."""
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        if self._monitor is not None:
+            poller.register(self._monitor, zmq.POLLIN)
+        next_beat = time.monotonic() + interval
+        while not self._stop_requested and not self.core.stopped:
+            try:
+                events = dict(poller.poll(200))
+            except zmq.ZMQError:  # interrupted by a signal
+                continue
+            if self._sock in events:
+                self._drain()
+            if self._monitor is not None and self._monitor in events:
+                self._log_events()
+            if heartbeat is not None and time.monotonic() >= next_beat:
+                heartbeat()
+                next_beat = time.monotonic() + interval
+
+    def _drain(self) -> None:
+        for _ in range(1000):  # fairness: return to the poll loop now and then
+            try:
+                frames = self._sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            self._handle(frames)
+            if self.core.stopped:
+                return
+
+    def _handle(self, frames: Sequence[Any]) -> None:
+        peer, body = frames[0].bytes, frames[1:]
+        try:
+            header, payloads = protocol.open_message(self._secret, protocol.TO_SERVER, body,
+                                                     self._payload_mac)
+        except AuthenticationError:
+            self._refused += 1
+            if self._refused <= 5 or self._refused % 100 == 0:
+                log.warning("server %d refused a message with a wrong MAC (%d so far): a process "
+                            "without the job secret is connecting", self.server_id, self._refused)
+            self._sock.send_multipart([peer, b"", protocol.REFUSED])
+            return
+        except protocol.ProtocolError as exc:
+            log.warning("server %d dropped a malformed message: %s", self.server_id, exc)
+            return
+        sid, seq = str(header.get("sid")), header.get("seq")
+        last = self._seen.get(sid)
+        if not isinstance(seq, int) or (last is not None and seq <= last):
+            log.warning("server %d dropped a replayed or unnumbered message (session %s, seq %r)",
+                        self.server_id, sid, seq)
+            return
+        if last is None and self.verbose:
+            log.info("server %d: worker rank %s connected (session %s)", self.server_id,
+                     header.get("rank"), sid)
+        self._seen[sid] = seq
+        self.core.handle(peer, header, payloads)
+
+    def _send(self, peer: Any, request: dict, fields: dict, payloads: list, digests: list,
+              buf: _Buf | None) -> None:
+        answer = {"sid": request.get("sid"), "seq": request.get("seq"), **fields}
+        frames = protocol.seal(self._secret, protocol.TO_WORKER, answer, payloads, digests or None,
+                               self._payload_mac)
+        big = any(memoryview(p).nbytes > _COPY_LIMIT for p in payloads)
+        if big:
+            tracker = self._sock.send_multipart([peer, *frames], copy=False, track=True)
+            if buf is not None:
+                buf.sent(tracker)
+        else:
+            self._sock.send_multipart([peer, *frames])
+
+    def _log_events(self) -> None:
+        from zmq.utils.monitor import recv_monitor_message
+
+        while True:
+            try:
+                event = recv_monitor_message(self._monitor, flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            what = "accepted a connection" if event["event"] == zmq.EVENT_ACCEPTED else \
+                "lost a connection"
+            log.info("server %d %s (%s)", self.server_id, what, event["endpoint"].decode(errors="replace"))
+
+    def close(self) -> None:
+        """Close the socket and its context (idempotent)."""
+        if self._monitor is not None:
+            self._sock.disable_monitor()
+            self._monitor.close(linger=0)
+            self._monitor = None
+        self._sock.close(linger=0)
+        self._ctx.term()
+
+
+def store_address() -> tuple[str, int]:
+    """Where servers register: ACCORD_PS_ROOT_URI/PORT, else ACCORD_STORE_ADDR/PORT.
+
+    Raises:
+        ConfigError: neither pair is set.
+    """
+    host = config.get("ACCORD_PS_ROOT_URI") or config.get("ACCORD_STORE_ADDR")
+    port = config.get("ACCORD_PS_ROOT_PORT") or config.get("ACCORD_STORE_PORT")
+    if not host or not port:
+        raise ConfigError(with_hint(
+            "parameter servers need the job's store address, and neither ACCORD_PS_ROOT_URI/"
+            "ACCORD_PS_ROOT_PORT (DMLC_PS_ROOT_URI/PORT) nor ACCORD_STORE_ADDR/PORT is set",
+            "start the job with `accordrun --num-servers N`, or set DMLC_PS_ROOT_URI and "
+            "DMLC_PS_ROOT_PORT to the scheduler's address"))
+    return str(host), int(port)
+
+
+def _is_loopback(host: str) -> bool:
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def _advertised(store_host: str) -> tuple[str, str]:
+    """(bind address, advertised address) for a server whose store is at ``store_host``."""
+    node = config.get("ACCORD_NODE_HOST")
+    if _is_loopback(store_host):
+        return "127.0.0.1", node or "127.0.0.1"
+    if node:
+        return "0.0.0.0", node
+    try:  # the source address of the route towards the store; UDP connect sends nothing
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.connect((store_host, 9))
+            return "0.0.0.0", sock.getsockname()[0]
+    except OSError:
+        return "0.0.0.0", socket.gethostname()
+
+
+def _setup_logging(verbose: bool, label: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(f"[{label}] %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO if verbose else logging.WARNING)
+    log.propagate = False
+
+
+def _run_scheduler(secret: bytes, verbose: bool) -> int:
+    from accord.runtime.store_server import StoreServer
+
+    host, port = store_address()
+    servers = int(config.get("ACCORD_NUM_SERVERS"))
+    stopped = [STOPPED_KEY.format(index=i) for i in range(servers)]
+    stop = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.append(1))
+    with StoreServer(host="127.0.0.1" if _is_loopback(host) else "0.0.0.0", port=port,
+                     secret=secret) as store:
+        log.info("scheduler: store serving on %s:%d for %d servers", host, port, servers)
+        # As ps-lite's scheduler, leave once the job is over: every server has stopped.
+        while not stop and not (stopped and store.has_keys(stopped)):
+            time.sleep(0.1)
+    log.info("scheduler: stopping")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run a server (or the scheduler) from the environment; returns the exit code.
+
+    0 after a stop request, SIGTERM/SIGINT, or once the job's store is gone; 2 when the
+    configuration is unusable or the store cannot be reached at start.
+    """
+    verbose = bool(config.get("ACCORD_VERBOSE"))
+    role = str(config.get("ACCORD_ROLE")).lower()
+    _setup_logging(verbose, f"accord-kvstore {role} pid {os.getpid()}")
+    try:
+        secret = protocol.load_secret()
+        if role == "scheduler":
+            return _run_scheduler(secret, verbose)
+        if role != "server":
+            raise ConfigError(with_hint(f"ACCORD_ROLE/DMLC_ROLE is {role!r}; this program runs "
+                                        "parameter servers", "set DMLC_ROLE=server (or scheduler)"))
+        workers = config.get("ACCORD_NUM_WORKERS") or config.get("ACCORD_SIZE")
+        if not workers:
+            raise ConfigError(with_hint("a parameter server needs the number of workers",
+                                        "set ACCORD_NUM_WORKERS (or DMLC_NUM_WORKER)"))
+        return _serve(secret, int(workers), verbose)
+    except (ConfigError, RendezvousError, zmq.ZMQError) as exc:
+        log.error("%s", exc)
+        return 2
+
+
+def _serve(secret: bytes, workers: int, verbose: bool) -> int:
+    from accord.runtime.store_connection import StoreConnection
+
+    host, port = store_address()
+    conn = StoreConnection(host, port, secret, timeout=float(config.get("ACCORD_START_TIMEOUT")))
+    server = None
+    try:
+        server_id = conn.add(SERVER_COUNTER, 1) - 1
+        bind, advertise = _advertised(host)
+        server = ParameterServer(secret, workers, server_id, verbose,
+                                 bool(config.get("ACCORD_KVSTORE_PAYLOAD_MAC")))
+        endpoint = server.bind(bind, advertise)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: server.request_stop())
+        conn.set(SERVER_KEY.format(index=server_id), endpoint)
+        log.info("server %d registered at %s for %d workers (store %s:%d)", server_id, endpoint,
+                 workers, host, port)
+        try:
+            server.serve(conn.ping)  # the ping raises once the store (the job) is gone
+            conn.set(STOPPED_KEY.format(index=server_id), b"1")  # lets a scheduler exit
+        except RendezvousError:
+            log.info("server %d: the job's store at %s:%d is gone; stopping", server_id, host, port)
+        log.info("server %d stopped", server_id)
+        return 0
+    finally:
+        if server is not None:
+            server.close()
+        conn.close()
+
+
+def server_command() -> list[str]:
+    """The argv that runs one server with this Python."""
+    return [sys.executable, "-m", "accord.kvstore.server"]
+
+
+def server_environment(env: Mapping[str, str], num_servers: int) -> dict[str, str]:
+    """``env`` plus the server role and MXNet's names (DMLC_ROLE/NUM_SERVER/NUM_WORKER).
+
+    ``env`` must already hold the store address (ACCORD_STORE_ADDR/PORT), the secret and
+    ACCORD_NUM_WORKERS (or ACCORD_SIZE).
+    """
+    out = dict(env)
+    out.update({"ACCORD_ROLE": "server", "DMLC_ROLE": "server",
+                "ACCORD_NUM_SERVERS": str(num_servers), "DMLC_NUM_SERVER": str(num_servers)})
+    workers = out.get("ACCORD_NUM_WORKERS") or out.get("DMLC_NUM_WORKER") or out.get("ACCORD_SIZE")
+    if workers:
+        out.setdefault("ACCORD_NUM_WORKERS", workers)
+        out.setdefault("DMLC_NUM_WORKER", workers)
+    return out
+
+
+def start_servers(num_servers: int, env: Mapping[str, str], *, stdout: Any = None,
+                  stderr: Any = None, cwd: str | None = None) -> list[subprocess.Popen]:
+    """Start ``num_servers`` server processes (each in its own session) and return them.
+
+    Args:
+        env: the full environment for the servers (see :func:`server_environment`).
+        stdout, stderr: as for :class:`subprocess.Popen` (e.g. ``subprocess.PIPE``).
+    """
+    procs: list[subprocess.Popen] = []
+    full = server_environment(env, num_servers)
+    try:
+        for _ in range(num_servers):
+            procs.append(subprocess.Popen(server_command(), env=full, cwd=cwd, stdin=subprocess.DEVNULL,
+                                          stdout=stdout, stderr=stderr, start_new_session=True))
+    except OSError:
+        for p in procs:
+            p.kill()
+            p.wait()
+        raise
+    return procs
+
+
+if __name__ == "__main__":
+    sys.exit(main())
