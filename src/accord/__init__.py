@@ -9,7 +9,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "spawn"]
+__all__ = ["Model", "__version__", "spawn"]
 
 
 def __getattr__(name: str) -> Any:
@@ -19,4 +19,8 @@ def __getattr__(name: str) -> Any:
         from accord.run.spawn import spawn
 
         return spawn
+    if name == "Model":  # Paddle-style Model.fit; imports torch, so only when asked for
+        from accord.hapi.model import Model
+
+        return Model
     raise AttributeError(f"module 'accord' has no attribute {name!r}")

@@ -1,0 +1,89 @@
+"""Checkpoint files of ``Model.save`` / ``Model.load``.
+
+``<path>.pt`` holds the network's ``state_dict``; ``<path>.opt.pt`` the optimizer's (and the
+loss scaler's) state. Files are written to a temporary name and renamed, so a reader never sees
+half a file, and read back with ``torch.load(weights_only=True)``: a checkpoint cannot run code.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from torch import nn
+
+from accord.errors import with_hint
+from accord.hapi.world import World
+
+__all__ = ["load_checkpoint", "load_on_every_rank", "save_checkpoint"]
+
+
+def _atomic_save(obj: Any, path: str) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def save_checkpoint(path: str, network: nn.Module, optimizer: torch.optim.Optimizer | None = None,
+                    scaler: Any = None) -> None:
+    """Write ``path.pt`` and, when an optimizer is given, ``path.opt.pt``."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    _atomic_save(network.state_dict(), path + ".pt")
+    if optimizer is not None:
+        extra = {"optimizer": optimizer.state_dict()}
+        if scaler is not None:
+            extra["scaler"] = scaler.state_dict()
+        _atomic_save(extra, path + ".opt.pt")
+
+
+def load_checkpoint(path: str, network: nn.Module, device: torch.device,
+                    optimizer: torch.optim.Optimizer | None = None, scaler: Any = None,
+                    skip_mismatch: bool = False) -> None:
+    """Load ``path`` (or ``path.pt``) into ``network`` and, when given and saved, the optimizer.
+
+    Raises:
+        FileNotFoundError: ``path.pt`` does not exist.
+    """
+    base = path[:-3] if path.endswith(".pt") else path
+    if not os.path.exists(base + ".pt"):
+        raise FileNotFoundError(with_hint(f"no checkpoint at {base}.pt",
+                                          "pass the path given to model.save() (without .pt)"))
+    state = torch.load(base + ".pt", map_location=device, weights_only=True)
+    if skip_mismatch:
+        own = network.state_dict()
+        state = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
+    network.load_state_dict(state, strict=not skip_mismatch)
+    if optimizer is not None and os.path.exists(base + ".opt.pt"):
+        extra = torch.load(base + ".opt.pt", map_location=device, weights_only=True)
+        optimizer.load_state_dict(extra["optimizer"])
+        if scaler is not None and "scaler" in extra:
+            scaler.load_state_dict(extra["scaler"])
+
+
+def load_on_every_rank(world: World, path: str, network: nn.Module, device: torch.device,
+                       optimizer: torch.optim.Optimizer | None = None, scaler: Any = None,
+                       skip_mismatch: bool = False) -> None:
+    """Rank 0 loads (see :func:`load_checkpoint`) and broadcasts what it loaded to every rank.
+
+    The other ranks never open the files: they need not see them, nor can they read a stale
+    copy. Rank 0 tells everyone whether it succeeded before anything else, so a missing file
+    fails on every rank instead of leaving the others waiting.
+
+    Raises:
+        FileNotFoundError: on rank 0, the checkpoint is missing. RuntimeError: on the other
+            ranks, rank 0 could not load it.
+    """
+    error: BaseException | None = None
+    if world.rank == 0:
+        try:
+            load_checkpoint(path, network, device, optimizer, scaler, skip_mismatch)
+        except BaseException as exc:  # told to the other ranks first, then re-raised
+            error = exc
+    if world.distributed:
+        if world.agree(error is None, "accord.hapi.load"):
+            world.broadcast_state(network, optimizer, scaler=scaler)
+        elif error is None:
+            raise RuntimeError(with_hint(f"rank 0 could not load the checkpoint {path!r}",
+                                         "see rank 0's error; the files must exist where rank 0 runs"))
+    if error is not None:
+        raise error

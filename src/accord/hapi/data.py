@@ -1,0 +1,110 @@
+"""Turn what a user passes to ``fit``/``evaluate``/``predict`` into per-rank data loaders.
+
+- Training reads :class:`accord.data.DistributedSampler` shards (padded to equal length, so every
+  rank runs the same number of steps, which the gradient allreduce needs). With one process the
+  same sampler is used with one replica, so a 1-rank and an N-rank run see the same global
+  batches for the same seed and epoch.
+- Evaluation and prediction read contiguous, unpadded shards (:class:`ContiguousShard`): every
+  sample is counted exactly once, and gathering predictions in rank order restores dataset order.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterator, Sized
+
+import numpy as np
+import torch
+from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler, TensorDataset
+
+from accord.data.samplers import DistributedSampler
+from accord.errors import with_hint
+
+__all__ = ["ContiguousShard", "as_dataset", "eval_loader", "set_epoch", "train_loader"]
+
+
+def _is_array(value: Any) -> bool:
+    return isinstance(value, (np.ndarray, torch.Tensor))
+
+
+def _tensor(value: Any) -> torch.Tensor:
+    return value if isinstance(value, torch.Tensor) else torch.as_tensor(np.asarray(value))
+
+
+def as_dataset(data: Any, what: str) -> Dataset:
+    """A Dataset for ``data``: a Dataset (anything with ``__len__`` and ``__getitem__``), an
+    ``(X, y)`` pair of arrays, or a single array of inputs (for ``predict``).
+
+    Raises:
+        TypeError: ``data`` is none of these. ValueError: ``X`` and ``y`` differ in length.
+    """
+    if _is_array(data):
+        return TensorDataset(_tensor(data))
+    if isinstance(data, (tuple, list)) and 1 <= len(data) <= 8 and all(_is_array(a) for a in data):
+        tensors = [_tensor(a) for a in data]
+        lengths = [t.shape[0] if t.dim() else None for t in tensors]
+        if None in lengths or len(set(lengths)) != 1:
+            raise ValueError(with_hint(
+                f"{what}: the arrays have lengths {lengths}; each must have one row per sample",
+                "pass (X, y) with X.shape[0] == y.shape[0]"))
+        return TensorDataset(*tensors)
+    if isinstance(data, Dataset) or (hasattr(data, "__len__") and hasattr(data, "__getitem__")):
+        return data
+    raise TypeError(with_hint(
+        f"{what} must be a torch Dataset, an (X, y) pair of arrays or a DataLoader; got {type(data).__name__}",
+        "wrap your data in torch.utils.data.TensorDataset or pass numpy arrays as (X, y)"))
+
+
+class ContiguousShard(Sampler[int]):
+    """Indices ``[rank * n // size, (rank + 1) * n // size)``: disjoint, covering, unpadded."""
+
+    def __init__(self, dataset: Sized, num_replicas: int, rank: int) -> None:
+        n = len(dataset)
+        self.begin = rank * n // num_replicas
+        self.end = (rank + 1) * n // num_replicas
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.begin, self.end))
+
+    def __len__(self) -> int:
+        return self.end - self.begin
+
+
+def _loader(dataset: Dataset, sampler: Sampler[int], batch_size: int, drop_last: bool,
+            num_workers: int) -> DataLoader:
+    if batch_size < 1:
+        raise ValueError(with_hint(f"batch_size must be >= 1, got {batch_size}", "pass the batch size per rank"))
+    if isinstance(dataset, TensorDataset) and num_workers == 0:
+        # In-memory tensors: index a whole batch at once instead of collating one row at a time.
+        batches = BatchSampler(sampler, batch_size, drop_last)
+        return DataLoader(dataset, sampler=batches, batch_size=None)
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=drop_last,
+                      num_workers=num_workers)
+
+
+def train_loader(data: Any, batch_size: int, size: int, rank: int, shuffle: bool, seed: int,
+                 drop_last: bool = False, num_workers: int = 0) -> DataLoader:
+    """This rank's training loader (a DataLoader given by the user is returned unchanged)."""
+    if isinstance(data, DataLoader):
+        return data
+    dataset = as_dataset(data, "train_data")
+    sampler = DistributedSampler(dataset, num_replicas=size, rank=rank, shuffle=shuffle, seed=seed)
+    return _loader(dataset, sampler, batch_size, drop_last, num_workers)
+
+
+def eval_loader(data: Any, batch_size: int, size: int, rank: int, what: str,
+                num_workers: int = 0) -> DataLoader:
+    """This rank's unpadded evaluation/prediction loader (a user's DataLoader is used as is)."""
+    if isinstance(data, DataLoader):
+        return data
+    dataset = as_dataset(data, what)
+    return _loader(dataset, ContiguousShard(dataset, size, rank), batch_size, False, num_workers)
+
+
+def set_epoch(loader: DataLoader, epoch: int) -> None:
+    """Re-seed the loader's shuffle for ``epoch`` when its sampler supports it."""
+    sampler = loader.sampler
+    candidates = (sampler, getattr(sampler, "sampler", None),
+                  getattr(getattr(loader, "batch_sampler", None), "sampler", None))
+    for candidate in candidates:
+        if hasattr(candidate, "set_epoch"):
+            candidate.set_epoch(epoch)
+            return

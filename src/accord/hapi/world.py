@@ -1,0 +1,141 @@
+"""Where a ``Model`` runs: one process, or one rank of an accord job, and the few collectives
+it needs (sum a vector, gather rows, broadcast rank 0's state, agree on rank 0's flag).
+
+The same script runs unchanged alone or under a launcher: when the script already called
+``accord.torch.init()`` the job is used as is; when accordrun, accord.spawn, torchrun or mpirun
+started more than one process, :func:`resolve_world` initialises accord itself (Horovod-style:
+left running until the script exits); otherwise there is nothing to communicate.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from accord import config
+from accord.errors import with_hint
+from accord.runtime import environments
+
+__all__ = ["World", "resolve_world"]
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place in the job.
+
+    Attributes:
+        size, rank, local_rank: as in Horovod.
+        initialised_here: True when :func:`resolve_world` called ``accord.torch.init()``.
+    """
+
+    size: int = 1
+    rank: int = 0
+    local_rank: int = 0
+    initialised_here: bool = False
+
+    @property
+    def distributed(self) -> bool:
+        """True when there are other ranks to talk to."""
+        return self.size > 1
+
+    def default_device(self) -> torch.device:
+        """``cuda:<local_rank>`` when a GPU is visible, else the CPU."""
+        if torch.cuda.is_available():
+            return torch.device("cuda", self.local_rank % torch.cuda.device_count())
+        return torch.device("cpu")
+
+    # --- collectives (every rank must call them in the same order) -----------------------------
+
+    def allreduce_sum(self, vector: torch.Tensor, name: str) -> torch.Tensor:
+        """Elementwise sum over ranks of a CPU vector (a copy when alone)."""
+        if not self.distributed:
+            return vector.clone()
+        import accord.torch as hvd
+
+        return hvd.allreduce(vector, name=name, op=hvd.Sum)
+
+    def allgather_rows(self, outputs: list[torch.Tensor] | None, name: str) -> list[torch.Tensor] | None:
+        """For each output, every rank's rows concatenated in rank order.
+
+        A rank that saw no data passes None (it cannot know how many outputs there are, nor
+        their shapes). Returns None only when every rank passed None.
+
+        Raises:
+            ValueError: ranks disagree on the number, trailing shapes or dtypes of the outputs.
+        """
+        if not self.distributed:
+            return outputs
+        import accord.torch as hvd
+
+        meta = None if outputs is None else [
+            (tuple(t.shape[1:]), str(t.dtype).replace("torch.", "")) for t in outputs]
+        metas = hvd.allgather_object(meta, name=f"{name}.meta")
+        known = [m for m in metas if m is not None]
+        if not known:
+            return None
+        if any(m != known[0] for m in known):
+            seen = ", ".join(f"rank {r}: {m}" for r, m in enumerate(metas) if m is not None)
+            raise ValueError(with_hint(f"outputs differ in number, trailing shape or dtype between ranks ({seen})",
+                                       "make the network return the same shapes and dtypes for every batch"))
+        if outputs is None:
+            outputs = [torch.empty((0, *shape), dtype=getattr(torch, dtype)) for shape, dtype in known[0]]
+        return [hvd.allgather(t.detach().cpu().contiguous(), name=f"{name}.{i}")
+                for i, t in enumerate(outputs)]
+
+    def agree(self, flag: bool, name: str) -> bool:
+        """Rank 0's ``flag``, on every rank."""
+        if not self.distributed:
+            return flag
+        import accord.torch as hvd
+
+        value = torch.tensor([1 if flag else 0], dtype=torch.int32)
+        hvd.broadcast_(value, root_rank=0, name=name)
+        return bool(value.item())
+
+    def broadcast_state(self, network: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+                        scaler: Any = None) -> None:
+        """Give every rank rank 0's parameters and buffers, and its optimizer (and loss scaler)
+        state when it has one.
+
+        A fresh optimizer (no state yet) is identical everywhere already; broadcasting it would
+        create state with a zero step (Horovod's way), which shifts Adam's bias correction.
+        """
+        if not self.distributed:
+            return
+        import accord.torch as hvd
+
+        hvd.broadcast_parameters(network.state_dict(), root_rank=0)
+        if optimizer is not None and self.agree(bool(optimizer.state_dict()["state"]),
+                                                "accord.hapi.optimizer_has_state"):
+            hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+        if scaler is not None:  # a few floats: the object broadcast is simplest
+            scaler.load_state_dict(hvd.broadcast_object(scaler.state_dict(), root_rank=0,
+                                                        name="accord.hapi.scaler"))
+
+
+def _environment_size() -> int:
+    """How many processes the launcher (accordrun, spawn, torchrun, mpirun, SLURM) started.
+
+    Raises:
+        ConfigError: the launcher's variables are malformed or contradict each other.
+    """
+    return environments.detect(config.snapshot()).size
+
+
+def resolve_world() -> World:
+    """Find (or start) the job this process belongs to.
+
+    Raises:
+        RendezvousError: the launcher says there are other ranks, but they could not be reached.
+    """
+    import accord.torch as hvd
+
+    initialised_here = False
+    if not hvd.is_initialized():
+        if _environment_size() <= 1:
+            return World()
+        hvd.init()
+        initialised_here = True
+    return World(size=hvd.size(), rank=hvd.rank(), local_rank=hvd.local_rank(),
+                 initialised_here=initialised_here)
