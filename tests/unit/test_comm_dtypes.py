@@ -136,3 +136,14 @@ def test_normalize_ranks():
     for bad in ([], [0, 0], [3], [-1]):
         with pytest.raises(ValueError, match="HINT"):
             normalize_ranks(bad, 3)
+
+
+def test_empty_tensor_with_zero_stride_becomes_empty_bytes():
+    import numpy as np
+    import torch
+
+    from accord.comm.base_communicator import _as_bytes
+
+    empty = torch.from_numpy(np.zeros(0, np.float32))
+    assert _as_bytes(empty).dtype == torch.uint8 and _as_bytes(empty).numel() == 0
+    assert _as_bytes(torch.arange(3, dtype=torch.int16)).numel() == 6

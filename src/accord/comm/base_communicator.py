@@ -32,6 +32,9 @@ def split_rows(rows: int, size: int) -> list[int]:
 
 def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
     """A flat uint8 view of a contiguous tensor (data movement is dtype-agnostic)."""
+    if tensor.numel() == 0:
+        # Empty numpy-born tensors can have stride 0, which view() rejects; nothing to move anyway.
+        return torch.empty(0, dtype=torch.uint8, device=tensor.device)
     return tensor.reshape(-1).view(torch.uint8)
 
 
