@@ -1,6 +1,9 @@
 """The engine against raw Gloo, side by side in one 2-rank run.
 
-    python benchmarks/engine_allreduce.py [--iters 15] [--warmup 3]
+    python benchmarks/engine_allreduce.py [--iters 15] [--warmup 3] [--backend gloo|shm]
+
+``--backend`` picks the engine's CPU backend (ACCORD_CPU_BACKEND); the raw baseline is always
+``torch.distributed`` Gloo. Results go to engine_allreduce.json (gloo) or engine_allreduce_shm.json.
 
 Two workloads, each timed per iteration between barriers, raw and engine interleaved (the order
 alternates every iteration) so machine noise hits both alike; medians after warm-up:
@@ -96,7 +99,8 @@ def _worker(iters: int, warmup: int) -> dict:
         "engine_stats_rank0": stats,
         "environment": {
             "torch": torch.__version__, "python": platform.python_version(), "world_size": 2,
-            "backend": "gloo (tcp loopback)", "cpus": os.cpu_count(), "threads_per_rank": 1,
+            "engine_backend": os.environ.get("ACCORD_CPU_BACKEND", "gloo"),
+            "raw_backend": "torch.distributed gloo (tcp loopback)", "cpus": os.cpu_count(), "threads_per_rank": 1,
             "iterations": iters, "warmup": warmup,
         },
     }
@@ -106,14 +110,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--iters", type=int, default=15)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--backend", default="gloo", help="engine CPU backend: gloo or shm")
     args = parser.parse_args(argv)
+    os.environ["ACCORD_CPU_BACKEND"] = args.backend  # inherited by the spawned ranks
+    results_path = RESULTS if args.backend == "gloo" else RESULTS.replace(".json", f"_{args.backend}.json")
     from accord.run.spawn import spawn
 
     result = spawn(_worker, args=(args.iters, args.warmup), nprocs=2)[0]
     result["command"] = "python benchmarks/engine_allreduce.py " + " ".join(argv if argv is not None else sys.argv[1:])
     result["date"] = time.strftime("%Y-%m-%d %H:%M:%S")
     os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
-    with open(RESULTS, "w") as fh:
+    with open(results_path, "w") as fh:
         json.dump(result, fh, indent=2)
     width = max(len(k) for k in result["timings"])
     print(f"{'case':<{width}}  median ms   mean ± 1.96σ/√n")
@@ -121,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<{width}}  {t['median_ms']:9.2f}   {t['mean_ms']:.2f} ± {t['ci95_ms']:.2f}")
     for name, value in result["ratios"].items():
         print(f"{name}: {value}")
-    print(f"wrote {RESULTS}")
+    print(f"wrote {results_path}")
     return 0
 
 

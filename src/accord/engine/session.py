@@ -11,6 +11,8 @@ Process sets, as in Horovod, are collective: every rank calls :func:`add_process
 """
 from __future__ import annotations
 
+import atexit
+import gc
 import itertools
 import threading
 from dataclasses import dataclass, field
@@ -86,6 +88,11 @@ def init(process_sets: Sequence[Sequence[int]] | None = None,
             runtime.close()
             raise
         _session = session
+        # atexit runs last-registered first: registering after bootstrap() makes the engine
+        # stop before the runtime destroys its process groups. The other order aborts the
+        # process ("terminate called without an active exception") when a script exits
+        # without calling shutdown(), as Horovod scripts often do.
+        atexit.register(shutdown)
         return ids
 
 
@@ -111,10 +118,17 @@ def shutdown() -> None:
     with _lock:
         session, _session = _session, None
     if session is not None:
+        atexit.unregister(shutdown)
         try:
             session.engine.shutdown()
         finally:
+            # Release the communicators' process groups now, while the interpreter is whole:
+            # left to interpreter teardown, their C++ threads can abort the process at exit.
+            session.registry.clear()
+            session.backends.clear()
             session.runtime.close()
+            del session
+            gc.collect()
 
 
 def is_initialized() -> bool:

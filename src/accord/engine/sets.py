@@ -31,6 +31,12 @@ class ProcessSetRegistry:
             del self._members[set_id]
             del self._comms[set_id]
 
+    def clear(self) -> None:
+        """Forget every set and drop the communicators (at shutdown)."""
+        with self._lock:
+            self._members.clear()
+            self._comms.clear()
+
     def ids(self) -> list[int]:
         """Registered set ids, ascending."""
         with self._lock:
