@@ -30,13 +30,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import os
-import stat
 import struct
 from typing import Any, Sequence
 
 from accord import config
 from accord.errors import AuthenticationError, ConfigError, RendezvousError, with_hint
+from accord.runtime.secret import read_secret_file, secret_from_hex
 
 __all__ = ["ProtocolError", "REFUSED", "TO_SERVER", "TO_WORKER", "digest", "load_secret",
            "open_message", "seal"]
@@ -133,7 +132,6 @@ def load_secret() -> bytes:
             group or others.
     """
     text = config.get("ACCORD_JOB_SECRET")
-    where = "ACCORD_JOB_SECRET"
     if not text:
         path = config.get("ACCORD_SECRET_FILE")
         if not path:
@@ -142,24 +140,5 @@ def load_secret() -> bytes:
                 "ACCORD_JOB_SECRET nor ACCORD_SECRET_FILE is set",
                 "start the job with accordrun (it sets the secret), or export ACCORD_JOB_SECRET="
                 "$(python -c 'import secrets; print(secrets.token_hex(32))') for every process"))
-        try:
-            mode = os.stat(path).st_mode
-            with open(path, encoding="ascii", errors="replace") as fh:
-                text = fh.read().strip()
-        except OSError as exc:
-            raise ConfigError(with_hint(f"ACCORD_SECRET_FILE={path!r} cannot be read: {exc}",
-                                        "point ACCORD_SECRET_FILE at the job's secret file")) from None
-        if mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise ConfigError(with_hint(
-                f"ACCORD_SECRET_FILE={path!r} has mode {stat.S_IMODE(mode):04o}: group or others "
-                "may access the job secret", f"run `chmod 600 {path}`"))
-        where = f"the secret file {path!r}"
-    try:
-        secret = bytes.fromhex(text.strip())
-    except ValueError:
-        secret = b""
-    if len(secret) < 16:
-        raise ConfigError(with_hint(
-            f"{where} does not hold a hex secret of at least 16 bytes",
-            "generate one with `python -c \"import secrets; print(secrets.token_hex(32))\"`"))
-    return secret
+        return read_secret_file(path)
+    return secret_from_hex(text, "ACCORD_JOB_SECRET")

@@ -29,17 +29,16 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 import socket
-import stat
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 from accord import config
-from accord.errors import ConfigError, RendezvousError, with_hint
+from accord.errors import RendezvousError, with_hint
 from accord.runtime import environments as envs
+from accord.runtime.secret import read_secret_file, secret_from_hex
 from accord.runtime.rendezvous import Rendezvous, reach_store
 from accord.runtime.topology import Topology, topology_from_hostnames
 
@@ -157,34 +156,10 @@ def load_secret(env: envs.JobEnvironment) -> bytes | None:
             or writable by group or others.
     """
     if env.secret_hex:
-        return _from_hex(env.secret_hex, "ACCORD_JOB_SECRET")
+        return secret_from_hex(env.secret_hex, "ACCORD_JOB_SECRET")
     if not env.secret_file:
         return None
-    path = env.secret_file
-    try:
-        info = os.stat(path)
-    except OSError as exc:
-        raise ConfigError(with_hint(f"ACCORD_SECRET_FILE={path!r} cannot be read: {exc}",
-                                    "point ACCORD_SECRET_FILE at the job's secret file")) from None
-    if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise ConfigError(with_hint(
-            f"ACCORD_SECRET_FILE={path!r} has mode {stat.S_IMODE(info.st_mode):04o}: group or "
-            "others may access the job secret",
-            f"run `chmod 600 {path}` so that only its owner can read it"))
-    with open(path, encoding="ascii", errors="replace") as fh:
-        return _from_hex(fh.read().strip(), f"the secret file {path!r}")
-
-
-def _from_hex(text: str, where: str) -> bytes:
-    try:
-        secret = bytes.fromhex(text.strip())
-    except ValueError:
-        secret = b""
-    if len(secret) < 16:
-        raise ConfigError(with_hint(
-            f"{where} does not hold a hex secret of at least 16 bytes (got {len(text)} characters)",
-            "generate one with `python -c \"import secrets; print(secrets.token_hex(32))\"`"))
-    return secret
+    return read_secret_file(env.secret_file)
 
 
 def _exchange_hostnames(store: dist.Store, env: envs.JobEnvironment, hostname: str,
