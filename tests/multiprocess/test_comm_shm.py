@@ -66,6 +66,43 @@ def _large_checks(comm, rank, size, tag):
     return failures
 
 
+def _many_checks(comm, rank, size, tag):
+    """allreduce_many: tensors of awkward sizes (empty ones too) straddling chunk boundaries,
+    in place and into separate outputs, against numpy."""
+    import torch
+
+    from accord.comm import ReduceOp
+
+    failures = []
+    sizes = [0, 1, 17, 300_001, 0, 5, 262_144, 3]
+    ins = [[np.random.default_rng(1000 * r + i).integers(-50, 50, size=n).astype(np.float32)
+            for i, n in enumerate(sizes)] for r in range(size)]
+    for op, fn in ((ReduceOp.SUM, np.add), (ReduceOp.MAX, np.maximum)):
+        mine = [torch.from_numpy(a.copy()) for a in ins[rank]]
+        separate = [torch.full_like(t, -7.0) for t in mine]
+        comm.allreduce_many(mine, separate, op)
+        comm.allreduce_many(mine, mine, op)
+        for i in range(len(sizes)):
+            want = ins[0][i]
+            for r in range(1, size):
+                want = fn(want, ins[r][i])
+            for what, got in (("in place", mine[i]), ("separate", separate[i])):
+                if not np.array_equal(got.numpy(), want):
+                    failures.append(f"[{tag} rank {rank}] allreduce_many {op.name} {what} tensor {i} "
+                                    f"({sizes[i]} elements): got {got.numpy()[:4]}, want {want[:4]}")
+        if not np.array_equal(separate[1].numpy(), mine[1].numpy()):
+            failures.append(f"[{tag} rank {rank}] separate outputs differ from in-place results")
+    if not comm.supports_allreduce_many(torch.float32, ReduceOp.SUM) or comm.supports_allreduce_many(
+            torch.float32, ReduceOp.AVERAGE):
+        failures.append(f"[{tag}] supports_allreduce_many: want float32 SUM yes, AVERAGE no (emulated)")
+    try:
+        comm.allreduce_many([torch.zeros(3)], [torch.zeros(4)], ReduceOp.SUM)
+        failures.append(f"[{tag}] allreduce_many accepted outputs of the wrong size")
+    except ValueError:
+        pass
+    return failures
+
+
 def _suite(rank, size):
     from accord.comm import get_backend
     from accord.comm.shm import ShmBackend
@@ -82,7 +119,11 @@ def _suite(rank, size):
         comm = ShmBackend(**kwargs).create(range(size))
         paths.append(comm.segment_path)
         failures += _large_checks(comm, rank, size, tag)
+        failures += _many_checks(comm, rank, size, tag)
         comm.close()
+    comm = ShmBackend(chunk_bytes=4096, direct_max_ranks=1, split_min_bytes=0).create(range(size))
+    failures += _many_checks(comm, rank, size, "4 KB split")
+    comm.close()
     return count, failures, paths, os.getpid()
 
 
@@ -230,15 +271,23 @@ def _through_the_engine(rank, size):
         assert got.tolist() == [float(v * 3) for v in range(6)]
         assert hvd.allgather(torch.full((rank + 1, 2), rank)).tolist() == [[0, 0], [1, 1], [1, 1]]
         assert hvd.broadcast(torch.full((2,), float(rank)), root_rank=1).tolist() == [1.0, 1.0]
+        assert session.backend_name("cpu") == "shm" and hvd.gloo_enabled() and not hvd.mpi_enabled()
+        # A batch of gradients goes through allreduce_many: no fusion buffer, exact averages.
+        grads = [torch.arange(n, dtype=torch.float32) * (rank + 1) for n in (5, 70_000, 1, 33)]
+        handles = [hvd.allreduce_async_(g, name=f"g{i}", op=hvd.Average) for i, g in enumerate(grads)]
+        outs = [hvd.synchronize(h) for h in handles]
+        for g, out, n in zip(grads, outs, (5, 70_000, 1, 33)):
+            assert out is g and torch.equal(g, torch.arange(n, dtype=torch.float32) * 1.5)
+        assert session.engine().stats()["fusion_allocations"] == 0
     finally:
         hvd.shutdown()
     return True
 
 
 @pytest.mark.timeout(60)
-def test_selected_by_accord_cpu_backend():
-    assert run_ranks(_through_the_engine, 2, init="accord", timeout=50,
-                     env={"ACCORD_CPU_BACKEND": "shm"}) == [True, True]
+@pytest.mark.parametrize("env", [{}, {"ACCORD_CPU_BACKEND": "shm"}], ids=["auto", "explicit"])
+def test_selected_by_default_on_one_host_and_by_accord_cpu_backend(env):
+    assert run_ranks(_through_the_engine, 2, init="accord", timeout=50, env=env) == [True, True]
 
 
 @pytest.mark.timeout(30)

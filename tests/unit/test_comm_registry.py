@@ -42,14 +42,21 @@ def test_register_custom_backend():
 def test_backend_name_defaults(monkeypatch):
     for name in ("ACCORD_CPU_BACKEND", "ACCORD_GPU_BACKEND"):
         monkeypatch.delenv(name, raising=False)
-    assert comm.backend_name_for("cpu") == "gloo"
+    assert comm.backend_name_for("cpu") == "gloo"  # auto, ranks on several hosts
+    assert comm.backend_name_for("cpu", single_host=True) == "shm"  # auto, one host (Linux)
     assert comm.backend_name_for("cuda") == "nccl"
+    assert comm.backend_name_for("cuda", single_host=True) == "nccl"
+
+
+def test_backend_name_explicit_gloo_stays_on_one_host(monkeypatch):
+    monkeypatch.setenv("ACCORD_CPU_BACKEND", "gloo")
+    assert comm.backend_name_for("cpu", single_host=True) == "gloo"
 
 
 def test_backend_name_honours_config(monkeypatch):
     monkeypatch.setenv("ACCORD_CPU_BACKEND", "mpi")
     monkeypatch.setenv("ACCORD_GPU_BACKEND", "my-vendor")
-    assert comm.backend_name_for("cpu") == "mpi"
+    assert comm.backend_name_for("cpu", single_host=True) == "mpi"
     assert comm.backend_name_for("cuda") == "my-vendor"
 
 

@@ -54,12 +54,32 @@ def test_counts_vector_and_ready_detection():
     v0 = neg.build_vector([a, s], len(cache), want_full=False, shutdown=False, joined=False)
     v1 = neg.build_vector([a], len(cache), want_full=True, shutdown=True, joined=False)
     v2 = neg.build_vector([s], len(cache), want_full=False, shutdown=False, joined=False)
-    assert v0 == [0, 0, 0, 1, 1] and v1 == [1, 1, 0, 1, 0]
+    assert v0 == [0, 0, 0, 0, 1, 1] and v1 == [1, 1, 0, 0, 1, 0]
     sums = [x + y + z for x, y, z in zip(v0, v1, v2)]
     # 'a' has 2 of 3 ranks; 's' has both members of its set {0, 2}
     assert neg.ready_from_counts(sums, cache) == [s]
     sums[neg.HEADER + a] = 3
     assert neg.ready_from_counts(sums, cache) == [a, s]
+
+
+def test_peers_wait_on_me_reads_counts_and_uncached_slot():
+    cache = ResponseCache()
+    decide(exch([{"a": (sig(), 0), "b": (sig(), 0)}, {"a": (sig(), 0), "b": (sig(), 0)}]), cache, tick=1)
+    a, b = cache.id_of("a", sig()), cache.id_of("b", sig())
+    mine = neg.build_vector([a], len(cache), want_full=False, shutdown=False, joined=False)
+    # The peer has nothing pending: nobody waits on this rank, it may block in the next cycle.
+    peer = neg.build_vector([], len(cache), want_full=False, shutdown=False, joined=False)
+    assert not neg.peers_wait_on_me([x + y for x, y in zip(mine, peer)], mine, False)
+    # The peer has a and b: it waits on this rank's b.
+    peer = neg.build_vector([a, b], len(cache), want_full=False, shutdown=False, joined=False)
+    assert neg.peers_wait_on_me([x + y for x, y in zip(mine, peer)], mine, False)
+    # The peer waits on a request with no cache entry (not in the vector): assume it needs us.
+    peer = neg.build_vector([], len(cache), want_full=False, shutdown=False, joined=False, uncached=True)
+    assert neg.peers_wait_on_me([x + y for x, y in zip(mine, peer)], mine, False)
+    # ... but this rank's own uncached request does not count as a peer's.
+    mine_u = neg.build_vector([a], len(cache), want_full=False, shutdown=False, joined=False, uncached=True)
+    peer = neg.build_vector([a], len(cache), want_full=False, shutdown=False, joined=False)
+    assert not neg.peers_wait_on_me([x + y for x, y in zip(mine_u, peer)], mine_u, True)
 
 
 def test_shape_mismatch_message_lists_every_rank():

@@ -146,7 +146,8 @@ def resolve_backends(text: str, device: str, where: Placement) -> tuple[str, ...
     if device == "cuda":
         default = [config.get("ACCORD_GPU_BACKEND")]
     else:
-        default = [config.get("ACCORD_CPU_BACKEND")]
+        configured = config.get("ACCORD_CPU_BACKEND")
+        default = ["gloo"] if configured == "auto" else [configured]  # shm is added below
         if where.is_mpi and _mpi_available():
             default.append("mpi")
         if "shm" in known:

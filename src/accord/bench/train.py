@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from accord import config
+from accord.engine import session
 from accord.bench import results
 from accord.bench.environment import describe
 from accord.bench.memory import MemoryMeter
@@ -166,7 +166,7 @@ def run(opts: TrainOptions) -> dict[str, Any] | None:
                 _wait_for_single(rank, repeat)
                 for label, kind in (plan if repeat % 2 == 0 else plan[::-1]):
                     parts[label].append(_run(label + tag, kind, opts, rank, size, device, rank == 0, barrier))
-        backend = config.get("ACCORD_GPU_BACKEND" if device.type == "cuda" else "ACCORD_CPU_BACKEND")
+        backend = session.backend_name(device.type)
         environment = describe(world_size=size, threads=opts.threads, backend=backend, device=device.type)
     finally:
         hvd.shutdown()

@@ -62,6 +62,22 @@ class Communicator(Protocol):
         """Return once every rank has entered."""
 
 
+@runtime_checkable
+class ScatteredAllreduce(Protocol):
+    """Optional capability: allreduce many tensors as one, with no fusion buffer in between.
+
+    A communicator that can read its inputs and write its outputs piecewise (shm) offers this so
+    the engine can skip packing a batch into one buffer and copying it back out.
+    """
+
+    def supports_allreduce_many(self, dtype, op: ReduceOp) -> bool:
+        """Whether :meth:`allreduce_many` handles ``dtype`` with ``op``."""
+
+    def allreduce_many(self, inputs, outputs, op: ReduceOp) -> None:
+        """Reduce the concatenation of ``inputs`` (contiguous, one dtype) into ``outputs``
+        (same sizes; may be the inputs themselves), as one collective."""
+
+
 class Backend(Protocol):
     """A communication library. ``create`` is collective over every rank of the job."""
 

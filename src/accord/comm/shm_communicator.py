@@ -51,6 +51,26 @@ def _chunks(nbytes: int, chunk: int) -> int:
     return max(1, -(-nbytes // chunk))  # every op has at least one phase (its descriptor check)
 
 
+Piece = tuple[int, int, int, int]  # (tensor index, first element, end element, offset in the chunk)
+
+
+def _pieces(sizes: Sequence[int], per: int) -> tuple[list[list[Piece]], int]:
+    """Split the concatenation of tensors of ``sizes`` elements into chunks of ``per`` elements;
+    for each chunk, the tensor pieces it holds. Returns (pieces per chunk, total elements)."""
+    total = sum(sizes)
+    chunks: list[list[Piece]] = [[] for _ in range(max(1, -(-total // per)))]
+    start = 0
+    for i, n in enumerate(sizes):
+        pos = 0
+        while pos < n:  # empty tensors hold no piece
+            c, at = divmod(start + pos, per)
+            take = min(n - pos, per - at)
+            chunks[c].append((i, pos, pos + take, at))
+            pos += take
+        start += n
+    return chunks, total
+
+
 class ShmCommunicator(BaseCommunicator):
     """A communicator over one shared-memory segment (made by ``ShmBackend.create``)."""
 
@@ -182,24 +202,61 @@ class ShmCommunicator(BaseCommunicator):
             fn(out, bank[j][lo:hi], out=out)
 
     # ---- reductions ----
-    def _reduce_into(self, tensor: torch.Tensor, op: ReduceOp, root: int | None) -> None:
-        flat = tensor.view(-1)
-        numel, itemsize = flat.numel(), flat.element_size()
+    def supports_allreduce_many(self, dtype: torch.dtype, op: ReduceOp) -> bool:
+        """Whether :meth:`allreduce_many` reduces ``dtype`` with ``op`` natively."""
+        return self._native(dtype, op)
+
+    def allreduce_many(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
+                       op: ReduceOp) -> None:
+        """Allreduce the concatenation of ``inputs`` into ``outputs`` as one op.
+
+        Chunks are filled straight from the inputs and reduced straight into the outputs, so a
+        batch of gradients needs no fusion buffer. Every rank must pass the same total size.
+
+        Raises:
+            ValueError: empty lists, different lengths, sizes or dtypes, non-contiguous tensors, or
+                a (dtype, op) pair that :meth:`supports_allreduce_many` refuses.
+        """
+        if not inputs or len(inputs) != len(outputs):
+            raise ValueError(f"allreduce_many needs equally many inputs and outputs, got "
+                             f"{len(inputs)} and {len(outputs)}")
+        dtype = inputs[0].dtype
+        for t, o in zip(inputs, outputs):
+            if t.dtype != dtype or o.dtype != dtype or t.numel() != o.numel():
+                raise ValueError(f"allreduce_many: every input and output must be {dtype} with matching "
+                                 f"sizes; got {t.dtype}[{t.numel()}] -> {o.dtype}[{o.numel()}]")
+            if not (t.is_contiguous() and o.is_contiguous()):
+                raise ValueError("allreduce_many needs contiguous inputs and outputs")
+        if not self._native(dtype, op):
+            raise ValueError(f"allreduce_many: the shm backend does not reduce {dtype} with {op.name} natively")
+        try:
+            with torch.no_grad():
+                self._reduce_into(inputs, outputs, op, None)
+        except (BackendError, MismatchError, ValueError):
+            raise
+        except RuntimeError as exc:
+            raise self._failure("allreduce", exc) from exc
+
+    def _reduce_into(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor], op: ReduceOp,
+                     root: int | None) -> None:
+        ins = [t.view(-1) for t in inputs]
+        outs = [t.view(-1) for t in outputs]
+        itemsize = ins[0].element_size()
         per = self._layout.chunk // itemsize
-        areas = self._areas(flat.dtype)
+        pieces, numel = _pieces([t.numel() for t in ins], per)
+        areas = self._areas(ins[0].dtype)
         me, size = self.rank, self.size
         receives = root is None or me == root
 
         def copy_in(c: int, b: int) -> None:
-            lo = c * per
-            hi = min(numel, lo + per)
-            areas[b][me][:hi - lo].copy_(flat[lo:hi])
+            slot = areas[b][me]
+            for i, lo, hi, at in pieces[c]:
+                slot[at:at + hi - lo].copy_(ins[i][lo:hi])
 
         def reduce_out(c: int, b: int) -> None:
-            lo = c * per
-            hi = min(numel, lo + per)
-            if receives and hi > lo:
-                self._combine(flat[lo:hi], areas[b], 0, hi - lo, op)
+            if receives:
+                for i, lo, hi, at in pieces[c]:
+                    self._combine(outs[i][lo:hi], areas[b], at, at + hi - lo, op)
 
         def reduce_part(c: int, b: int) -> None:
             lo = c * per
@@ -209,22 +266,22 @@ class ShmCommunicator(BaseCommunicator):
                 self._combine(areas[b][size][a:a + parts[me]], areas[b], a, a + parts[me], op)
 
         def copy_out(c: int, b: int) -> None:
-            lo = c * per
-            hi = min(numel, lo + per)
             if receives:
-                flat[lo:hi].copy_(areas[b][size][:hi - lo])
+                result = areas[b][size]
+                for i, lo, hi, at in pieces[c]:
+                    outs[i][lo:hi].copy_(result[at:at + hi - lo])
 
         direct = self._direct or numel * itemsize < self._split_min_bytes
         stages = [copy_in, reduce_out] if direct else [copy_in, reduce_part, copy_out]
         kind = "allreduce" if root is None else "reduce"
-        self._run(kind, _op_code(flat.dtype, op), numel * itemsize, -1 if root is None else root,
+        self._run(kind, _op_code(ins[0].dtype, op), numel * itemsize, -1 if root is None else root,
                   _chunks(numel * itemsize, per * itemsize), stages)
 
     def _allreduce_native(self, tensor: torch.Tensor, op: ReduceOp) -> None:
-        self._reduce_into(tensor, op, None)
+        self._reduce_into([tensor], [tensor], op, None)
 
     def _reduce_native(self, tensor: torch.Tensor, op: ReduceOp, root: int) -> None:
-        self._reduce_into(tensor, op, root)
+        self._reduce_into([tensor], [tensor], op, root)
 
     def _reduce_scatter_native(self, tensor: torch.Tensor, op: ReduceOp, rows: list[int]) -> torch.Tensor:
         out = torch.empty((rows[self.rank], *tensor.shape[1:]), dtype=tensor.dtype)

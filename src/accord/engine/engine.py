@@ -271,29 +271,46 @@ class Engine:
 
     def _loop(self) -> BaseException | None:
         s = self.settings
-        delay = s.cycle_time
+        delay, needed = s.cycle_time, True
         while True:
             # A joined rank cycles without pausing: its peers' collectives need it, and each
-            # cycle blocks in the negotiation until they come, so this does not spin.
-            pause = 0.0 if self.joined else delay if self._pending else s.tick
+            # cycle blocks in the negotiation until they come, so this does not spin. So does a
+            # rank whose requests wait on peers that wait on nothing of its own: the peers enter
+            # the next negotiation as soon as they submit, and should find this rank there.
+            if self.joined or (self._pending and not needed):
+                pause = 0.0
+            else:
+                pause = delay if self._pending else s.tick
             stop_local, arrived = self._gather(pause)
-            executed, stop = self._cycle(stop_local)
+            executed, stop, needed = self._cycle(stop_local)
             if stop is not None:
                 return stop if isinstance(stop, BaseException) else None
-            # Requests waiting on peers without progress: back off (bounded) instead of spinning.
+            # Peers wait on requests this rank has not submitted: sleep until its caller submits
+            # (an arrival wakes the engine at once), backing off so a rank whose peers wait on
+            # it for long costs little CPU.
             delay = 0.0 if executed or arrived else min(max(2 * delay, s.cycle_time, 1e-3), s.max_backoff)
 
     def _gather(self, pause: float) -> tuple[bool, bool]:
-        """Sleep until work, a stop request or ``pause``; then move arrivals into pending."""
+        """Sleep until work, a stop request or ``pause``; then move arrivals into pending.
+
+        Once something arrived, keep gathering while requests keep coming: the cycle starts when
+        none arrived for ``quiet_time``, or ``cycle_time`` after the first, or when a fusion
+        buffer's worth is queued. A lone synchronous request so waits ``quiet_time`` only, and
+        a burst (a loop of async submissions, gradients from backward) still fuses.
+        """
+        s = self.settings
         with self._cond:
             if not self._incoming and not self._stop_requested and not self._join_requested and pause > 0:
                 self._cond.wait(pause)
-            threshold = self.settings.fusion_threshold
+            threshold = s.fusion_threshold
             while self._incoming and not self._stop_requested and not (0 < threshold <= self._incoming_bytes):
-                remaining = self._first_arrival + self.settings.cycle_time - time.monotonic()
+                remaining = self._first_arrival + s.cycle_time - time.monotonic()
                 if remaining <= 0:
                     break
-                self._cond.wait(remaining)
+                seen = len(self._incoming)
+                self._cond.wait(min(s.quiet_time, remaining))
+                if len(self._incoming) == seen:
+                    break
             new, self._incoming, self._incoming_bytes = self._incoming, [], 0
             stop = self._stop_requested
             if self._join_requested:  # set here, so a cycle's vector and payload agree
@@ -302,25 +319,30 @@ class Engine:
             self._pending[r.name] = r
         return stop, bool(new)
 
-    def _cycle(self, stop_local: bool) -> tuple[bool, BaseException | bool | None]:
-        """One negotiation + execution. Returns (anything executed, stop reason or None)."""
+    def _cycle(self, stop_local: bool) -> tuple[bool, BaseException | bool | None, bool]:
+        """One negotiation + execution.
+
+        Returns (anything executed, stop reason or None, whether peers may wait on this rank).
+        """
         now = time.monotonic()
         self.cycles += 1
         pending = list(self._pending.values())
         tl = self._timeline
         if tl is not None and pending:
             tl.cycle(now)
-        ids, unknown = [], False
+        ids, unknown, uncached = [], False, False
         for r in pending:
             i = self.cache.id_of(r.name, r.signature)
             if i is not None:
                 ids.append(i)
             elif not r.announced:
                 unknown = True
+            else:
+                uncached = True
         oldest = min((r.submitted_at for r in pending), default=None)
         want_full = unknown or self.joined or self.stall.due(now, oldest)
         vec = neg.build_vector(ids, len(self.cache), want_full=want_full, shutdown=stop_local,
-                               joined=self.joined)
+                               joined=self.joined, uncached=uncached)
         sums = self._negotiate(vec)
         stop: BaseException | bool | None = bool(sums[neg.SHUTDOWN]) or None
         decision, joined = None, None
@@ -334,10 +356,12 @@ class Engine:
             if stall_error is not None:
                 stop = stall_error
             names = decision.ready
+            needed = any(self.rank in p.missing for p in decision.partial)
         else:
             ready_ids = neg.ready_from_counts(sums, self.cache)
             self.cache.touch(ready_ids, self.cycles)
             names = [self.cache.entry(i)[0] for i in ready_ids]
+            needed = neg.peers_wait_on_me(sums, vec, uncached)
         ready = []
         for name in names:
             r = self._pending.get(name)
@@ -362,7 +386,7 @@ class Engine:
                     handle, self._join.handle = self._join.handle, None
                 if handle is not None:
                     handle.set_result(last)
-        return bool(ready), stop
+        return bool(ready), stop, needed
 
     def _negotiate(self, vec: list[int]) -> list[int]:
         t = torch.tensor(vec, dtype=torch.int32)

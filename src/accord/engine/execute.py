@@ -71,6 +71,19 @@ def _comm_call(fn: Callable[..., Any], *args: Any) -> Any:
         raise CommunicationFailure([], exc) from exc
 
 
+def _scattered_ok(comm: Any, batch: Sequence[Request], op: ReduceOp, pre: float, post: float) -> bool:
+    """Whether ``comm`` can reduce ``batch`` in place of a fusion buffer (see ScatteredAllreduce)."""
+    supports = getattr(comm, "supports_allreduce_many", None)
+    first = batch[0].tensor
+    if supports is None or first.device.type != "cpu" or not supports(first.dtype, op):
+        return False
+    if (pre != 1.0 or post != 1.0) and not first.is_floating_point():
+        return False  # integer scaling truncates through float64: leave it to scale_
+    if pre != 1.0 and not all(r.owned for r in batch):
+        return False
+    return all(r.tensor.is_contiguous() and not r.tensor.requires_grad for r in batch)
+
+
 class Executor:
     """Executes work items; reports each item's outcomes at once through ``complete``."""
 
@@ -153,6 +166,8 @@ class Executor:
         t0 = time.monotonic()
         tensors = [r.tensor for r in batch]
         span = adjacent_span(tensors) if fused and all(r.owned for r in batch) else None
+        if span is None and fused and _scattered_ok(comm, batch, op, sig.prescale, post):
+            return self._allreduce_scattered(batch, comm, op, sig.prescale, post)
         if span is not None:
             buf = span
         elif fused:
@@ -178,6 +193,22 @@ class Executor:
             if fused and span is None:
                 self._span(batch, "MEMCPY_OUT_FUSION_BUFFER", t2, t3)
         return outcomes
+
+    def _allreduce_scattered(self, batch: list[Request], comm: Any, op: ReduceOp, pre: float,
+                             post: float) -> list[Outcome]:
+        """A batch reduced piecewise by a communicator that needs no fusion buffer (shm)."""
+        t1 = time.monotonic()
+        inputs = [r.tensor for r in batch]
+        outputs = [r.tensor if r.owned else torch.empty_like(r.tensor) for r in batch]
+        if pre != 1.0:  # only owned (overwritable) batches come here with a prescale
+            torch._foreach_mul_(inputs, pre)
+        _comm_call(comm.allreduce_many, inputs, outputs, op)
+        if post != 1.0:
+            torch._foreach_mul_(outputs, post)
+        self.collectives += 1
+        if self.timeline is not None:
+            self._span(batch, "ALLREDUCE", t1, time.monotonic())
+        return [(r, self._finish(r, o), None) for r, o in zip(batch, outputs)]
 
     def _unfuse(self, batch: list[Request], buf: torch.Tensor) -> list[Outcome]:
         parts = unpack(buf, [r.tensor for r in batch])

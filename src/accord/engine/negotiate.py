@@ -2,10 +2,11 @@
 
 Every cycle each rank contributes one small int vector to one SUM allreduce::
 
-    [want_full_exchange, shutdown, joined, count_0 .. count_{k-1}]
+    [want_full_exchange, shutdown, joined, uncached_waiting, count_0 .. count_{k-1}]
 
 where ``count_i`` is 1 when this rank has a pending request matching cache entry ``i`` (same
-name and signature). Entry ``i`` is ready when its count equals its process set's size. When the
+name and signature), and ``uncached_waiting`` is 1 when it waits on announced requests that have
+no cache entry yet. Entry ``i`` is ready when its count equals its process set's size. When the
 summed ``want_full_exchange`` is non-zero, every rank instead sends the (name, signature, age)
 of all its pending requests, and the members of the process sets they use (JSON, never
 pickle), and :func:`decide` works out, from the same data on every rank, what is ready, what is
@@ -23,10 +24,11 @@ from accord.comm.ops import ReduceOp
 from accord.engine.request import RAGGED_OPS, ROOTED_OPS, Op, Signature
 from accord.errors import with_hint
 
-WANT_FULL, SHUTDOWN, JOINED = 0, 1, 2
-HEADER = 3  # slots before the per-entry counts
+WANT_FULL, SHUTDOWN, JOINED, UNCACHED = 0, 1, 2, 3
+HEADER = 4  # slots before the per-entry counts
 
 SetMap = Mapping[int, Sequence[int]]  # process set id -> its global ranks
+Vector = Sequence[int]  # one rank's negotiation vector, or their sum
 
 
 class ResponseCache:
@@ -95,10 +97,11 @@ class ResponseCache:
 
 
 def build_vector(cache_ids: Iterable[int], cache_size: int, *, want_full: bool, shutdown: bool,
-                 joined: bool) -> list[int]:
+                 joined: bool, uncached: bool = False) -> list[int]:
     """This rank's contribution to the negotiation allreduce."""
     vec = [0] * (HEADER + cache_size)
     vec[WANT_FULL], vec[SHUTDOWN], vec[JOINED] = int(want_full), int(shutdown), int(joined)
+    vec[UNCACHED] = int(uncached)
     for i in cache_ids:
         vec[HEADER + i] = 1
     return vec
@@ -107,6 +110,22 @@ def build_vector(cache_ids: Iterable[int], cache_size: int, *, want_full: bool, 
 def ready_from_counts(sums: Sequence[int], cache: ResponseCache) -> list[int]:
     """Cache ids whose summed count equals their process set's size, in id order."""
     return [i for i in range(len(cache)) if sums[HEADER + i] and sums[HEADER + i] == cache.set_size(i)]
+
+
+def peers_wait_on_me(sums: Sequence[int], mine: Vector, uncached_mine: bool) -> bool:
+    """Whether another rank may be waiting for a request this rank has not submitted.
+
+    ``mine`` is this rank's vector (from :func:`build_vector`). True when some cache entry was
+    counted by others but not by this rank, or when another rank waits on uncached requests
+    (conservative: their names are not in the vector). A rank that nobody waits on can block in
+    the next negotiation straight away: its peers enter it as soon as they submit, so it neither
+    spins nor adds latency. A rank that others wait on should instead sleep until its own caller
+    submits something (see the engine's back-off).
+    """
+    if sums[UNCACHED] - int(uncached_mine) > 0:
+        return True
+    return any(total and not mine[HEADER + i] for i, total in enumerate(sums[HEADER:len(mine)]))
+
 
 
 # --- full exchange --------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 ``accord.torch`` (Horovod's API) and ``accord.kvstore`` wrap these functions. ``init()`` meets
 the other ranks (:func:`accord.runtime.bootstrap.bootstrap`), creates one communicator per
 device kind for every process set (Gloo for CPU tensors, NCCL for CUDA ones, or what
-ACCORD_CPU_BACKEND / ACCORD_GPU_BACKEND name) and starts the engine; ``shutdown()`` stops the
+ACCORD_CPU_BACKEND / ACCORD_GPU_BACKEND name; the CPU default ``auto`` means shared memory when
+every rank runs on one host) and starts the engine; ``shutdown()`` stops the
 engine on every rank and leaves the job, after which ``init()`` works again.
 
 Process sets, as in Horovod, are collective: every rank calls :func:`add_process_set` and
@@ -72,7 +73,8 @@ def init(process_sets: Sequence[Sequence[int]] | None = None,
         runtime = bootstrap()
         try:
             size = runtime.topology.size
-            backends = {d: get_backend(backend_name_for(d)) for d in _devices()}
+            single_host = size > 1 and len(set(runtime.topology.hostnames)) == 1
+            backends = {d: get_backend(backend_name_for(d, single_host)) for d in _devices()}
             registry = ProcessSetRegistry()
             comms = {d: b.create(list(range(size))) for d, b in backends.items()}
             registry.add(GLOBAL_ID, range(size), comms)
@@ -156,6 +158,15 @@ def runtime() -> Any:
 def engine() -> Engine:
     """The running engine."""
     return _current().engine
+
+
+def backend_name(device_type: str = "cpu") -> str:
+    """The backend the engine uses for ``device_type`` tensors (``auto`` resolved at init).
+
+    Raises:
+        ValueError: not initialized. KeyError: no backend for that device type.
+    """
+    return str(_current().backends[device_type].name)
 
 
 def _add(session: _Session, ranks: Sequence[int]) -> int:

@@ -13,6 +13,8 @@ class EngineSettings:
 
     fusion_threshold: int = 64 * 1024 * 1024
     cycle_time: float = 0.001
+    # A cycle starts once no request arrived for this long (or cycle_time after the first).
+    quiet_time: float = 0.0002
     timeline: str | None = None
     timeline_mark_cycles: bool = False
     stall_check_disable: bool = False
@@ -32,6 +34,9 @@ class EngineSettings:
         if self.fusion_threshold < 0:
             raise ConfigError(with_hint(f"fusion threshold must be >= 0 bytes, got {self.fusion_threshold}",
                                         "set ACCORD_FUSION_THRESHOLD to a byte count (0 turns fusion off)"))
+        if self.quiet_time < 0:
+            raise ConfigError(with_hint(f"quiet time must be >= 0, got {self.quiet_time * 1e3} ms",
+                                        "set ACCORD_CYCLE_QUIET_TIME to milliseconds, e.g. 0.2"))
         if self.cycle_time < 0:
             raise ConfigError(with_hint(f"cycle time must be >= 0, got {self.cycle_time * 1e3} ms",
                                         "set ACCORD_CYCLE_TIME to milliseconds, e.g. 1"))
@@ -47,11 +52,12 @@ class EngineSettings:
 
     @classmethod
     def from_config(cls, **overrides) -> "EngineSettings":
-        """Read ACCORD_FUSION_THRESHOLD, ACCORD_CYCLE_TIME (ms), ACCORD_TIMELINE, ACCORD_STALL_*,
+        """Read ACCORD_FUSION_THRESHOLD, ACCORD_CYCLE_TIME and ACCORD_CYCLE_QUIET_TIME (ms), ACCORD_TIMELINE, ACCORD_STALL_*,
         ACCORD_COLLECTIVE_TIMEOUT (and their Horovod aliases); ``overrides`` win."""
         values = dict(
             fusion_threshold=config.get("ACCORD_FUSION_THRESHOLD"),
             cycle_time=config.get("ACCORD_CYCLE_TIME") / 1000.0,
+            quiet_time=config.get("ACCORD_CYCLE_QUIET_TIME") / 1000.0,
             timeline=config.get("ACCORD_TIMELINE"),
             timeline_mark_cycles=config.get("ACCORD_TIMELINE_MARK_CYCLES"),
             stall_check_disable=config.get("ACCORD_STALL_CHECK_DISABLE"),

@@ -137,6 +137,9 @@ def is_homogeneous() -> bool:
 # --- build and runtime flags (what this installation can do) -----------------------------------
 
 def _cpu_backend() -> str:
+    """The CPU backend in use (after init) or configured (before; ``auto`` is then unresolved)."""
+    if session.is_initialized():
+        return session.backend_name("cpu")
     return str(config.get("ACCORD_CPU_BACKEND"))
 
 
@@ -166,8 +169,9 @@ def gloo_built() -> bool:
 
 
 def gloo_enabled() -> bool:
-    """True when CPU collectives run over Gloo (the default)."""
-    return _cpu_backend() == "gloo"
+    """True when CPU collectives run over Gloo, or over shared memory that Gloo sets up (the
+    default on one host); False under ACCORD_CPU_BACKEND=mpi or another library."""
+    return _cpu_backend() in ("gloo", "shm", "auto")
 
 
 def nccl_built() -> int:
