@@ -35,6 +35,20 @@ def _session_checks(rank, size, tmp):
     assert session.synchronize(h3).tolist() == [0.0, 1.0, 2.0]
     assert session.poll(h1)
 
+    # compressed named requests reuse one wire buffer per name; values stay exact
+    from accord.engine.compression import Compression
+    buffers = []
+    for step in range(2):
+        g = torch.full((5,), float(rank + 1 + step))
+        h = session.submit("allreduce", g, "grad.w", in_place=True, compression=Compression.bf16)
+        assert session.synchronize(h) is g and g.dtype == torch.float32
+        assert g.tolist() == [float(sum(r + 1 + step for r in range(size)))] * 5
+        buffers.append(session._current().wire_buffers["grad.w"])
+    assert buffers[0] is buffers[1] and buffers[0].dtype == torch.bfloat16
+    unnamed = session.submit("allreduce", torch.ones(3), compression=Compression.bf16)
+    assert session.synchronize(unnamed).tolist() == [3.0] * 3
+    assert list(session._current().wire_buffers) == ["grad.w"]  # unnamed requests are not cached
+
     # process sets are collective: every rank registers and removes them
     even = session.add_process_set([0, 2])
     assert even == 1 and session.process_sets() == {0: (0, 1, 2), 1: (0, 2)}

@@ -30,6 +30,18 @@ class Compressor:
         raise NotImplementedError
 
 
+def decompress_into(compression: Any, tensor: torch.Tensor, ctx: Any, out: torch.Tensor) -> None:
+    """Write the decompressed ``tensor`` into ``out``: straight from the wire dtype for the
+    built-in casts (no full-size temporary), through ``decompress`` for any other compressor."""
+    into = getattr(compression, "decompress_into", None)
+    if into is not None:
+        into(tensor, ctx, out)
+        return
+    value = compression.decompress(tensor, ctx)
+    if value is not out:
+        out.copy_(value)
+
+
 class NoneCompressor(Compressor):
     """Send tensors unchanged."""
 
@@ -61,6 +73,27 @@ class _CastCompressor(Compressor):
     @staticmethod
     def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
         return tensor if ctx is None else tensor.to(ctx)
+
+    @classmethod
+    def compress_into(cls, tensor: torch.Tensor, buffer: torch.Tensor | None) -> tuple[torch.Tensor, Any]:
+        """As :meth:`compress`, writing into ``buffer`` when it fits (else a new one).
+
+        Reusing one wire buffer per gradient spares a fresh allocation every step: large ones
+        come from mmap and page-fault on first touch, which costs more than the cast itself.
+        """
+        if not tensor.is_floating_point() or tensor.dtype == cls.wire:
+            return tensor, None
+        if (buffer is None or buffer.shape != tensor.shape or buffer.dtype != cls.wire
+                or buffer.device != tensor.device):
+            buffer = torch.empty(tensor.shape, dtype=cls.wire, device=tensor.device)
+        buffer.copy_(tensor)
+        return buffer, tensor.dtype
+
+    @staticmethod
+    def decompress_into(tensor: torch.Tensor, ctx: Any, out: torch.Tensor) -> None:
+        """Cast the wire tensor straight into ``out`` (``copy_`` converts)."""
+        if tensor is not out:
+            out.copy_(tensor)
 
 
 class FP16Compressor(_CastCompressor):

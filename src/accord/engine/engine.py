@@ -108,6 +108,11 @@ class Engine:
                 self._cond.notify()  # a full fusion buffer: no reason to wait out the cycle
         return request.handle
 
+    def in_flight(self, name: str) -> bool:
+        """True while a request named ``name`` is submitted on this rank and not completed."""
+        with self._cond:
+            return name in self._inflight
+
     def poll(self, handle: Handle) -> bool:
         """True when ``handle`` has completed (successfully or not)."""
         return handle.done()

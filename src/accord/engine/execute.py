@@ -14,6 +14,7 @@ import torch
 
 from accord.comm.backend import Communicator
 from accord.comm.ops import ReduceOp
+from accord.engine.compression import decompress_into
 from accord.engine.fusion import FusionBuffers, adjacent_span, copy_out, pack, plan_work, unpack
 from accord.engine.request import Op, Request
 from accord.engine.sets import ProcessSetRegistry
@@ -136,12 +137,12 @@ class Executor:
     def _finish(self, r: Request, result: Any) -> Any:
         """Decompress into the output (or a private tensor); return the request's value."""
         if isinstance(result, torch.Tensor):
-            value = r.compression.decompress(result, r.ctx)
             if r.output is not None:
-                if value is not r.output:
-                    r.output.copy_(value)
+                decompress_into(r.compression, result, r.ctx, r.output)
                 value = r.output
-            elif self.buffers.owns(value):
+            else:
+                value = r.compression.decompress(result, r.ctx)
+            if r.output is None and self.buffers.owns(value):
                 value = value.clone()
             if value.is_cuda:
                 torch.cuda.current_stream(value.device).synchronize()

@@ -201,15 +201,27 @@ def build_request(op: Op, tensor: torch.Tensor | None, name: str, *, in_place: b
                   compression: type[Compressor] | Compressor = NoneCompressor,
                   reduce_op: ReduceOp = ReduceOp.SUM, root_rank: int = -1,
                   prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                  process_set_id: int = 0, splits: Sequence[int] | None = None) -> Request:
+                  process_set_id: int = 0, splits: Sequence[int] | None = None,
+                  wire_buffers: dict[str, torch.Tensor] | None = None) -> Request:
     """Make a request the way frontends do: compress now, decide who owns what.
 
     ``in_place`` (allreduce, broadcast): the result is written into ``tensor``. Otherwise the
     engine never writes into ``tensor``; it must not change until the handle completes.
+    ``wire_buffers``: name -> compressed tensor of an earlier request under this name, reused
+    (and updated) by compressors that can write into a buffer. The caller guarantees that no
+    request under ``name`` is still in flight.
     """
     if in_place and op not in (Op.ALLREDUCE, Op.BROADCAST):
         raise ValueError(f"{op.value} cannot run in place: its output has another shape")
-    wire, ctx = (None, None) if tensor is None else compression.compress(tensor)
+    into = getattr(compression, "compress_into", None)
+    if tensor is None:
+        wire, ctx = None, None
+    elif wire_buffers is not None and into is not None:
+        wire, ctx = into(tensor, wire_buffers.get(name))
+        if wire is not tensor:
+            wire_buffers[name] = wire
+    else:
+        wire, ctx = compression.compress(tensor)
     return Request(
         name, op, wire, output=tensor if in_place else None, reduce_op=ReduceOp(reduce_op),
         root_rank=root_rank, prescale_factor=prescale_factor, postscale_factor=postscale_factor,

@@ -40,6 +40,7 @@ class _Session:
     registry: ProcessSetRegistry
     backends: dict[str, Any]  # device type -> Backend
     unnamed: dict[str, itertools.count] = field(default_factory=dict)
+    wire_buffers: dict[str, torch.Tensor] = field(default_factory=dict)  # see build_request
 
 
 _session: _Session | None = None
@@ -229,13 +230,19 @@ def submit(op: Op | str, tensor: torch.Tensor | None, name: str | None = None, *
     """
     session = _current()
     op = Op(op)
+    wire_buffers = None
     if name is None:
         counter = session.unnamed.setdefault(op.value, itertools.count())
         name = f"{op.value}.noname.{next(counter)}"
+    elif compression is not NoneCompressor and not session.engine.in_flight(name):
+        # Named requests recur (gradients, every step): their compressed copies reuse one buffer.
+        # Unnamed ones never recur, and a name in flight is refused by enqueue below: its buffer
+        # is still on the wire and must not be overwritten first.
+        wire_buffers = session.wire_buffers
     request = build_request(op, tensor, name, in_place=in_place, compression=compression,
                             reduce_op=reduce_op, root_rank=root_rank, prescale_factor=prescale_factor,
                             postscale_factor=postscale_factor, process_set_id=process_set_id,
-                            splits=splits)
+                            splits=splits, wire_buffers=wire_buffers)
     return session.engine.enqueue(request)
 
 

@@ -15,7 +15,7 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from accord.comm.ops import ReduceOp
-from accord.engine.compression import Compressor, NoneCompressor
+from accord.engine.compression import Compressor, NoneCompressor, decompress_into
 from accord.torch import async_ops as A
 from accord.torch import basics
 from accord.torch.handles import synchronize as _sync
@@ -47,6 +47,7 @@ class _DistributedMixin:
         named = self._accord_names(named_parameters)
         self._parameter_names = {p: name for name, p in named}
         self._compression = compression
+        self._wire_buffers: dict[torch.Tensor, torch.Tensor] = {}  # parameter -> compressed gradient
         self.backward_passes_per_step = backward_passes_per_step
         self._allreduce_delay = {p: backward_passes_per_step for _, p in named}
         self.op = op
@@ -156,11 +157,22 @@ class _DistributedMixin:
                 return A.sparse_allreduce_async(tensor, name=name, op=self.op,
                                                 process_set=self.process_set), None
             tensor = tensor.to_dense()
-        compressed, ctx = self._compression.compress(tensor)
+        compressed, ctx = self._compress(p, tensor)
         pre, post = self._scale_factors()
         handle = A.allreduce_async_(compressed, name=name, op=self.op, prescale_factor=pre,
                                     postscale_factor=post, process_set=self.process_set)
         return handle, (ctx, compressed)
+
+    def _compress(self, p: torch.Tensor, grad: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """Compress ``grad`` for the wire, into last step's buffer for ``p`` when the compressor
+        can (the previous allreduce from it has completed: synchronize() waited for it)."""
+        into = getattr(self._compression, "compress_into", None)
+        if into is None:
+            return self._compression.compress(grad)
+        compressed, ctx = into(grad, self._wire_buffers.get(p))
+        if compressed is not grad:
+            self._wire_buffers[p] = compressed
+        return compressed, ctx
 
     def _launch_group(self, group: tuple[torch.Tensor, ...]) -> None:
         for p in group:
@@ -209,7 +221,11 @@ class _DistributedMixin:
                 self._store_grad(key, handle())
             else:
                 cctx, _ = ctx
-                self._store_grad(key, self._compression.decompress(_sync(handle), cctx))
+                reduced = _sync(handle)
+                if key.grad.is_sparse:
+                    self._store_grad(key, self._compression.decompress(reduced, cctx))
+                else:  # cast straight into the gradient: no full-size temporary
+                    decompress_into(self._compression, reduced, cctx, key.grad)
         for p in self._allreduce_delay:
             self._allreduce_delay[p] = self.backward_passes_per_step
         for group in self._group_counts:
@@ -264,6 +280,14 @@ class _DistributedMixin:
         for p in self._allreduce_delay:
             self._allreduce_delay[p] = self.backward_passes_per_step
         return super().load_state_dict(*args, **kwargs)
+
+    def remove_hooks(self) -> None:
+        """Detach this optimizer's gradient hooks from the parameters, e.g. before wrapping them
+        in another DistributedOptimizer (else every backward submits their gradients twice).
+        Backward then submits nothing for it; ``synchronize()`` still reduces every gradient."""
+        for handle in self._hook_handles:
+            handle.remove()
+        self._hook_handles.clear()
 
 
 def _elastic() -> bool:
