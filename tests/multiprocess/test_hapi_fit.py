@@ -10,24 +10,13 @@ import torch
 from torch import nn
 
 from helpers.ranks import run_ranks
+from helpers.small_nets import _data, _net, _weights, numpy_metrics
 
 pytestmark = pytest.mark.timeout(120)
 
 N_TRAIN, N_EVAL = 42, 7  # 42 = 2 ranks x 21; 7 evaluation samples split 3 + 4
 
 
-def _net(seed):
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 3)).double()
-
-
-def _data(n, seed):
-    rng = np.random.default_rng(seed)
-    return rng.normal(size=(n, 5)), rng.integers(0, 3, size=n)
-
-
-def _weights(module):
-    return {k: v.detach().numpy().copy() for k, v in module.state_dict().items()}
 
 
 def _momentum(opt):
@@ -212,23 +201,10 @@ def test_full_batch_gradient_descent_on_two_ranks(ranks):
         _assert_close(r["full_batch"], want)
 
 
-def _numpy_metrics(weights, x, y):
-    net = _net(0)
-    net.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
-    with torch.no_grad():
-        logits = net(torch.from_numpy(x)).numpy()
-    shifted = logits - logits.max(1, keepdims=True)
-    logp = shifted - np.log(np.exp(shifted).sum(1, keepdims=True))
-    best = np.argsort(-logits, axis=1)
-    return logits, {"loss": -logp[np.arange(len(y)), y].mean(),
-                    "acc_top1": (best[:, 0] == y).mean(),
-                    "acc_top2": (best[:, :2] == y[:, None]).any(1).mean()}
-
-
 def test_metrics_are_exact_over_uneven_shards(ranks):
     results, _ = ranks
     xe, ye = _data(N_EVAL, 1)
-    _, want = _numpy_metrics(results[0]["weights"], xe, ye)
+    _, want = numpy_metrics(results[0]["weights"], xe, ye)
     for r in results:
         assert r["evaluate"]["samples"] == N_EVAL
         for k, v in want.items():
@@ -240,7 +216,7 @@ def test_metrics_are_exact_over_uneven_shards(ranks):
 def test_predictions_are_gathered_in_dataset_order(ranks):
     results, _ = ranks
     xe, ye = _data(N_EVAL, 1)
-    logits, _ = _numpy_metrics(results[0]["weights"], xe, ye)
+    logits, _ = numpy_metrics(results[0]["weights"], xe, ye)
     for r in results:
         np.testing.assert_allclose(r["predict"], logits, rtol=1e-12)
         np.testing.assert_allclose(r["predict_one"], logits[:1], rtol=1e-12)

@@ -132,6 +132,9 @@ class ProgBarLogger(Callback):
 
     def on_epoch_end(self, epoch: int, logs: Logs | None = None) -> None:
         if self._active() and self._bar is not None:
+            step = (logs or {}).get("step")
+            if step and step != self._last:  # global values came after the loop (uneven steps)
+                self._update(step, logs)
             self._bar.finish()
 
     def on_eval_begin(self, logs: Logs | None = None) -> None:

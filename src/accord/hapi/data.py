@@ -3,13 +3,14 @@
 - Training reads :class:`accord.data.DistributedSampler` shards (padded to equal length, so every
   rank runs the same number of steps, which the gradient allreduce needs). With one process the
   same sampler is used with one replica, so a 1-rank and an N-rank run see the same global
-  batches for the same seed and epoch.
+  batches for the same seed and epoch. With ``work_load_list`` the shards are weighted and
+  unpadded instead (ranks then run different numbers of steps: see :mod:`accord.hapi.workload`).
 - Evaluation and prediction read contiguous, unpadded shards (:class:`ContiguousShard`): every
   sample is counted exactly once, and gathering predictions in rank order restores dataset order.
 """
 from __future__ import annotations
 
-from typing import Any, Iterator, Sized
+from typing import Any, Iterator, Sequence, Sized
 
 import numpy as np
 import torch
@@ -81,12 +82,24 @@ def _loader(dataset: Dataset, sampler: Sampler[int], batch_size: int, drop_last:
 
 
 def train_loader(data: Any, batch_size: int, size: int, rank: int, shuffle: bool, seed: int,
-                 drop_last: bool = False, num_workers: int = 0) -> DataLoader:
-    """This rank's training loader (a DataLoader given by the user is returned unchanged)."""
+                 drop_last: bool = False, num_workers: int = 0,
+                 work_load_list: Sequence[float] | None = None) -> DataLoader:
+    """This rank's training loader (a DataLoader given by the user is returned unchanged).
+
+    Raises:
+        ValueError: ``work_load_list`` with a DataLoader, or one that does not fit the job.
+    """
     if isinstance(data, DataLoader):
+        if work_load_list is not None:
+            raise ValueError(with_hint(
+                f"work_load_list={list(work_load_list)} cannot weight a DataLoader: fit uses a "
+                "DataLoader as it is, so its sampler decides what each rank reads",
+                "pass the Dataset (or (X, y) arrays) and let fit shard it, or give the DataLoader "
+                "an accord.data.DistributedSampler(dataset, work_load_list=...)"))
         return data
     dataset = as_dataset(data, "train_data")
-    sampler = DistributedSampler(dataset, num_replicas=size, rank=rank, shuffle=shuffle, seed=seed)
+    sampler = DistributedSampler(dataset, num_replicas=size, rank=rank, shuffle=shuffle, seed=seed,
+                                 work_load_list=work_load_list)
     return _loader(dataset, sampler, batch_size, drop_last, num_workers)
 
 

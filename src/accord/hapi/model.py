@@ -11,11 +11,13 @@ Run it as ``python train.py``, ``accordrun -np 4 python train.py`` or inside ``a
 with more than one rank the optimizer is wrapped in ``DistributedOptimizer``, rank 0's initial
 state is broadcast, training data is sharded (``batch_size`` is per rank), metrics are summed
 over ranks, only rank 0 prints, and checkpoints are written by rank 0.
+
+The loops live next door: :mod:`~accord.hapi.training` (fit), :mod:`~accord.hapi.evaluation`
+(evaluate, predict), :mod:`~accord.hapi.checkpoint` (save, load); this class holds the state
+and runs one batch.
 """
 from __future__ import annotations
 
-import time
-from collections import defaultdict
 from typing import Any, Sequence
 
 import numpy as np
@@ -23,37 +25,15 @@ import torch
 from torch import nn
 
 from accord.errors import with_hint
-from accord.hapi import data
-from accord.hapi.callbacks import Callback, CallbackList, config_callbacks
+from accord.hapi import data, evaluation, steps
+from accord.hapi.callbacks import Callback, config_callbacks
 from accord.hapi.checkpoint import load_on_every_rank, save_checkpoint
 from accord.hapi.metrics import Meters, Metric
-from accord.hapi.precision import amp_settings, autocast
+from accord.hapi.precision import amp_settings
+from accord.hapi.training import fit as run_fit
 from accord.hapi.world import World, resolve_world
 
 __all__ = ["Model"]
-
-
-def _is_distributed_optimizer(optimizer: Any) -> bool:
-    return hasattr(optimizer, "synchronize") and hasattr(optimizer, "skip_synchronize")
-
-
-def _split(batch: Any) -> tuple[tuple[Any, ...], Any]:
-    """A batch is ``(inputs..., label)``; a single tensor or 1-tuple is inputs without label."""
-    if isinstance(batch, (tuple, list)):
-        if len(batch) == 1:
-            return (batch[0],), None
-        return tuple(batch[:-1]), batch[-1]
-    return (batch,), None
-
-
-def _first(outputs: Any) -> torch.Tensor:
-    """The output metrics are computed on: the first of several."""
-    return outputs[0] if isinstance(outputs, (tuple, list)) else outputs
-
-
-def _numpy(t: torch.Tensor) -> np.ndarray:
-    t = t.detach().cpu()
-    return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
 
 
 class Model:
@@ -131,10 +111,9 @@ class Model:
         if self._wrapped is not None and self._wrapped is not optimizer:
             # A DistributedOptimizer we made earlier still hooks every parameter: unhook it, or
             # each backward would submit its gradients twice.
-            for handle in getattr(self._wrapped, "_hook_handles", []):
-                handle.remove()
+            self._wrapped.remove_hooks()
             self._wrapped = None
-        if optimizer is not None and self.world.distributed and not _is_distributed_optimizer(optimizer):
+        if optimizer is not None and self.world.distributed and not steps.is_distributed_optimizer(optimizer):
             import accord.torch as hvd
 
             optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=self.network.named_parameters())
@@ -153,83 +132,19 @@ class Model:
             self.world.broadcast_state(self.network, None)
             self._synced = True
 
-    def _autocast(self) -> Any:
-        return autocast(self._amp_dtype, self.device)
-
-    def _to_device(self, value: Any) -> Any:
-        if not torch.is_tensor(value):
-            return value
-        if value.is_floating_point():
-            param = next((p for p in self.network.parameters() if p.is_floating_point()), None)
-            dtype = param.dtype if param is not None else torch.float32
-            return value.to(self.device, dtype=dtype, non_blocking=True)
-        return value.to(self.device, non_blocking=True)
-
-    def _label(self, label: Any) -> Any:
-        label = self._to_device(label)
-        if torch.is_tensor(label) and not label.is_floating_point() and label.dtype != torch.bool:
-            label = label.long()  # class indices: losses want int64
-        return label
-
-    # --- one batch ------------------------------------------------------------------------------
-
-    def _loss_of(self, outputs: Any, label: Any) -> torch.Tensor:
-        loss = self._loss(outputs, label)
-        return loss.mean() if loss.dim() else loss
+    # --- one batch (see accord.hapi.steps) -----------------------------------------------------
 
     def train_batch(self, inputs: Sequence[Any], label: Any) -> float:
         """One optimization step on ``inputs``/``label``; returns this rank's batch loss."""
-        if self._optimizer is None or self._loss is None:
-            raise RuntimeError(with_hint("training needs an optimizer and a loss",
-                                         "call model.prepare(optimizer, loss, metrics) first"))
-        if label is None:
-            raise ValueError(with_hint("training batches have no label (a single element per sample)",
-                                       "pass (X, y) arrays, or a Dataset whose items are (inputs..., label)"))
-        self.network.train()
-        inputs = [self._to_device(x) for x in inputs]
-        label = self._label(label)
-        opt = self._optimizer
-        opt.zero_grad(set_to_none=True)
-        with self._autocast():
-            outputs = self._forward(*inputs)
-            loss = self._loss_of(outputs, label)
-        if self._scaler is None:
-            loss.backward()
-            opt.step()
-        else:  # loss scaling: unscale the averaged gradients, step without a second allreduce
-            self._scaler.scale(loss).backward()
-            if _is_distributed_optimizer(opt):
-                opt.synchronize()
-                self._scaler.unscale_(opt)
-                with opt.skip_synchronize():
-                    self._scaler.step(opt)
-            else:
-                self._scaler.step(opt)
-            self._scaler.update()
-        self._meters.track(_first(outputs), loss, label, int(label.shape[0]) if torch.is_tensor(label) else len(label))
-        return float(loss.detach())
+        return steps.train_step(self, inputs, label)
 
-    @torch.no_grad()
     def eval_batch(self, inputs: Sequence[Any], label: Any) -> float | None:
         """Forward ``inputs`` without gradients and accumulate loss/metrics; returns the batch loss."""
-        self.network.eval()
-        inputs = [self._to_device(x) for x in inputs]
-        label = self._label(label)
-        with self._autocast():
-            outputs = self._forward(*inputs)
-            loss = self._loss_of(outputs, label) if self._loss is not None and label is not None else None
-        rows = int(label.shape[0]) if torch.is_tensor(label) else int(inputs[0].shape[0])
-        if label is not None:
-            self._meters.track(_first(outputs), loss, label, rows)
-        return None if loss is None else float(loss)
+        return steps.eval_step(self, inputs, label)
 
-    @torch.no_grad()
     def predict_batch(self, inputs: Sequence[Any]) -> list[torch.Tensor]:
         """The network's outputs for ``inputs`` (a list, one tensor per output)."""
-        self.network.eval()
-        with self._autocast():
-            outputs = self._forward(*[self._to_device(x) for x in inputs])
-        return list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
+        return steps.predict_step(self, inputs)
 
     # --- metrics over the job -------------------------------------------------------------------
 
@@ -247,13 +162,13 @@ class Model:
         logs, self.stop_training = self._meters.logs(self.stop_training, reduce)
         return logs
 
-    # --- loops --------------------------------------------------------------------------------
+    # --- loops (see accord.hapi.training and accord.hapi.evaluation) ---------------------------
 
     def fit(self, train_data: Any = None, eval_data: Any = None, batch_size: int = 1,
             epochs: int = 1, eval_freq: int = 1, log_freq: int = 10, save_dir: str | None = None,
             save_freq: int = 1, verbose: int = 2, drop_last: bool = False, shuffle: bool = True,
             num_workers: int = 0, callbacks: Sequence[Callback] | None = None,
-            seed: int = 0) -> dict[str, list[float]]:
+            seed: int = 0, work_load_list: Sequence[float] | None = None) -> dict[str, list[float]]:
         """Train for ``epochs`` epochs, evaluating every ``eval_freq`` epochs.
 
         Args:
@@ -267,84 +182,21 @@ class Model:
             callbacks: extra :class:`Callback` objects. A callback that sets
                 ``model.stop_training`` (on any rank) stops every rank at the next log step or
                 epoch end.
+            work_load_list: one positive weight per rank, e.g. ``[1, 3]``: rank ``i`` trains on
+                about ``w_i / sum(w)`` of the data in batches of ``batch_size``, so ranks run
+                different numbers of steps; step ``k`` updates on the union of the ranks'
+                ``k``-th batches exactly as one process would (how: :mod:`accord.hapi.training`).
+                Evaluation shards stay even. Not with a DataLoader or Adasum.
         Returns:
             Per-epoch history: ``loss`` and metric names (global means), ``epoch_time`` (s),
             ``samples_per_sec`` (global), and ``eval_<name>`` for each evaluation.
+        Raises:
+            ValueError: ``work_load_list`` does not fit the job (one weight per rank, a
+                non-empty share each) or the optimizer.
         """
-        loader = data.train_loader(train_data, batch_size, self.world.size, self.world.rank,
-                                   shuffle, seed, drop_last, num_workers)
-        evaluator = None if eval_data is None else data.eval_loader(
-            eval_data, batch_size, self.world.size, self.world.rank, "eval_data", num_workers)
-        cbks = config_callbacks(callbacks, self, {"epochs": epochs, "steps": len(loader),
-                                                  "metrics": self.metrics_names()},
-                                log_freq, verbose, save_freq, save_dir, training=True)
-        history: dict[str, list[float]] = defaultdict(list)
-        self.stop_training = False
-        logs: dict[str, Any] = {}
-        cbks.on_train_begin(logs)
-        for epoch in range(epochs):
-            data.set_epoch(loader, epoch)
-            cbks.on_epoch_begin(epoch, {})
-            start = time.perf_counter()
-            logs = self._train_epoch(loader, cbks, log_freq)
-            logs["epoch_time"] = time.perf_counter() - start
-            logs["samples_per_sec"] = logs["samples"] / max(logs["epoch_time"], 1e-9)
-            cbks.on_epoch_end(epoch, logs)
-            for key, value in logs.items():
-                if key != "step":
-                    history[key].append(value)
-            if evaluator is not None and ((epoch + 1) % eval_freq == 0 or epoch + 1 == epochs):
-                for key, value in self._eval_loop(evaluator, cbks, log_freq).items():
-                    history[f"eval_{key}"].append(value)
-            if self._agree_stop():
-                break
-        cbks.on_train_end(logs)
-        return dict(history)
-
-    def _agree_stop(self) -> bool:
-        """Stop on every rank if a callback asked for it on any rank."""
-        if self.world.distributed:
-            flag = torch.tensor([float(self.stop_training)], dtype=torch.float64)
-            self.stop_training = bool(self.world.allreduce_sum(flag, "accord.hapi.stop")[0] > 0)
-        return self.stop_training
-
-    def _train_epoch(self, loader: Any, cbks: CallbackList, log_freq: int) -> dict[str, Any]:
-        self._meters.reset()
-        steps = len(loader)
-        logs: dict[str, Any] = {}
-        for step, batch in enumerate(loader):
-            cbks.on_train_batch_begin(step, {})
-            inputs, label = _split(batch)
-            self.train_batch(inputs, label)
-            logs = {"step": step + 1}
-            # Every rank runs the same steps (padded shards), so all reach this allreduce, and
-            # all see the same agreed stop flag: they leave the loop at the same step.
-            agreed_stop = False
-            if (step + 1) % log_freq == 0 or step + 1 == steps:
-                logs.update(self._logs("accord.hapi.train.metrics"))
-                agreed_stop = self.stop_training
-            cbks.on_train_batch_end(step, logs)
-            if agreed_stop:
-                break
-        return logs
-
-    def _eval_loop(self, loader: Any, cbks: CallbackList, log_freq: int) -> dict[str, Any]:
-        self._sync_once()
-        self._meters.reset()
-        steps = len(loader)
-        cbks.on_eval_begin({"steps": steps, "metrics": self.metrics_names()})
-        for step, batch in enumerate(loader):
-            cbks.on_eval_batch_begin(step, {})
-            inputs, label = _split(batch)
-            self.eval_batch(inputs, label)
-            logs: dict[str, Any] = {"step": step + 1}
-            # Shards may differ in length: no collective inside the loop; alone, show progress.
-            if not self.world.distributed and ((step + 1) % log_freq == 0 or step + 1 == steps):
-                logs.update(self._logs(None))
-            cbks.on_eval_batch_end(step, logs)
-        final = self._logs("accord.hapi.eval.metrics")
-        cbks.on_eval_end({**final, "steps": steps})
-        return final
+        return run_fit(self, train_data, eval_data, batch_size, epochs, eval_freq, log_freq,
+                            save_dir, save_freq, verbose, drop_last, shuffle, num_workers, callbacks,
+                            seed, work_load_list)
 
     def evaluate(self, eval_data: Any, batch_size: int = 1, log_freq: int = 10, verbose: int = 2,
                  num_workers: int = 0, callbacks: Sequence[Callback] | None = None) -> dict[str, Any]:
@@ -357,7 +209,7 @@ class Model:
                                   "eval_data", num_workers)
         cbks = config_callbacks(callbacks, self, {"steps": len(loader), "metrics": self.metrics_names()},
                                 log_freq, verbose)
-        return self._eval_loop(loader, cbks, log_freq)
+        return evaluation.eval_loop(self, loader, cbks, log_freq)
 
     def predict(self, test_data: Any, batch_size: int = 1, num_workers: int = 0,
                 stack_outputs: bool = True, verbose: int = 1,
@@ -374,22 +226,7 @@ class Model:
         loader = data.eval_loader(test_data, batch_size, self.world.size, self.world.rank,
                                   "test_data", num_workers)
         cbks = config_callbacks(callbacks, self, {"steps": len(loader), "metrics": []}, 10, verbose)
-        cbks.on_predict_begin({"steps": len(loader)})
-        parts: list[list[torch.Tensor]] = []
-        for step, batch in enumerate(loader):
-            cbks.on_predict_batch_begin(step, {})
-            outputs = self.predict_batch(_split(batch)[0])
-            parts.append([o.detach().cpu() for o in outputs])
-            cbks.on_predict_batch_end(step, {"step": step + 1})
-        local = [torch.cat([p[i] for p in parts]) for i in range(len(parts[0]))] if parts else None
-        gathered = self.world.allgather_rows(local, "accord.hapi.predict")
-        arrays = [_numpy(t) for t in gathered or []]
-        cbks.on_predict_end({"samples": arrays[0].shape[0] if arrays else 0})
-        if not stack_outputs:
-            arrays = [np.split(a, range(batch_size, a.shape[0], batch_size)) for a in arrays]
-        if not arrays:  # no rank had any sample
-            return np.empty((0,))
-        return arrays[0] if len(arrays) == 1 else arrays
+        return evaluation.predict_loop(self, loader, cbks, batch_size, stack_outputs)
 
     # --- checkpoints ----------------------------------------------------------------------------
 

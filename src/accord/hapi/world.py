@@ -1,5 +1,6 @@
 """Where a ``Model`` runs: one process, or one rank of an accord job, and the few collectives
-it needs (sum a vector, gather rows, broadcast rank 0's state, agree on rank 0's flag).
+it needs (sum a vector, gather rows, broadcast one rank's state, agree on one rank's flag,
+join when out of data).
 
 The same script runs unchanged alone or under a launcher: when the script already called
 ``accord.torch.init()`` the job is used as is; when accordrun, accord.spawn, torchrun or mpirun
@@ -83,20 +84,28 @@ class World:
         return [hvd.allgather(t.detach().cpu().contiguous(), name=f"{name}.{i}")
                 for i, t in enumerate(outputs)]
 
-    def agree(self, flag: bool, name: str) -> bool:
-        """Rank 0's ``flag``, on every rank."""
+    def agree(self, flag: bool, name: str, root: int = 0) -> bool:
+        """Rank ``root``'s ``flag``, on every rank."""
         if not self.distributed:
             return flag
         import accord.torch as hvd
 
         value = torch.tensor([1 if flag else 0], dtype=torch.int32)
-        hvd.broadcast_(value, root_rank=0, name=name)
+        hvd.broadcast_(value, root_rank=root, name=name)
         return bool(value.item())
 
+    def broadcast_object(self, obj: Any, name: str, root: int = 0) -> Any:
+        """Rank ``root``'s ``obj`` (small, picklable), on every rank."""
+        if not self.distributed:
+            return obj
+        import accord.torch as hvd
+
+        return hvd.broadcast_object(obj, root_rank=root, name=name)
+
     def broadcast_state(self, network: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
-                        scaler: Any = None) -> None:
-        """Give every rank rank 0's parameters and buffers, and its optimizer (and loss scaler)
-        state when it has one.
+                        scaler: Any = None, root: int = 0) -> None:
+        """Give every rank rank ``root``'s parameters and buffers, and its optimizer (and loss
+        scaler) state when it has one.
 
         A fresh optimizer (no state yet) is identical everywhere already; broadcasting it would
         create state with a zero step (Horovod's way), which shifts Adam's bias correction.
@@ -105,13 +114,21 @@ class World:
             return
         import accord.torch as hvd
 
-        hvd.broadcast_parameters(network.state_dict(), root_rank=0)
+        hvd.broadcast_parameters(network.state_dict(), root_rank=root)
         if optimizer is not None and self.agree(bool(optimizer.state_dict()["state"]),
-                                                "accord.hapi.optimizer_has_state"):
-            hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+                                                "accord.hapi.optimizer_has_state", root):
+            hvd.broadcast_optimizer_state(optimizer, root_rank=root)
         if scaler is not None:  # a few floats: the object broadcast is simplest
-            scaler.load_state_dict(hvd.broadcast_object(scaler.state_dict(), root_rank=0,
-                                                        name="accord.hapi.scaler"))
+            scaler.load_state_dict(self.broadcast_object(scaler.state_dict(), "accord.hapi.scaler", root))
+
+    def join(self) -> int:
+        """``accord.torch.join()``: this rank is out of data; serve the others' collectives (with
+        zeros) until every rank has joined. Returns the rank that joined last."""
+        if not self.distributed:
+            return self.rank
+        import accord.torch as hvd
+
+        return int(hvd.join())
 
 
 def _environment_size() -> int:
