@@ -1,9 +1,10 @@
 """The engine against raw Gloo, side by side in one 2-rank run.
 
-    python benchmarks/engine_allreduce.py [--iters 15] [--warmup 3] [--backend gloo|shm]
+    python benchmarks/engine_allreduce.py [--iters 15] [--warmup 3] [--backend auto|gloo|shm]
 
-``--backend`` picks the engine's CPU backend (ACCORD_CPU_BACKEND); the raw baseline is always
-``torch.distributed`` Gloo. Results go to engine_allreduce.json (gloo) or engine_allreduce_shm.json.
+``--backend`` picks the engine's CPU backend (ACCORD_CPU_BACKEND; auto, the default, is shm on one
+host); the raw baseline is always ``torch.distributed`` Gloo. Results go to engine_allreduce.json
+(gloo) or engine_allreduce_shm.json (shm, auto).
 
 Two workloads, each timed per iteration between barriers, raw and engine interleaved (the order
 alternates every iteration) so machine noise hits both alike; medians after warm-up:
@@ -13,7 +14,8 @@ alternates every iteration) so machine noise hits both alike; medians after warm
 2. 160 tensors of 100 KB submitted async, then synchronized, vs one pre-flattened allreduce of
    the same 16 MB (target: <= 1.1x). For context it also times raw one-by-one allreduces, a
    hand-fused baseline (cat + allreduce + copy back: what any fusing engine must do), and the
-   engine on 160 tensors that are views of one flat buffer (its zero-copy path).
+   engine on 160 tensors that are views of one flat buffer (its zero-copy path);
+3. latency: 20 synchronous 1 KB allreduces, raw vs through the engine.
 
 Prints a table and writes benchmarks/results/engine_allreduce.json.
 """
@@ -50,6 +52,7 @@ def _worker(iters: int, warmup: int) -> dict:
     smalls = [torch.ones(25_600) for _ in range(160)]  # 100 KB each, separately allocated
     flat = torch.ones(25_600 * 160)
     views = list(torch.ones(25_600 * 160).split(25_600))  # 160 views of one buffer
+    tiny = torch.ones(256)  # 1 KB
 
     def engine_many(tensors, prefix):
         handles = [session.submit("allreduce", t, f"{prefix}.{i:03d}", in_place=True)
@@ -70,6 +73,10 @@ def _worker(iters: int, warmup: int) -> dict:
         "raw_hand_fused_160x100KB": hand_fused,
         "engine_160x100KB_adjacent_views": lambda: engine_many(views, "v"),
         "raw_one_by_one_160x100KB": lambda: [dist.all_reduce(t) for t in smalls],
+        # latency: 20 synchronous 1 KB allreduces in a row (per-op cost = time / 20)
+        "raw_20x1KB_sync": lambda: [dist.all_reduce(tiny) for _ in range(20)],
+        "engine_20x1KB_sync": lambda: [session.synchronize(session.submit("allreduce", tiny, "tiny", in_place=True))
+                                       for _ in range(20)],
     }
     samples: dict[str, list[float]] = {k: [] for k in cases}
     for it in range(warmup + iters):
@@ -82,6 +89,7 @@ def _worker(iters: int, warmup: int) -> dict:
             if it >= warmup:
                 samples[name].append(elapsed)
     stats = session.engine().stats()
+    backend = session.backend_name("cpu")
     session.shutdown()
     if rank != 0:
         return {}
@@ -95,11 +103,12 @@ def _worker(iters: int, warmup: int) -> dict:
             "engine_160x100KB_time_vs_hand_fused": round(med["engine_160x100KB"] / med["raw_hand_fused_160x100KB"], 3),
             "engine_adjacent_views_time_vs_raw_flat": round(med["engine_160x100KB_adjacent_views"] / med["raw_flat_16MB"], 3),
             "raw_one_by_one_time_vs_raw_flat": round(med["raw_one_by_one_160x100KB"] / med["raw_flat_16MB"], 3),
+            "engine_1KB_latency_vs_raw": round(med["engine_20x1KB_sync"] / med["raw_20x1KB_sync"], 3),
         },
         "engine_stats_rank0": stats,
         "environment": {
             "torch": torch.__version__, "python": platform.python_version(), "world_size": 2,
-            "engine_backend": os.environ.get("ACCORD_CPU_BACKEND", "gloo"),
+            "engine_backend": backend,
             "raw_backend": "torch.distributed gloo (tcp loopback)", "cpus": os.cpu_count(), "threads_per_rank": 1,
             "iterations": iters, "warmup": warmup,
         },
@@ -110,10 +119,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--iters", type=int, default=15)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--backend", default="gloo", help="engine CPU backend: gloo or shm")
+    parser.add_argument("--backend", default="auto",
+                        help="engine CPU backend: auto (the default: shm on one host), gloo or shm")
     args = parser.parse_args(argv)
     os.environ["ACCORD_CPU_BACKEND"] = args.backend  # inherited by the spawned ranks
     results_path = RESULTS if args.backend == "gloo" else RESULTS.replace(".json", f"_{args.backend}.json")
+    if args.backend == "auto":  # on this one host auto means shm: same file
+        results_path = RESULTS.replace(".json", "_shm.json")
     from accord.run.spawn import spawn
 
     result = spawn(_worker, args=(args.iters, args.warmup), nprocs=2)[0]

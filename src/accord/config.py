@@ -28,6 +28,18 @@ def parse_bool(text: str) -> bool:
     raise ValueError(f"not a boolean: {text!r}")
 
 
+def parse_level(text: str) -> int:
+    """Parse a verbosity level 0, 1, 2, ... (ps-lite's PS_VERBOSE); true/false, yes/no, on/off
+    count as 1/0 so that older boolean settings keep working."""
+    value = text.strip().lower()
+    if value.isdigit():
+        return int(value)
+    try:
+        return int(parse_bool(value))
+    except ValueError:
+        raise ValueError(f"not a level (0, 1, 2) or a boolean: {text!r}") from None
+
+
 @dataclass(frozen=True)
 class Variable:
     """One environment variable: its name, parser, default, doc and accepted aliases."""
@@ -77,7 +89,7 @@ VARIABLES: dict[str, Variable] = {
         _v("ACCORD_ELASTIC_TIMEOUT", float, 60.0, "Seconds elastic ranks wait for live peers to regroup after a failure.", "HOROVOD_ELASTIC_TIMEOUT"),
         _v("ACCORD_LOG_LEVEL", str, "warning", "Log level: trace, debug, info, warning, error.", "HOROVOD_LOG_LEVEL"),
         _v("ACCORD_INTERFACE", str, None, "Network interface to bind and advertise.", "DMLC_INTERFACE", "HOROVOD_GLOO_IFACE"),
-        _v("ACCORD_VERBOSE", parse_bool, False, "Log node registration and connections.", "PS_VERBOSE"),
+        _v("ACCORD_VERBOSE", parse_level, 0, "Verbosity of the launcher and parameter servers: 0 quiet, 1 node registration and connections, 2 also every server message.", "PS_VERBOSE"),
         _v("ACCORD_SHM_CHUNK_BYTES", int, 1 << 20, "Slot size of the shm backend: each op moves data through shared memory in pieces of this many bytes."),
         # --- kvstore and parameter servers (MXNet's launch.py / ps-lite names accepted) ---
         _v("ACCORD_KVSTORE_BIGARRAY_BOUND", int, 1000000, "Arrays with at least this many elements are split across all servers.", "MXNET_KVSTORE_BIGARRAY_BOUND"),
@@ -90,6 +102,7 @@ VARIABLES: dict[str, Variable] = {
         _v("ACCORD_PS_ROOT_PORT", int, None, "Port of the store where parameter servers register (default ACCORD_STORE_PORT).", "DMLC_PS_ROOT_PORT"),
         _v("ACCORD_PS_ROOT_URI", str, None, "Address of the store where parameter servers register (default ACCORD_STORE_ADDR).", "DMLC_PS_ROOT_URI"),
         _v("ACCORD_ROLE", str, "worker", "Role of this process in a parameter-server job: worker, server or scheduler.", "DMLC_ROLE"),
+        _v("ACCORD_SERVER_INDEX", int, None, "Index of this parameter server, 0..servers-1 (set by accordrun --num-servers; default: order of registration)."),
     ]
 }
 

@@ -101,10 +101,7 @@ def test_signal_to_launcher_stops_every_worker(tmp_path, sig):
         assert f"received {signal.Signals(sig).name}; stopped ranks [0, 1]" in err
         assert lib.wait_dead(pids, 5) == []
     finally:
-        if launcher.poll() is None:
-            launcher.kill()
-            launcher.communicate()
-        lib.kill_all(pids)
+        lib.reap(launcher, pids)
 
 
 @pytest.mark.timeout(30)

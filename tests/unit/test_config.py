@@ -18,7 +18,7 @@ def test_horovod_alias_accepted_and_accord_name_wins():
 
 def test_mxnet_aliases():
     assert config.get("ACCORD_INTERFACE", {"DMLC_INTERFACE": "eth1"}) == "eth1"
-    assert config.get("ACCORD_VERBOSE", {"PS_VERBOSE": "1"}) is True
+    assert config.get("ACCORD_VERBOSE", {"PS_VERBOSE": "1"}) == 1  # a level since PS_VERBOSE=2
 
 
 def test_bad_value_names_variable_and_hint():

@@ -68,7 +68,7 @@ def test_bad_input_exits_2_with_hint(argv, fragment, capsys):
 
 
 @pytest.mark.parametrize("argv", [["--bogus", "-np", "2", "python3"], ["-np", "two", "python3"],
-                                  ["--num-servers", "1", "-np", "1", "python3"], ["--verb", "-np", "1", "x"]])
+                                  ["--num-servers"], ["--verb", "-np", "1", "x"]])
 def test_argparse_errors_exit_2_with_hint(argv, capsys):
     with pytest.raises(SystemExit) as info:
         main(argv)

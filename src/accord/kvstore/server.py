@@ -8,12 +8,16 @@ A server reads its configuration from the environment (accord names, MXNet's acc
                                             the job's authenticated store, where servers register
     ACCORD_JOB_SECRET / ACCORD_SECRET_FILE  the per-job secret
     ACCORD_NODE_HOST / DMLC_NODE_HOST       address to advertise (multi-host runs)
-    ACCORD_VERBOSE / PS_VERBOSE             log registration and connections to stderr
+    ACCORD_VERBOSE / PS_VERBOSE             1: log registration and connections to stderr;
+                                            2: also every message (op, key, rank, bytes)
+    ACCORD_SERVER_INDEX                     this server's index (accordrun sets it; default:
+                                            the next value of a store counter)
 
-It takes the next server index from a store counter, binds a ZeroMQ ROUTER socket on a free port
-(loopback when the store is on loopback, else every interface), publishes
-``tcp://host:port`` under ``accord/kvstore/server/<index>`` and serves until a ``stop`` request,
-SIGTERM/SIGINT, or the store stops answering (the job is over), so no server outlives its job.
+It takes its index from ACCORD_SERVER_INDEX (else the next value of a store counter), binds a
+ZeroMQ ROUTER socket on a free port (loopback when the store is on loopback, else every
+interface), publishes ``tcp://host:port`` under ``accord/kvstore/server/<index>`` and serves
+until a ``stop`` request, SIGTERM/SIGINT, or the store stops answering (the job is over), so no
+server outlives its job.
 
 ``ACCORD_ROLE=scheduler`` runs the store itself on ACCORD_PS_ROOT_URI:ACCORD_PS_ROOT_PORT, for
 jobs started MXNet-style (a scheduler, servers and workers started by another tool, e.g. MXNet's
@@ -21,7 +25,9 @@ jobs started MXNet-style (a scheduler, servers and workers started by another to
 stops the servers when it closes (at exit at the latest), as MXNet's does, and the scheduler
 exits once every server has stopped.
 
-The launcher starts servers with :func:`start_servers` (``accordrun --num-servers``).
+``accordrun --num-servers N`` starts N of these programs itself (:mod:`accord.run.servers`;
+the launcher does not import this module); :func:`start_servers` does it for tests and
+:class:`~accord.kvstore.cluster.LocalCluster`.
 """
 from __future__ import annotations
 
@@ -55,16 +61,16 @@ class ParameterServer:
 
     Args:
         secret: the job secret. num_workers: workers in the job. server_id: this server's index.
-        verbose: log connections (PS_VERBOSE).
+        verbose: PS_VERBOSE level: 1 logs connections, 2 also every message.
         payload_mac: authenticate array bytes too (ACCORD_KVSTORE_PAYLOAD_MAC; see protocol).
     """
 
-    def __init__(self, secret: bytes, num_workers: int, server_id: int = 0, verbose: bool = False,
+    def __init__(self, secret: bytes, num_workers: int, server_id: int = 0, verbose: int = 0,
                  payload_mac: bool = True) -> None:
         self._secret = secret
         self._payload_mac = payload_mac
         self.server_id = server_id
-        self.verbose = verbose
+        self.verbose = int(verbose)
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -143,6 +149,10 @@ class ParameterServer:
             log.info("server %d: worker rank %s connected (session %s)", self.server_id,
                      header.get("rank"), sid)
         self._seen[sid] = seq
+        if self.verbose >= 2:  # ps-lite's PS_VERBOSE=2: every message
+            log.info("server %d: %s %s from rank %s (seq %s, %d payload bytes)", self.server_id,
+                     header.get("op"), header.get("key", "-"), header.get("rank"), seq,
+                     sum(memoryview(p).nbytes for p in payloads))
         self.core.handle(peer, header, payloads)
 
     def _send(self, peer: Any, request: dict, fields: dict, payloads: list, digests: list,
@@ -216,15 +226,16 @@ def _advertised(store_host: str) -> tuple[str, str]:
         return "0.0.0.0", socket.gethostname()
 
 
-def _setup_logging(verbose: bool, label: str) -> None:
+def _setup_logging(verbose: int, label: str) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter(f"[{label}] %(message)s"))
     log.addHandler(handler)
-    log.setLevel(logging.INFO if verbose else logging.WARNING)
+    # level 2 also shows the core's per-request debug lines (e.g. each async push)
+    log.setLevel(logging.WARNING if verbose <= 0 else logging.INFO if verbose == 1 else logging.DEBUG)
     log.propagate = False
 
 
-def _run_scheduler(secret: bytes, verbose: bool) -> int:
+def _run_scheduler(secret: bytes, verbose: int) -> int:
     from accord.runtime.store_server import StoreServer
 
     host, port = store_address()
@@ -249,7 +260,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     0 after a stop request, SIGTERM/SIGINT, or once the job's store is gone; 2 when the
     configuration is unusable or the store cannot be reached at start.
     """
-    verbose = bool(config.get("ACCORD_VERBOSE"))
+    verbose = int(config.get("ACCORD_VERBOSE"))
     role = str(config.get("ACCORD_ROLE")).lower()
     _setup_logging(verbose, f"accord-kvstore {role} pid {os.getpid()}")
     try:
@@ -269,14 +280,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
-def _serve(secret: bytes, workers: int, verbose: bool) -> int:
+def _serve(secret: bytes, workers: int, verbose: int) -> int:
     from accord.runtime.store_connection import StoreConnection
 
     host, port = store_address()
     conn = StoreConnection(host, port, secret, timeout=float(config.get("ACCORD_START_TIMEOUT")))
     server = None
     try:
-        server_id = conn.add(SERVER_COUNTER, 1) - 1
+        index = config.get("ACCORD_SERVER_INDEX")
+        server_id = int(index) if index is not None else conn.add(SERVER_COUNTER, 1) - 1
         bind, advertise = _advertised(host)
         server = ParameterServer(secret, workers, server_id, verbose,
                                  bool(config.get("ACCORD_KVSTORE_PAYLOAD_MAC")))

@@ -22,6 +22,7 @@ examples:
   accordrun -np 8 -H node1:4,node2:4 python train.py    two hosts over ssh
   accordrun --hostfile hosts.txt python train.py        hosts from a file ('node1 slots=4')
   accordrun --ips 10.0.0.1,10.0.0.2 --nproc-per-node 2 python train.py
+  accordrun -np 4 --num-servers 2 python train.py       4 workers + 2 parameter servers (kvstore)
   accordrun --check-build                               which frameworks and backends work here
 """
 
@@ -61,6 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--gpus", "--devices", dest="devices",
                    help="devices for each host's workers, e.g. 0,1 (sets CUDA_VISIBLE_DEVICES per worker)")
 
+    g = p.add_argument_group("parameter servers (accord.kvstore, MXNet's launch.py -s)")
+    g.add_argument("--num-servers", metavar="N",
+                   help="also start N parameter servers on this host (default 0; -np counts workers); "
+                        "workers and servers get DMLC_ROLE, DMLC_NUM_SERVER, DMLC_NUM_WORKER, "
+                        "DMLC_PS_ROOT_URI/PORT")
+
     g = p.add_argument_group("rendezvous and processes")
     g.add_argument("--start-timeout", type=float,
                    help="seconds for every rank to check in at the rendezvous (enforced when given)")
@@ -83,7 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prefix-timestamp", action="store_true", help="start every worker line with a timestamp")
     g.add_argument("--ranks-filter", help="show only these ranks on the console, e.g. 0,1 (files keep all)")
     g.add_argument("--log-level", help=f"accord's log level in workers: {', '.join(LOG_LEVELS)}")
-    g.add_argument("--verbose", action="store_true", help="say what the launcher does (also PS_VERBOSE=1)")
+    g.add_argument("--verbose", action="store_true",
+                   help="say what the launcher does (also PS_VERBOSE=1; PS_VERBOSE=2 also logs "
+                        "every parameter-server message)")
 
     g = p.add_argument_group("tuning (passed to the workers' engine)")
     g.add_argument("--fusion-threshold-mb", type=float, help="fusion buffer size in MiB (0: no fusion)")

@@ -1,4 +1,4 @@
-"""Worker failures: exit statuses, signal names and the launcher's root-cause report."""
+"""Worker and server failures: exit statuses, signal names and the launcher's root-cause report."""
 from __future__ import annotations
 
 import signal
@@ -29,7 +29,11 @@ def exit_status(returncode: int) -> int:
 
 @dataclass
 class Failure:
-    """One worker that ended badly (or was stopped)."""
+    """One worker (or parameter server) that ended badly.
+
+    For a server, ``rank`` is the server's index and ``kind`` is ``"server"``: a server that
+    exits before the workers are done is a failure even with status 0.
+    """
 
     rank: int
     host: str
@@ -39,6 +43,12 @@ class Failure:
     stderr_tail: Sequence[str] = ()
     error: dict[str, Any] | None = None  # the worker's error file, when it wrote one
     local_rank: int = 0
+    kind: str = "worker"  # or "server"
+
+    @property
+    def name(self) -> str:
+        """``rank 3`` or ``server 1``."""
+        return f"server {self.rank}" if self.kind == "server" else f"rank {self.rank}"
 
     @property
     def first_seen(self) -> float:
@@ -49,8 +59,14 @@ class Failure:
 
 
 def pick_root_cause(failures: Sequence[Failure]) -> Failure:
-    """The first failure: earliest error-file timestamp, else earliest seen, then lowest rank."""
-    return min(failures, key=lambda f: (f.first_seen, f.rank))
+    """The first failure: a server's, else the earliest error-file timestamp, else earliest seen,
+    then lowest rank.
+
+    A server comes first because workers fail when a server goes away (their error files may
+    carry an earlier time than the launcher's poll that saw the server end), never the reverse:
+    servers keep serving when a worker dies.
+    """
+    return min(failures, key=lambda f: (f.kind != "server", f.first_seen, f.rank))
 
 
 def _indent(text: str, pad: str = "    ") -> str:
@@ -63,6 +79,7 @@ def format_root_cause(
     stopped: Sequence[int] = (),
     title: str = "accordrun: job failed",
     width: int = 72,
+    stopped_servers: Sequence[int] = (),
 ) -> str:
     """The boxed report printed when a job fails.
 
@@ -70,6 +87,7 @@ def format_root_cause(
         root: the first observed failure.
         others: later failures (shown one line each).
         stopped: ranks the launcher stopped because of ``root``.
+        stopped_servers: parameter servers it stopped.
     """
     heavy, light = "=" * width, "-" * width
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(root.when))
@@ -78,11 +96,14 @@ def format_root_cause(
         title,
         light,
         "Root Cause (first observed failure):",
-        f"  rank       : {root.rank} (local_rank {root.local_rank}, host {root.host})",
+        f"  server     : {root.rank} (parameter server, host {root.host})" if root.kind == "server"
+        else f"  rank       : {root.rank} (local_rank {root.local_rank}, host {root.host})",
         f"  pid        : {root.pid}",
         f"  status     : {describe_returncode(root.returncode)}",
         f"  time       : {stamp}",
     ]
+    if root.kind == "server" and root.returncode == 0:
+        lines.append("  (the server ended before the workers did)")
     if root.error:
         lines.append(f"  error      : {root.error.get('type', '?')}: {root.error.get('message', '')}")
         lines.append("  traceback  :")
@@ -95,10 +116,14 @@ def format_root_cause(
     if others:
         lines.append(light)
         lines.append("Other failures:")
-        for f in sorted(others, key=lambda f: f.rank):
-            lines.append(f"  rank {f.rank} (host {f.host}, pid {f.pid}): {describe_returncode(f.returncode)}")
-    if stopped:
+        for f in sorted(others, key=lambda f: (f.kind, f.rank)):
+            lines.append(f"  {f.name} (host {f.host}, pid {f.pid}): {describe_returncode(f.returncode)}")
+    if stopped or stopped_servers:
         lines.append(light)
+    if stopped:
         lines.append(f"Stopped by the launcher: ranks {', '.join(str(r) for r in sorted(stopped))}")
+    if stopped_servers:
+        lines.append("Stopped by the launcher: servers "
+                     f"{', '.join(str(r) for r in sorted(stopped_servers))}")
     lines.append(heavy)
     return "\n".join(lines)

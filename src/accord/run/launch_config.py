@@ -55,6 +55,7 @@ class LaunchConfig:
     master_port: int = 0
     interface_ip: str | None = None
     verbose: bool = False
+    num_servers: int = 0  # parameter servers (--num-servers), started on the launch host
 
     @property
     def remote(self) -> bool:
@@ -76,6 +77,20 @@ def _port(value: int | None, flag: str) -> int:
     if not 0 <= value <= 65535:
         raise ConfigError(with_hint(f"{flag} must be between 0 and 65535, got {value}",
                                     f"pass {flag} 0 (or leave it out) for a free port"))
+    return value
+
+
+def _count(text: str | None, flag: str) -> int:
+    """A non-negative integer flag given as text (so that "two" and "-1" get a precise HINT)."""
+    if text is None:
+        return 0
+    try:
+        value = int(text.strip())
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ConfigError(with_hint(f"{flag} must be a whole number >= 0, got {text!r}",
+                                    f"pass {flag} 0 (no servers, the default) or a count, e.g. {flag} 2"))
     return value
 
 
@@ -168,7 +183,9 @@ def config_from_args(ns: argparse.Namespace, environ: Mapping[str, str], cwd: st
     if log_level is not None and log_level not in LOG_LEVELS:
         raise ConfigError(with_hint(f"--log-level {ns.log_level!r} is not a level",
                                     f"use one of {', '.join(LOG_LEVELS)}"))
-    verbose = bool(ns.verbose or config.get("ACCORD_VERBOSE", environ))
+    # a level: --verbose means at least 1; PS_VERBOSE=2 keeps its 2 for the servers
+    verbose = max(1 if ns.verbose else 0, int(config.get("ACCORD_VERBOSE", environ)))
+    num_servers = _count(ns.num_servers, "--num-servers")
     tuning = Tuning(
         fusion_threshold_mb=ns.fusion_threshold_mb,
         cycle_time_ms=ns.cycle_time_ms,
@@ -203,7 +220,8 @@ def config_from_args(ns: argparse.Namespace, environ: Mapping[str, str], cwd: st
         master_addr=ns.master_addr,
         master_port=_port(ns.master_port, "--master-port"),
         interface_ip=interface_ip,
-        verbose=verbose,
+        verbose=verbose > 0,
+        num_servers=num_servers,
     )
 
 
@@ -216,4 +234,5 @@ def describe(cfg: LaunchConfig) -> dict[str, Any]:
         "remote": cfg.remote,
         "grace_period": cfg.grace_period,
         "start_timeout": cfg.start_timeout,
+        "num_servers": cfg.num_servers,
     }

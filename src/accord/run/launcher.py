@@ -6,6 +6,12 @@ worker that exits non-zero or dies by a signal stops the job: the others get SIG
 period, then SIGKILL of their whole process group; the launcher prints the root cause and exits
 with that worker's status. SIGINT/SIGTERM/SIGHUP to the launcher stop the job the same way (the
 signal received is the one forwarded; a second one skips the grace period).
+
+With ``--num-servers N`` the launcher also starts N parameter servers on this host before the
+workers (:mod:`accord.run.servers`): same session handling, guardian and output multiplexing
+(``[serverN]``). A server that ends while workers still run is a failure and the root cause;
+once every worker has succeeded the servers get SIGTERM (a clean stop, not a failure) and the
+exit code is the workers'.
 """
 from __future__ import annotations
 
@@ -32,6 +38,7 @@ from accord.run.hosts import is_local
 from accord.run.launch_config import LaunchConfig, describe
 from accord.run.local import Guardian, start_process, stop_groups
 from accord.run.output import OutputMux
+from accord.run.servers import ps_env, server_command, server_dirname, server_env, server_label
 from accord.run.ssh import remote_script, secret_line, ssh_argv
 from accord.run.worker_env import (
     SECRET_FILE_VAR,
@@ -55,6 +62,13 @@ class _Worker:
     error_file: str | None
     returncode: int | None = None
     stopped: bool = False  # the launcher asked it to stop
+
+
+@dataclass
+class _Server:
+    index: int
+    proc: subprocess.Popen[bytes]
+    returncode: int | None = None
 
 
 def launch(cfg: LaunchConfig, console_out: BinaryIO | None = None, console_err: BinaryIO | None = None,
@@ -89,6 +103,8 @@ class _Job:
         self._out, self._err, self._log = out, err, log
         self._signals: list[int] = []
         self._workers: list[_Worker] = []
+        self._servers: list[_Server] = []
+        self._stopped_servers: list[int] = []
         self._store: job_store.JobStore | None = None
         self._guardian: Guardian | None = None
         self._mux: OutputMux | None = None
@@ -108,6 +124,9 @@ class _Job:
         for w in self._workers:
             if w.returncode is None:
                 w.returncode = w.proc.poll()
+        for s in self._servers:
+            if s.returncode is None:
+                s.returncode = s.proc.poll()
         return len(self._signals) >= 2
 
     # --- the job -------------------------------------------------------------------------------
@@ -122,7 +141,11 @@ class _Job:
             self._previous[sig] = signal.signal(sig, self._on_signal)
         try:
             job = self._prepare(job_id, secret)
+            self._mux = OutputMux(self._out, self._err, prefix=cfg.prefix, timestamps=cfg.prefix_timestamp,
+                                  ranks_filter=cfg.ranks_filter, output_dir=cfg.output_dir)
+            self._start_servers(job, environ, secret.hex())  # first: they register while workers start
             self._start_workers(job, environ, secret.hex())
+            self._mux.start()
             return self._watch()
         finally:
             self._cleanup()
@@ -156,14 +179,14 @@ class _Job:
             self._say(f"OMP_NUM_THREADS is not set: each worker gets max(1, {cpus} cores // "
                       f"{local_size} workers per host) = {omp_threads(cpus, local_size)} thread(s); "
                       f"set OMP_NUM_THREADS to choose")
-        self._mux = OutputMux(self._out, self._err, prefix=cfg.prefix, timestamps=cfg.prefix_timestamp,
-                              ranks_filter=cfg.ranks_filter, output_dir=cfg.output_dir)
-        assert self._guardian is not None and self._jobdir is not None
+        assert self._guardian is not None and self._jobdir is not None and self._mux is not None
         for slot in cfg.slots:
             remote = not is_local(slot.hostname)
             err_path = None if remote else os.path.join(self._jobdir, f"rank.{slot.rank}.error.json")
             added = worker_env(slot, job, tuning=cfg.tuning, user_env=environ, cpu_count=cpus,
                                devices=cfg.devices, error_file=err_path)
+            if cfg.num_servers:
+                added.update(ps_env("worker", job, cfg.num_servers, cfg.num_proc))
             try:
                 if remote:
                     script = remote_script(cfg.command, forwarded_env(environ, added), cfg.cwd, cfg.grace_period)
@@ -183,7 +206,28 @@ class _Job:
             self._guardian.watch(proc.pid)
             self._workers.append(_Worker(slot, proc, remote, err_path))
             self._mux.add(slot.rank, proc.stdout, proc.stderr)
-        self._mux.start()
+
+    def _start_servers(self, job: JobEnv, environ: dict[str, str], secret_hex: str) -> None:
+        cfg = self.cfg
+        assert self._guardian is not None and self._mux is not None
+        # multi-host: servers run here and advertise the address remote workers reach us at
+        node_host = job.store_addr if cfg.remote else None
+        for index in range(cfg.num_servers):
+            added = server_env(index, job, cfg.num_servers, cfg.num_proc, tuning=cfg.tuning,
+                               user_env=environ, node_host=node_host)
+            try:
+                proc = start_process(server_command(), local_environment(environ, added, secret_hex), cfg.cwd)
+            except OSError as exc:
+                raise LaunchError(with_hint(
+                    f"could not start parameter server {index} ({' '.join(server_command())}): {exc}",
+                    "check that accord is installed for this Python")) from None
+            self._guardian.watch(proc.pid)
+            self._servers.append(_Server(index, proc))
+            self._mux.add(server_label(index), proc.stdout, proc.stderr, dirname=server_dirname(index))
+        if self._servers and cfg.verbose:
+            self._say(f"started {len(self._servers)} parameter servers (pids "
+                      f"{[s.proc.pid for s in self._servers]}); they register at the store "
+                      f"{job.store_addr}:{job.store_port}")
 
     def _watch(self) -> int:
         cfg = self.cfg
@@ -200,6 +244,11 @@ class _Job:
                     w.returncode = w.proc.poll()
                     if w.returncode not in (None, 0):
                         failures.append(self._failure(w))
+            for s in self._servers:  # any end of a server, even status 0, is too early
+                if s.returncode is None:
+                    s.returncode = s.proc.poll()
+                    if s.returncode is not None:
+                        failures.append(self._server_failure(s))
             if failures or all(w.returncode is not None for w in self._workers):
                 break
             if checkin is not None:
@@ -212,12 +261,14 @@ class _Job:
         self._mux.close(timeout=2.0)
         if failures:
             for f in failures:
-                f.stderr_tail = self._mux.stderr_tail(f.rank)[-20:]
+                key = server_label(f.rank) if f.kind == "server" else f.rank
+                f.stderr_tail = self._mux.stderr_tail(key)[-20:]
             root = pick_root_cause(failures)
             others = [f for f in failures if f is not root]
-            self._log.write(format_root_cause(root, others, stopped) + "\n")
+            self._log.write(format_root_cause(root, others, stopped,
+                                              stopped_servers=self._stopped_servers) + "\n")
             self._log.flush()
-            return exit_status(root.returncode)
+            return exit_status(root.returncode) or 1  # a server that ended with 0 still failed
         if self._signals:
             sig = self._signals[0]
             self._say(f"received {signal_name(sig)}; stopped ranks {stopped or 'none (all had ended)'}")
@@ -239,9 +290,16 @@ class _Job:
         return Failure(rank=w.slot.rank, host=w.slot.hostname, pid=w.proc.pid, returncode=w.returncode,
                        error=error, local_rank=w.slot.local_rank)
 
+    def _server_failure(self, s: _Server) -> Failure:
+        assert s.returncode is not None
+        host = socket.gethostname() if self.cfg.remote else "localhost"
+        return Failure(rank=s.index, host=host, pid=s.proc.pid, returncode=s.returncode, kind="server")
+
     def _stop_all(self, sig: int) -> list[int]:
-        """Stop every worker's process group; return the ranks that were still running."""
+        """Stop every worker's and server's process group; return the ranks that were still
+        running (the servers still running go to ``_stopped_servers``)."""
         running = [w for w in self._workers if w.proc.poll() is None]
+        self._stopped_servers = [s.index for s in self._servers if s.proc.poll() is None]
         for w in running:
             w.stopped = True
             if w.remote and w.proc.stdin is not None:
@@ -251,24 +309,34 @@ class _Job:
                     pass
         if running and self.cfg.verbose:
             self._say(f"stopping ranks {[w.slot.rank for w in running]} with {signal_name(sig)}")
+        if self._stopped_servers and self.cfg.verbose:
+            self._say(f"stopping parameter servers {self._stopped_servers} with {signal_name(sig)}")
         # every group, finished workers included: their children must not outlive the job
-        groups = [w.proc.pid for w in self._workers]
+        groups = [w.proc.pid for w in self._workers] + [s.proc.pid for s in self._servers]
         stop_groups(groups, self.cfg.grace_period, reap=self._reap, first_signal=sig)
-        for w in self._workers:
+        for proc in [w.proc for w in self._workers] + [s.proc for s in self._servers]:
             try:
-                w.returncode = w.proc.wait(5.0)
+                proc.wait(5.0)
             except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL was sent already
                 pass
+        for w in self._workers:
+            w.returncode = w.proc.returncode
+        unclean = [s.index for s in self._servers
+                   if s.index in self._stopped_servers and s.proc.returncode not in (0, None)]
+        if unclean and self.cfg.verbose:
+            self._say(f"parameter servers {unclean} did not stop cleanly (killed after the grace period?)")
         return [w.slot.rank for w in running]
 
     def _cleanup(self) -> None:
-        for w in self._workers:  # after an exception mid-start: nothing may survive
-            if w.proc.poll() is None:
+        # after an exception mid-start: nothing may survive
+        for proc in [w.proc for w in self._workers] + [s.proc for s in self._servers]:
+            if proc.poll() is None:
                 try:
-                    os.killpg(w.proc.pid, signal.SIGKILL)
+                    os.killpg(proc.pid, signal.SIGKILL)
                 except OSError:
                     pass
-                w.proc.wait()
+                proc.wait()
+        for w in self._workers:
             if w.proc.stdin is not None:
                 try:
                     w.proc.stdin.close()

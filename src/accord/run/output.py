@@ -6,6 +6,9 @@ U+FFFD), split into lines at ``\\n``, ``\\r\\n`` and ``\\r`` (so progress bars t
 ``\\r`` show up as they happen instead of as one endless line), and a last line without a newline
 is still printed when the stream ends. Per-rank files (``DIR/rank.N/stdout`` and ``stderr``)
 receive the bytes exactly as the worker wrote them. ``--ranks-filter`` limits the console only.
+
+Parameter servers are registered under a text key (``server0``), printed ``[server0]<stderr>:``
+and written to ``DIR/server.0/``; ``--ranks-filter`` does not hide them (it names worker ranks).
 """
 from __future__ import annotations
 
@@ -15,7 +18,9 @@ import os
 import selectors
 import threading
 import time
-from typing import BinaryIO, Iterable
+from typing import BinaryIO, Iterable, Union
+
+Key = Union[int, str]  # a worker's rank, or a text label such as "server0"
 
 _MAX_PENDING = 64 * 1024  # a "line" longer than this is printed in pieces
 
@@ -68,7 +73,7 @@ class LineSplitter:
         return lines
 
 
-def format_line(rank: int, stream: str, line: str, prefix: bool = True, timestamp: float | None = None) -> str:
+def format_line(rank: Key, stream: str, line: str, prefix: bool = True, timestamp: float | None = None) -> str:
     """One console line: ``[0]<stdout>:text``, optionally preceded by a timestamp."""
     head = ""
     if timestamp is not None:
@@ -80,7 +85,7 @@ def format_line(rank: int, stream: str, line: str, prefix: bool = True, timestam
 
 
 class _Stream:
-    def __init__(self, rank: int, name: str, pipe: BinaryIO, tee: BinaryIO | None, sink: BinaryIO | None):
+    def __init__(self, rank: Key, name: str, pipe: BinaryIO, tee: BinaryIO | None, sink: BinaryIO | None):
         self.rank, self.name, self.pipe, self.tee, self.sink = rank, name, pipe, tee, sink
         self.splitter = LineSplitter()
 
@@ -110,18 +115,24 @@ class OutputMux:
         self._output_dir = output_dir
         self._selector = selectors.DefaultSelector()
         self._lock = threading.Lock()
-        self._tails: dict[int, collections.deque[str]] = {}
+        self._tails: dict[Key, collections.deque[str]] = {}
         self._tail_lines = tail_lines
-        self._open: dict[int, int] = {}  # rank -> streams still open
-        self._done: dict[int, threading.Event] = {}
+        self._open: dict[Key, int] = {}  # rank -> streams still open
+        self._done: dict[Key, threading.Event] = {}
         self._wake_r, self._wake_w = os.pipe()
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
         self._thread = threading.Thread(target=self._run, name="accord-output", daemon=True)
         self._stopping = False
         self._closed = False
 
-    def add(self, rank: int, stdout: BinaryIO | None, stderr: BinaryIO | None) -> None:
-        """Register a worker's pipes (before :meth:`start`)."""
+    def add(self, rank: Key, stdout: BinaryIO | None, stderr: BinaryIO | None,
+            dirname: str | None = None) -> None:
+        """Register a worker's pipes (before :meth:`start`).
+
+        Args:
+            rank: the worker's rank, or a text label (``"server0"``) for another process.
+            dirname: its folder under ``output_dir`` (default ``rank.<rank>``).
+        """
         self._tails[rank] = collections.deque(maxlen=self._tail_lines)
         self._done[rank] = threading.Event()
         opened = 0
@@ -130,10 +141,10 @@ class OutputMux:
                 continue
             tee = None
             if self._output_dir is not None:
-                rank_dir = os.path.join(self._output_dir, f"rank.{rank}")
+                rank_dir = os.path.join(self._output_dir, dirname or f"rank.{rank}")
                 os.makedirs(rank_dir, exist_ok=True)
                 tee = open(os.path.join(rank_dir, name), "wb", buffering=0)
-            shown = self._filter is None or rank in self._filter
+            shown = self._filter is None or not isinstance(rank, int) or rank in self._filter
             stream = _Stream(rank, name, pipe, tee, self._console[name] if shown else None)
             os.set_blocking(pipe.fileno(), False)
             self._selector.register(pipe.fileno(), selectors.EVENT_READ, stream)
@@ -146,11 +157,11 @@ class OutputMux:
         """Start the reader thread."""
         self._thread.start()
 
-    def wait_rank(self, rank: int, timeout: float) -> bool:
+    def wait_rank(self, rank: Key, timeout: float) -> bool:
         """Wait until both of ``rank``'s streams ended; False on timeout."""
         return self._done[rank].wait(timeout)
 
-    def stderr_tail(self, rank: int) -> list[str]:
+    def stderr_tail(self, rank: Key) -> list[str]:
         """The last stderr lines of ``rank`` (no prefixes)."""
         with self._lock:
             return list(self._tails.get(rank, ()))

@@ -49,7 +49,13 @@ Resources:
 Tuning flags map to ``ACCORD_FUSION_THRESHOLD`` (bytes), ``ACCORD_CYCLE_TIME`` (ms),
 ``ACCORD_TIMELINE``, ``ACCORD_STALL_CHECK_TIME_SECONDS``, ``ACCORD_STALL_SHUTDOWN_TIME_SECONDS``,
 ``ACCORD_STALL_CHECK_DISABLE``, ``ACCORD_HIERARCHICAL_ALLREDUCE``, ``ACCORD_LOG_LEVEL``,
-``ACCORD_INTERFACE`` and ``ACCORD_VERBOSE`` (see :mod:`accord.config`).
+``ACCORD_INTERFACE`` and ``ACCORD_VERBOSE`` (a level: ``--verbose`` gives 1, ``PS_VERBOSE=2``
+stays 2; see :mod:`accord.config`).
+
+Parameter-server jobs (``--num-servers N`` > 0) add MXNet's ``DMLC_ROLE=worker``,
+``DMLC_NUM_WORKER``, ``DMLC_NUM_SERVER``, ``DMLC_PS_ROOT_URI``, ``DMLC_PS_ROOT_PORT`` and their
+``ACCORD_*`` twins to every worker; :mod:`accord.run.servers` documents them and the servers'
+own environment.
 """
 from __future__ import annotations
 
@@ -64,8 +70,9 @@ SECRET_FILE_VAR = "ACCORD_SECRET_FILE"
 
 # Variables a remote worker gets from the launcher's environment besides the contract
 # (locally the whole environment is inherited).
-FORWARD_PREFIXES = ("ACCORD_", "HOROVOD_", "NCCL_", "GLOO_", "TORCH_", "PYTORCH_", "CUDA_", "OMP_", "MKL_")
-FORWARD_NAMES = ("PYTHONPATH", "PYTHONUNBUFFERED", "LD_LIBRARY_PATH", "DMLC_INTERFACE", "PS_VERBOSE")
+FORWARD_PREFIXES = ("ACCORD_", "HOROVOD_", "NCCL_", "GLOO_", "TORCH_", "PYTORCH_", "CUDA_", "OMP_", "MKL_",
+                    "DMLC_", "MXNET_", "PS_")  # the last three: MXNet's and ps-lite's settings
+FORWARD_NAMES = ("PYTHONPATH", "PYTHONUNBUFFERED", "LD_LIBRARY_PATH")
 
 
 @dataclass(frozen=True)
@@ -81,7 +88,7 @@ class Tuning:
     hierarchical_allreduce: bool = False
     log_level: str | None = None
     network_interface: str | None = None
-    verbose: bool = False
+    verbose: int = 0  # level, as PS_VERBOSE: 0 quiet, 1, 2 (a bool counts as 0/1)
     start_timeout: float | None = None
 
 
@@ -123,7 +130,7 @@ def tuning_env(t: Tuning) -> dict[str, str]:
     if t.network_interface is not None:
         env["ACCORD_INTERFACE"] = t.network_interface
     if t.verbose:
-        env["ACCORD_VERBOSE"] = "1"
+        env["ACCORD_VERBOSE"] = str(int(t.verbose))
     if t.start_timeout is not None:
         env["ACCORD_START_TIMEOUT"] = _num(t.start_timeout)
     return env

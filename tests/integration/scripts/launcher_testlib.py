@@ -94,3 +94,11 @@ def kill_all(pids: list[int]) -> None:
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
+
+
+def reap(launcher, pids: list[int]) -> None:
+    """Test cleanup: kill the launcher if it still runs, then whatever of ``pids`` is alive."""
+    if launcher.poll() is None:
+        launcher.kill()
+        launcher.communicate()
+    kill_all(pids)
