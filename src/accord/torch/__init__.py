@@ -12,7 +12,10 @@ A Horovod script runs with one changed line::
     hvd.broadcast_optimizer_state(opt, root_rank=0)
 
 Beyond Horovod: bfloat16 compression (``Compression.bf16``), Adasum on CPU without MPI,
-SyncBatchNorm on CPU with ``comm_scope='local'``, and every dtype torch has in allreduce.
+SyncBatchNorm on CPU with ``comm_scope='local'``, every dtype torch has in allreduce, and
+``torch.compile`` support: the collectives compile without graph breaks and
+``allreduce_gradients`` reduces gradients in one fused call inside compiled code (see
+:mod:`accord.torch.compiled`).
 """
 from __future__ import annotations
 
@@ -33,9 +36,12 @@ from accord.torch.compression import Compression, Compressor
 from accord.torch.functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                                     broadcast_parameters)
 from accord.torch.handles import poll, synchronize
-from accord.torch.mpi_ops import (allgather, allreduce, allreduce_, alltoall, broadcast, broadcast_,
-                                  grouped_allgather, grouped_allreduce, grouped_allreduce_,
-                                  grouped_reducescatter, reducescatter)
+# The synchronous collectives come from ``compiled``: eager calls go straight to mpi_ops, and
+# under torch.compile they become accord's custom ops (no graph break).
+from accord.torch.compiled import (allgather, allreduce, allreduce_, allreduce_gradients,
+                                   alltoall, broadcast, broadcast_, grouped_allreduce,
+                                   grouped_allreduce_, reducescatter)
+from accord.torch.mpi_ops import grouped_allgather, grouped_reducescatter
 from accord.torch.optimizer import DistributedOptimizer
 from accord.torch.process_sets import (ProcessSet, add_process_set, global_process_set,
                                        remove_process_set)
@@ -46,7 +52,7 @@ __all__ = [
     "Adasum", "Average", "Compression", "Compressor", "DistributedOptimizer",
     "HorovodInternalError", "Max", "Min", "ProcessSet", "Product", "ReduceOp", "Sum",
     "SyncBatchNorm", "add_process_set", "allgather", "allgather_async", "allgather_object",
-    "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "alltoall",
+    "allreduce", "allreduce_", "allreduce_async", "allreduce_gradients", "allreduce_async_", "alltoall",
     "alltoall_async", "barrier", "broadcast", "broadcast_", "broadcast_async",
     "broadcast_async_", "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters",
     "ccl_built", "convert_sync_batchnorm", "cross_rank", "cross_size", "cuda_built",

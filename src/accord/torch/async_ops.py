@@ -82,33 +82,6 @@ def _allreduce_async(tensors: list[torch.Tensor], inplace: bool, names: list[str
     return handles.submit(handle, reqs, finish, keep=tuple(tensors))
 
 
-def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
-                    op: ReduceOp | None = None, prescale_factor: float = 1.0,
-                    postscale_factor: float = 1.0,
-                    process_set: ProcessSet = global_process_set) -> int:
-    """Start averaging/summing ``tensor`` over the ranks of ``process_set``; the input is not
-    modified. Returns a handle for ``poll()``/``synchronize()`` (which returns the result)."""
-    op = handle_average_backwards_compatibility(op, average)
-    handles.check_tensor(tensor, "allreduce")
-    h = handles.allocate()
-    names = [handles.op_name("allreduce", name, _set_id(process_set))]
-    return _allreduce_async([tensor], False, names, h, op, prescale_factor, postscale_factor,
-                            process_set, grouped=False)
-
-
-def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
-                     op: ReduceOp | None = None, prescale_factor: float = 1.0,
-                     postscale_factor: float = 1.0,
-                     process_set: ProcessSet = global_process_set) -> int:
-    """In-place :func:`allreduce_async`: ``synchronize()`` returns ``tensor``, now reduced."""
-    op = handle_average_backwards_compatibility(op, average)
-    handles.check_tensor(tensor, "allreduce")
-    h = handles.allocate()
-    names = [handles.op_name("allreduce", name, _set_id(process_set))]
-    return _allreduce_async([tensor], True, names, h, op, prescale_factor, postscale_factor,
-                            process_set, grouped=False)
-
-
 def _check_group(tensors: Sequence[torch.Tensor], what: str) -> list[torch.Tensor]:
     tensors = list(tensors)
     if not tensors:
@@ -118,17 +91,54 @@ def _check_group(tensors: Sequence[torch.Tensor], what: str) -> list[torch.Tenso
     return tensors
 
 
+def _allreduce_one(tensor: torch.Tensor, inplace: bool, name: str | None, op: ReduceOp,
+                   prescale: float, postscale: float, process_set: ProcessSet) -> int:
+    # The public functions resolve ``op`` themselves: the deprecation warning's stacklevel
+    # points at their caller.
+    handles.check_tensor(tensor, "allreduce")
+    h = handles.allocate()
+    names = [handles.op_name("allreduce", name, _set_id(process_set))]
+    return _allreduce_async([tensor], inplace, names, h, op, prescale, postscale, process_set,
+                            grouped=False)
+
+
+def _allreduce_group(tensors: Sequence[torch.Tensor], inplace: bool, name: str | None,
+                     op: ReduceOp, prescale: float, postscale: float,
+                     process_set: ProcessSet) -> int:
+    tensors = _check_group(tensors, "grouped_allreduce")
+    h = handles.allocate()
+    names = handles.group_names("allreduce", name, len(tensors), _set_id(process_set))
+    return _allreduce_async(tensors, inplace, names, h, op, prescale, postscale, process_set,
+                            grouped=True)
+
+
+def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+                    op: ReduceOp | None = None, prescale_factor: float = 1.0,
+                    postscale_factor: float = 1.0,
+                    process_set: ProcessSet = global_process_set) -> int:
+    """Start averaging/summing ``tensor`` over the ranks of ``process_set``; the input is not
+    modified. Returns a handle for ``poll()``/``synchronize()`` (which returns the result)."""
+    op = handle_average_backwards_compatibility(op, average)
+    return _allreduce_one(tensor, False, name, op, prescale_factor, postscale_factor, process_set)
+
+
+def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+                     op: ReduceOp | None = None, prescale_factor: float = 1.0,
+                     postscale_factor: float = 1.0,
+                     process_set: ProcessSet = global_process_set) -> int:
+    """In-place :func:`allreduce_async`: ``synchronize()`` returns ``tensor``, now reduced."""
+    op = handle_average_backwards_compatibility(op, average)
+    return _allreduce_one(tensor, True, name, op, prescale_factor, postscale_factor, process_set)
+
+
 def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | None = None,
                             name: str | None = None, op: ReduceOp | None = None,
                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                             process_set: ProcessSet = global_process_set) -> int:
     """Allreduce a list of tensors as one group; ``synchronize()`` returns a list of results."""
     op = handle_average_backwards_compatibility(op, average)
-    tensors = _check_group(tensors, "grouped_allreduce")
-    h = handles.allocate()
-    names = handles.group_names("allreduce", name, len(tensors), _set_id(process_set))
-    return _allreduce_async(tensors, False, names, h, op, prescale_factor, postscale_factor,
-                            process_set, grouped=True)
+    return _allreduce_group(tensors, False, name, op, prescale_factor, postscale_factor,
+                            process_set)
 
 
 def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | None = None,
@@ -137,11 +147,8 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | No
                              process_set: ProcessSet = global_process_set) -> int:
     """In-place :func:`grouped_allreduce_async`."""
     op = handle_average_backwards_compatibility(op, average)
-    tensors = _check_group(tensors, "grouped_allreduce")
-    h = handles.allocate()
-    names = handles.group_names("allreduce", name, len(tensors), _set_id(process_set))
-    return _allreduce_async(tensors, True, names, h, op, prescale_factor, postscale_factor,
-                            process_set, grouped=True)
+    return _allreduce_group(tensors, True, name, op, prescale_factor, postscale_factor,
+                            process_set)
 
 
 def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: ReduceOp,

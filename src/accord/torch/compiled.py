@@ -1,0 +1,255 @@
+"""The ``torch.compile``-friendly path of accord.torch (beyond Horovod).
+
+``hvd.allreduce``, ``hvd.allreduce_``, ``hvd.grouped_allreduce``, ``hvd.grouped_allreduce_``,
+``hvd.allgather``, ``hvd.broadcast``, ``hvd.broadcast_``, ``hvd.alltoall`` and
+``hvd.reducescatter`` are the functions below. Called eagerly they go straight to the
+Horovod-compatible functions of :mod:`accord.torch.mpi_ops` (one ``is_compiling()`` check, no
+dispatcher round trip). Traced by ``torch.compile`` they become the custom ops of
+:mod:`accord.torch.compiled_ops`, so a function such as::
+
+    @torch.compile(fullgraph=True)
+    def step(x):
+        return hvd.allreduce(x * 2, name="x", op=hvd.Sum)
+
+compiles without graph breaks and returns what eager mode returns, gradients included.
+
+Names inside compiled code: pass ``name=`` where you can (the engine matches ranks' requests by
+name). Without one, the op is numbered when it *runs* (Horovod's ``noname.<n>`` counter), like
+an eager call: the compiled graph runs its collectives in the same order on every rank, so the
+numbers agree; a number fixed at trace time would not, since ranks may re-trace a different
+number of times.
+
+Compiled code differs from eager in small ways: ``allgather`` and ``alltoall`` results have a
+data-dependent first dimension (other ranks decide it); non-contiguous inputs are made
+contiguous instead of rejected (the compiler chooses layouts); the deprecated ``average=`` does
+not warn (Dynamo cannot trace a warning); there is no double backward through ``allgather``.
+Not traceable (a graph break, then eager as usual): the ``*_async`` functions, ``synchronize``
+and ``poll`` (handles are Python state), the grouped allgather/reducescatter, and
+``join``/``barrier``; nor is ``accord.torch.mpi_ops.allreduce`` & co. (Horovod's module path),
+which stays eager-only.
+
+Gradients of a compiled model: ``model = torch.compile(model)`` with ``hvd.DistributedOptimizer``
+works as in eager mode (the per-parameter hooks fire after the compiled backward). To keep the
+communication inside compiled code instead, use a plain optimizer and
+:func:`allreduce_gradients`, which reduces every gradient in one fused grouped allreduce (torch's
+optimizers break the graph around ``step()`` on purpose, so it stays outside the full graph)::
+
+    @torch.compile(fullgraph=True)
+    def reduce_gradients():
+        hvd.allreduce_gradients(model.parameters())
+
+    loss_fn(model(x), y).backward()
+    reduce_gradients()
+    opt.step()
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+import torch
+
+from accord.comm.ops import ReduceOp
+from accord.engine.compression import Compressor, NoneCompressor
+from accord.errors import with_hint
+from accord.torch import async_ops as A
+from accord.torch import compiled_ops as ops
+from accord.torch import mpi_ops as eager
+from accord.torch.handles import synchronize
+from accord.torch.process_sets import ProcessSet, global_process_set
+
+
+def _compiling() -> bool:
+    # Dynamo treats this as the constant True while it traces, so eager calls never take the
+    # custom-op branch and compiled code never takes the eager one.
+    return torch.compiler.is_compiling()
+
+
+def _op(op: Any, average: Any) -> int:
+    if average is None or op is not None:  # (both given: the eager ValueError)
+        return int(A.handle_average_backwards_compatibility(op, average))
+    # The deprecated ``average=`` alone: eager mode warns, but Dynamo cannot trace a warning.
+    return int(A.Average if average else A.Sum)
+
+
+def _splits_tensor(splits: Any) -> torch.Tensor | None:
+    if splits is None or isinstance(splits, torch.Tensor):
+        return splits
+    return torch.tensor(list(splits), dtype=torch.int32)
+
+
+# --- the Horovod functions, compile-aware -------------------------------------------------------
+
+def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+              compression: type[Compressor] | Compressor = NoneCompressor,
+              op: ReduceOp | None = None, prescale_factor: float = 1.0,
+              postscale_factor: float = 1.0,
+              process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """Average (default) or reduce ``tensor`` over the set; returns a new tensor.
+
+    Example: ``avg = hvd.allreduce(torch.tensor([rank]), op=hvd.Average)``.
+    """
+    if not _compiling():
+        return eager.allreduce(tensor, average, name, compression, op, prescale_factor,
+                               postscale_factor, process_set)
+    compressed, cctx = compression.compress(tensor)
+    out = ops.allreduce(compressed, name or "", _op(op, average), float(prescale_factor),
+                        float(postscale_factor), A._set_id(process_set))
+    return compression.decompress(out, cctx)
+
+
+def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+               op: ReduceOp | None = None, prescale_factor: float = 1.0,
+               postscale_factor: float = 1.0,
+               process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """In-place :func:`allreduce`; returns ``tensor`` (not differentiable, as in Horovod)."""
+    if not _compiling():
+        return eager.allreduce_(tensor, average, name, op, prescale_factor, postscale_factor,
+                                process_set)
+    with torch.no_grad():
+        out = ops.allreduce(tensor, name or "", _op(op, average), float(prescale_factor),
+                            float(postscale_factor), A._set_id(process_set))
+        tensor.copy_(out)
+    return tensor
+
+
+def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = None,
+                      name: str | None = None,
+                      compression: type[Compressor] | Compressor = NoneCompressor,
+                      op: ReduceOp | None = None, prescale_factor: float = 1.0,
+                      postscale_factor: float = 1.0,
+                      process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
+    """Allreduce a list of tensors together; returns a list of new tensors."""
+    if not _compiling():
+        return eager.grouped_allreduce(tensors, average, name, compression, op, prescale_factor,
+                                       postscale_factor, process_set)
+    pairs = [compression.compress(t) for t in tensors]
+    outs = ops.grouped_allreduce([t for t, _ in pairs], name or "", _op(op, average),
+                                 float(prescale_factor), float(postscale_factor),
+                                 A._set_id(process_set))
+    return [compression.decompress(t, c) for t, (_, c) in zip(outs, pairs)]
+
+
+def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = None,
+                       name: str | None = None, op: ReduceOp | None = None,
+                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                       process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
+    """In-place :func:`grouped_allreduce`; returns the input tensors."""
+    if not _compiling():
+        return eager.grouped_allreduce_(tensors, average, name, op, prescale_factor,
+                                        postscale_factor, process_set)
+    tensors = list(tensors)
+    with torch.no_grad():
+        outs = ops.grouped_allreduce(tensors, name or "", _op(op, average), float(prescale_factor),
+                                     float(postscale_factor), A._set_id(process_set))
+        for t, out in zip(tensors, outs):
+            t.copy_(out)
+    return tensors
+
+
+def allgather(tensor: torch.Tensor, name: str | None = None,
+              process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """Concatenate every rank's ``tensor`` along dim 0 (first dims may differ).
+
+    Compiled, the result's first dimension is data-dependent (an unbacked size): code after it
+    must not branch on it.
+    """
+    if not _compiling():
+        return eager.allgather(tensor, name, process_set)
+    return ops.allgather(tensor, name or "", A._set_id(process_set), -1)
+
+
+def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+              process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """Return global rank ``root_rank``'s ``tensor`` on every rank of the set."""
+    if not _compiling():
+        return eager.broadcast(tensor, root_rank, name, process_set)
+    return ops.broadcast(tensor, root_rank, name or "", A._set_id(process_set))
+
+
+def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+               process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """In-place :func:`broadcast`; returns ``tensor``."""
+    if not _compiling():
+        return eager.broadcast_(tensor, root_rank, name, process_set)
+    with torch.no_grad():
+        tensor.copy_(ops.broadcast(tensor, root_rank, name or "", A._set_id(process_set)))
+    return tensor
+
+
+def alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
+             process_set: ProcessSet = global_process_set):
+    """Send ``splits[i]`` rows to rank i of the set and receive theirs.
+
+    Returns the gathered tensor, or ``(output, received_splits)`` when ``splits`` was given.
+    Compiled, the output's first dimension is data-dependent (an unbacked size).
+    """
+    if not _compiling():
+        return eager.alltoall(tensor, splits, name, process_set)
+    out, received = ops.alltoall(tensor, _splits_tensor(splits), name or "",
+                                 A._set_id(process_set), -1)
+    return out if splits is None else (out, received)
+
+
+def reducescatter(tensor: torch.Tensor, name: str | None = None,
+                  compression: type[Compressor] | Compressor = NoneCompressor,
+                  op: ReduceOp = A.Average, process_set: ProcessSet = global_process_set,
+                  prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> torch.Tensor:
+    """Reduce (Sum or Average) over the set, then keep this rank's share of dim 0."""
+    if not _compiling():
+        return eager.reducescatter(tensor, name, compression, op, process_set, prescale_factor,
+                                   postscale_factor)
+    compressed, cctx = compression.compress(tensor)
+    out = ops.reducescatter(compressed, name or "", int(op), float(prescale_factor),
+                            float(postscale_factor), A._set_id(process_set))
+    return compression.decompress(out, cctx)
+
+
+# --- gradients in one fused call ----------------------------------------------------------------
+
+def allreduce_gradients(parameters: Iterable[torch.Tensor], op: ReduceOp = ReduceOp.AVERAGE,
+                        gradient_predivide_factor: float = 1.0,
+                        compression: type[Compressor] | Compressor = NoneCompressor,
+                        name: str = "gradients",
+                        process_set: ProcessSet = global_process_set) -> None:
+    """Replace every parameter's ``.grad`` by its reduction over the set, in one grouped allreduce.
+
+    The compile-friendly alternative to ``DistributedOptimizer``'s gradient hooks: call it
+    between ``backward()`` and a plain optimizer's ``step()``, eagerly or inside
+    ``torch.compile(fullgraph=True)``. Parameters with ``requires_grad`` and no gradient yet get
+    zeros (another rank may have one). Every rank must pass the same parameters in the same
+    order; ``name`` must differ between concurrent calls.
+
+    Raises:
+        ValueError: a gradient is sparse (use DistributedOptimizer, which handles them).
+    """
+    params = [p for p in parameters if p.requires_grad]
+    if not params:
+        return
+    for i, p in enumerate(params):
+        if p.grad is not None and p.grad.is_sparse:
+            raise ValueError(with_hint(
+                f"allreduce_gradients got a sparse gradient (parameter {i} of those with "
+                f"requires_grad, shape {list(p.shape)})",
+                "use hvd.DistributedOptimizer for sparse gradients, or make them dense"))
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    grads = [p.grad for p in params]
+    op = ReduceOp(op)
+    pre, post = 1.0, 1.0
+    if op == ReduceOp.AVERAGE:  # as DistributedOptimizer: 1/f before the sum, f/size after
+        pre, post = 1.0 / gradient_predivide_factor, float(gradient_predivide_factor)
+    pairs = [compression.compress(g) for g in grads]
+    wire = [t for t, _ in pairs]
+    with torch.no_grad():
+        if _compiling():
+            outs = ops.grouped_allreduce(wire, name, int(op), pre, post, A._set_id(process_set))
+        else:  # in place: without compression the gradients themselves are reduced, no copy
+            outs = synchronize(A.grouped_allreduce_async_(wire, name=name, op=op,
+                                                          prescale_factor=pre,
+                                                          postscale_factor=post,
+                                                          process_set=process_set))
+        for g, out, (_, cctx) in zip(grads, outs, pairs):
+            value = compression.decompress(out, cctx)
+            if value is not g:
+                g.copy_(value)
