@@ -19,6 +19,7 @@ its stores in the same order).
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import sys
 from typing import Any, Sequence
@@ -61,6 +62,38 @@ def _flat_view(out: Any) -> np.ndarray | None:
     if out.device.type != "cpu" or not out.is_contiguous() or out.dtype == torch.bfloat16:
         return None
     return out.detach().numpy().reshape(-1)
+
+
+class _PullSink:
+    """Writes a pulled key's pieces into its outputs as each one arrives (still in cache)."""
+
+    def __init__(self, numel: int, outs: list[Any]) -> None:
+        self.numel, self.held, self.bad = numel, 0, False
+        views = [_flat_view(o) for o in outs]
+        self.direct = [v for v in views if v is not None]  # CPU memory written in place
+        self.others = [o for o, v in zip(outs, views) if v is None]  # via one assembled copy
+        self.whole: np.ndarray | None = None
+
+    def piece(self, part: Part, header: dict, payloads: list) -> None:
+        try:
+            array = np.frombuffer(payloads[0].buffer, dtype=np.dtype(header["dtype"]))
+        except (IndexError, KeyError, TypeError, ValueError):
+            array = None
+        self.held += 0 if array is None else array.size
+        if array is None or array.size != part.size:  # reported after the wait
+            self.bad = True
+            return
+        for view in self.direct:
+            np.copyto(view[part.start:part.stop], array, casting="unsafe")
+        if self.others:
+            if self.whole is None:
+                self.whole = np.empty(self.numel, dtype=array.dtype)
+            self.whole[part.start:part.stop] = array
+
+    def finish(self) -> None:
+        if self.others and self.whole is not None:
+            for out in self.others:
+                write(out, torch.from_numpy(self.whole))
 
 
 def _log_to_stderr() -> None:
@@ -256,37 +289,22 @@ class DistKVStore(KVStoreBase):
         self._conns.wait_sent(tracked)
 
     def _pull(self, groups: Sequence[tuple[Key, list[Any]]]) -> None:
-        keys = list(dict.fromkeys(k for k, _ in groups))
-        acks = self._settle(keys)
-        requests = {k: [self._conns.request(p.server, "pull", self._fields(k, p))[0]
-                        for p in self._parts[k]] for k in keys}
-        pulls = [s for seqs in requests.values() for s in seqs]
-        answers = dict(zip(acks + pulls, self._conns.wait(acks + pulls, "pull")))
-        pieces: dict[Key, list[tuple[Part, np.ndarray]]] = {}
-        for k in keys:
-            got = []
-            for part, seq in zip(self._parts[k], requests[k]):
-                header, payloads = answers[seq]
-                got.append((part, np.frombuffer(payloads[0].buffer, dtype=np.dtype(header["dtype"]))))
-            if sum(a.size for _, a in got) != self._keys[k].numel:
+        outs: dict[Key, list[Any]] = {}
+        for k, values in groups:
+            outs.setdefault(k, []).extend(values)
+        acks = self._settle(list(outs))
+        sinks = {k: _PullSink(self._keys[k].numel, targets) for k, targets in outs.items()}
+        pulls = [self._conns.request(p.server, "pull", self._fields(k, p),
+                                     on_answer=functools.partial(sinks[k].piece, p))[0]
+                 for k in outs for p in self._parts[k]]
+        self._conns.wait(acks + pulls, "pull")
+        for k, sink in sinks.items():
+            if sink.bad or sink.held != self._keys[k].numel:
                 raise ValueError(with_hint(
-                    f"pull of key {k!r}: the servers hold {sum(a.size for _, a in got)} elements, "
-                    f"this worker initialised it with shape {self._keys[k].shape}",
+                    f"pull of key {k!r}: the servers hold {sink.held} elements, this worker "
+                    f"initialised it with shape {self._keys[k].shape}",
                     "every worker must init the key with the same shape"))
-            pieces[k] = got
-        for k, outs in groups:
-            whole = None
-            for o in outs:
-                target = _flat_view(o)
-                if target is not None:  # write each piece straight into the output's memory
-                    for part, array in pieces[k]:
-                        np.copyto(target[part.start:part.stop], array, casting="unsafe")
-                    continue
-                if whole is None:
-                    whole = np.empty(self._keys[k].numel, dtype=pieces[k][0][1].dtype)
-                    for part, array in pieces[k]:
-                        whole[part.start:part.stop] = array
-                write(o, torch.from_numpy(whole))
+            sink.finish()
 
     # --- synchronisation, optimizer, compression ---------------------------------------------
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -26,6 +26,9 @@ log = logging.getLogger("accord.kvstore")
 
 _COPY_LIMIT = 64 * 1024
 _POLL_MS = 200
+
+# on_answer(header, payload frames): consumes an answer as soon as it is authenticated
+Sink = Callable[[dict, list], None]
 
 
 class ServerError(AccordError, ValueError):
@@ -40,10 +43,15 @@ class ServerConnections:
         secret: the job secret. rank, num_workers: this worker's place (sent in every header).
         timeout: seconds a wait may go without an answer before failing.
         payload_mac: authenticate array bytes too (see :mod:`accord.kvstore.protocol`).
+
+    Raises:
+        ConfigError: ``payload_mac`` is on and the ``cryptography`` package is missing.
     """
 
     def __init__(self, endpoints: Sequence[str], secret: bytes, rank: int, num_workers: int,
                  timeout: float, verbose: bool = False, payload_mac: bool = True) -> None:
+        if payload_mac:
+            protocol.require_payload_mac()  # a missing package fails here, before any socket
         self.endpoints = list(endpoints)
         self._payload_mac = payload_mac
         self._secret = secret
@@ -71,17 +79,22 @@ class ServerConnections:
         self._seq = 0
         self._pending: dict[int, int] = {}  # seq -> server index
         self._answers: dict[int, tuple[dict, list]] = {}
+        self._sinks: dict[int, Sink] = {}
         self._started = time.monotonic()
         self._closed = False
 
     # --- requests ----------------------------------------------------------------------------
 
     def request(self, server: int, op: str, fields: dict[str, Any], payloads: Sequence[Any] = (),
-                track: bool = False) -> tuple[int, Any]:
+                track: bool = False, on_answer: Sink | None = None) -> tuple[int, Any]:
         """Send one request; returns ``(seq, tracker)``.
 
         ``track=True`` with a large payload returns a zmq tracker: the payload's memory (the
         caller's) is in use until :meth:`wait_sent` says it was sent.
+
+        ``on_answer`` (which must not raise) takes a successful answer's header and payloads the
+        moment it arrives authenticated, while its bytes are still in cache; :meth:`wait` then
+        returns that answer without payloads, and zmq can reuse their memory at once.
         """
         self._poll_monitors()
         self._check_alive(server)
@@ -93,6 +106,8 @@ class ServerConnections:
         big = any(memoryview(p).nbytes > _COPY_LIMIT for p in payloads)
         tracker = self._socks[server].send_multipart(frames, copy=not big, track=big and track)
         self._pending[self._seq] = server
+        if on_answer is not None:
+            self._sinks[self._seq] = on_answer
         return self._seq, tracker
 
     def wait_sent(self, trackers: Sequence[tuple[int, Any]]) -> None:
@@ -175,6 +190,10 @@ class ServerConnections:
                             self._rank, server, seq)
                 continue
             del self._pending[seq]
+            sink = self._sinks.pop(seq, None)
+            if sink is not None and "error" not in header:
+                sink(header, payloads)
+                payloads = []
             self._answers[seq] = (header, payloads)
 
     def _poll_monitors(self) -> None:
@@ -224,6 +243,7 @@ class ServerConnections:
         if self._closed:
             return
         self._closed = True
+        self._sinks.clear()
         for sock, mon in zip(self._socks, self._monitors):
             sock.disable_monitor()
             mon.close(linger=0)

@@ -45,7 +45,7 @@ import zmq
 from accord import config
 from accord.errors import AuthenticationError, ConfigError, RendezvousError, with_hint
 from accord.kvstore import protocol
-from accord.kvstore.server_core import ServerCore, _Buf
+from accord.kvstore.server_core import ServerCore, _Buf, retain_freed_memory
 
 log = logging.getLogger("accord.kvstore")
 
@@ -283,6 +283,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _serve(secret: bytes, workers: int, verbose: int) -> int:
     from accord.runtime.store_connection import StoreConnection
 
+    if config.get("ACCORD_KVSTORE_PAYLOAD_MAC"):
+        protocol.require_payload_mac()  # fail at start, not at the first message
+    retain_freed_memory()  # process wide, so here in the server process, not in ServerCore
     host, port = store_address()
     conn = StoreConnection(host, port, secret, timeout=float(config.get("ACCORD_START_TIMEOUT")))
     server = None

@@ -17,9 +17,13 @@ do max/min rounds.
 a push without one is answered with an error, never a hang).
 
 Arrays that a reply may still be sending (zero-copy) are waited for before being written.
+A round's first push is kept as received (its zmq frame, no copy) and merged with the second
+straight into the round's buffer, so no push is copied just to be added. A server asks glibc to
+keep freed message buffers (:func:`retain_freed_memory`), so that receiving does not page-fault.
 """
 from __future__ import annotations
 
+import ctypes
 import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -29,12 +33,13 @@ import numpy as np
 
 from accord.kvstore import optimizers as opt
 from accord.kvstore.codec import dequantize_2bit
-from accord.kvstore.protocol import digest
+from accord.kvstore.protocol import PayloadSeal
 
 log = logging.getLogger("accord.kvstore")
 
-# reply(peer, request header, answer fields, payloads, payload digests, track)
-Reply = Callable[[Any, dict, dict, list, list, "_Buf | None"], None]
+# reply(peer, request header, answer fields, payloads, their reusable PayloadSeal or None,
+# the buffer they live in, whose writes must wait for zero-copy sends)
+Reply = Callable[[Any, dict, dict, list, "PayloadSeal | None", "_Buf | None"], None]
 
 
 class RequestError(Exception):
@@ -42,30 +47,29 @@ class RequestError(Exception):
 
 
 class _Buf:
-    """An array that zero-copy replies may still be reading; wait for them before writing."""
+    """An array that zero-copy replies may still be reading; wait for them before writing.
 
-    __slots__ = ("array", "trackers", "digest")
+    Every write goes through :meth:`writable`, which also drops the array's payload seal (the
+    Poly1305 tag that every pull of this unchanged value reuses; see :mod:`protocol`).
+    """
+
+    __slots__ = ("array", "trackers", "seal")
 
     def __init__(self, array: np.ndarray) -> None:
         self.array = array
         self.trackers: list[Any] = []
-        self.digest: bytes | None = None
+        self.seal = PayloadSeal()
 
     def writable(self) -> np.ndarray:
+        self.seal.clear()
         for tracker in self.trackers:
             tracker.wait()
         self.trackers.clear()
-        self.digest = None
         return self.array
 
     def sent(self, tracker: Any) -> None:
         self.trackers = [t for t in self.trackers if not t.done]
         self.trackers.append(tracker)
-
-    def payload_digest(self, payload_mac: bool) -> bytes:
-        if self.digest is None:
-            self.digest = digest(self.array, payload_mac)
-        return self.digest
 
 
 @dataclass
@@ -73,6 +77,7 @@ class _Entry:
     stored: _Buf
     param_only: bool
     merged: _Buf | None = None
+    first: np.ndarray | None = None  # the round's first push, as received, until the second
     contributors: set[int] = field(default_factory=set)
     acks: list[tuple[Any, dict]] = field(default_factory=list)
     pulls: list[tuple[Any, dict]] = field(default_factory=list)
@@ -92,6 +97,24 @@ class _Space:
     barriers: dict[int, list[tuple[Any, dict]]] = field(default_factory=lambda: defaultdict(list))
 
 
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
+
+
+def retain_freed_memory(keep_bytes: int = 256 << 20) -> bool:
+    """Make glibc keep freed blocks (up to ``keep_bytes``) for reuse; False without glibc.
+
+    zmq allocates each received message (a few MB) and frees it once merged; by default glibc
+    unmaps or trims such blocks, so every message page-faults in again (~10k faults, 10-15 ms of
+    CPU per server per 100 MB round here). Process wide: for parameter-server processes only.
+    """
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (AttributeError, OSError):
+        return False
+    # 32 MiB is glibc's largest mmap threshold on 64-bit: smaller blocks come from the heap.
+    return bool(mallopt(_M_MMAP_THRESHOLD, 32 << 20)) and bool(mallopt(_M_TRIM_THRESHOLD, keep_bytes))
+
+
 def _dtype(name: Any) -> np.dtype:
     try:
         dtype = np.dtype(str(name))
@@ -109,7 +132,8 @@ class ServerCore:
         num_workers: workers in the job (a dist_sync round needs one push from each).
         server_id: this server's index (for messages).
         reply: sends an answer; see :data:`Reply`.
-        payload_mac: digests of stored values cover their bytes (see :mod:`protocol`).
+        payload_mac: whether messages authenticate array bytes (informational: the
+            transport applies it; see :mod:`accord.kvstore.protocol`).
     """
 
     def __init__(self, num_workers: int, server_id: int, reply: Reply, payload_mac: bool = True) -> None:
@@ -147,11 +171,11 @@ class ServerCore:
             self.error(peer, header, f"malformed {header.get('op')!r} request: {exc!r}")
 
     def ok(self, peer: Any, header: dict, fields: dict | None = None, payloads: list | None = None,
-           digests: list | None = None, buf: _Buf | None = None) -> None:
-        self._reply(peer, header, {"ok": True, **(fields or {})}, payloads or [], digests or [], buf)
+           reuse: PayloadSeal | None = None, buf: _Buf | None = None) -> None:
+        self._reply(peer, header, {"ok": True, **(fields or {})}, payloads or [], reuse, buf)
 
     def error(self, peer: Any, header: dict, message: str) -> None:
-        self._reply(peer, header, {"error": message, "server": self.server_id}, [], [], None)
+        self._reply(peer, header, {"error": message, "server": self.server_id}, [], None, None)
 
     # --- helpers -----------------------------------------------------------------------------
 
@@ -248,7 +272,7 @@ class ServerCore:
     def _send_value(self, peer: Any, header: dict, entry: _Entry) -> None:
         stored = entry.stored
         self.ok(peer, header, {"dtype": stored.array.dtype.str, "n": entry.size},
-                [stored.array], [stored.payload_digest(self.payload_mac)], stored)
+                [stored.array], stored.seal, stored)
 
     def _sync_message(self, space: _Space, entry: _Entry, peer: Any, header: dict,
                       payloads: list) -> None:
@@ -272,17 +296,23 @@ class ServerCore:
         rop = header.get("rop", "sum")
         if rop not in ("sum", "max", "min"):
             raise RequestError(f"unknown push op {rop!r}")
-        if not entry.contributors:
-            if entry.merged is None:
-                entry.merged = _Buf(np.empty_like(entry.stored.array))
-            np.copyto(entry.merged.writable(), value, casting="unsafe")
-            entry.op = rop
-        elif rop != entry.op:
+        if entry.contributors and rop != entry.op:
             raise RequestError(f"push of key {_show(header['key'])} with op={rop!r} while other "
                                f"workers pushed op={entry.op!r} in this round")
+        if entry.merged is None:
+            entry.merged = _Buf(np.empty_like(entry.stored.array))
+        fn = {"sum": np.add, "max": np.maximum, "min": np.minimum}[rop]
+        if not entry.contributors:
+            entry.op = rop
+            if self.num_workers > 1:
+                entry.first = value  # merged with the second push in one pass
+            else:
+                np.copyto(entry.merged.writable(), value, casting="unsafe")
+        elif entry.first is not None:
+            fn(entry.first, value, out=entry.merged.writable(), casting="unsafe")
+            entry.first = None
         else:
-            merged = entry.merged.array
-            fn = {"sum": np.add, "max": np.maximum, "min": np.minimum}[rop]
+            merged = entry.merged.writable()
             fn(merged, value, out=merged, casting="unsafe")
         entry.contributors.add(int(header["rank"]))
         entry.acks.append((peer, header))
@@ -293,7 +323,7 @@ class ServerCore:
         merged = entry.merged
         assert merged is not None
         if entry.param_only:
-            arr = merged.array
+            arr = merged.writable()
             if arr.dtype.kind == "f":
                 arr /= self.num_workers
             else:
