@@ -201,7 +201,7 @@ def _start_accord_store():
     """Start accord's authenticated store on a free loopback port; return it and the env."""
     import secrets
 
-    from accord.runtime.store_server import StoreServer
+    from accord.store.server import StoreServer
 
     secret = secrets.token_bytes(32)
     server = StoreServer(host="127.0.0.1", port=0, secret=secret)

@@ -102,7 +102,7 @@ def test_explicit_master_port_in_use_is_a_clear_error():
 
 @pytest.mark.timeout(30)
 def test_explicit_store_port_in_use_is_a_clear_error():
-    pytest.importorskip("accord.runtime.store_server")
+    pytest.importorskip("accord.store.server")
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen(1)
@@ -136,7 +136,7 @@ def test_launcher_does_not_import_torch():
     assert "accord.run.cli" in imported and not any(m.split(".")[0] == "torch" for m in imported)
     # every module the launcher and spawn use, imported together
     code = ("import sys, accord, accord.run.cli, accord.run.launcher, accord.run.spawn, "
-            "accord.run.job_store, accord.runtime.store_server, accord.runtime.store_connection; "
+            "accord.run.job_store, accord.store.server, accord.store.connection; "
             "accord.spawn; print('torch' in sys.modules)")
     check = subprocess.run([lib.PYTHON, "-c", code], capture_output=True, text=True, timeout=20)
     assert check.stdout.strip() == "False", check.stderr

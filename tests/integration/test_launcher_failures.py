@@ -120,7 +120,7 @@ def test_sigkilled_launcher_takes_workers_down(tmp_path):
 
 @pytest.mark.timeout(30)
 def test_start_timeout_names_missing_ranks(tmp_path):
-    pytest.importorskip("accord.runtime.store_connection")
+    pytest.importorskip("accord.store.connection")
     start = time.monotonic()
     proc = lib.accordrun("-np", "3", "--start-timeout", "2", lib.PYTHON, lib.script("checkin.py"), "1", timeout=30)
     assert proc.returncode == 1, proc.stderr
@@ -131,6 +131,6 @@ def test_start_timeout_names_missing_ranks(tmp_path):
 
 @pytest.mark.timeout(30)
 def test_start_timeout_met_runs_normally(tmp_path):
-    pytest.importorskip("accord.runtime.store_connection")
+    pytest.importorskip("accord.store.connection")
     proc = lib.accordrun("-np", "2", "--start-timeout", "10", lib.PYTHON, lib.script("checkin.py"), "-1", "0.5")
     assert proc.returncode == 0, proc.stderr

@@ -140,7 +140,7 @@ def test_wrong_secret_is_refused_and_the_server_keeps_serving():
     from accord.errors import AuthenticationError
     from accord.kvstore.connection import ServerConnections
     from accord.kvstore.server import SERVER_KEY
-    from accord.runtime.store_connection import StoreConnection
+    from accord.store.connection import StoreConnection
 
     with _cluster(1, 1) as cl:
         with StoreConnection("127.0.0.1", cl.store.port, cl.secret, timeout=10) as conn:

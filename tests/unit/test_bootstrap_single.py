@@ -10,8 +10,8 @@ from accord.errors import ConfigError, RendezvousError
 from accord.runtime import environments as envs
 from accord.runtime.bootstrap import active_runtime, bootstrap, load_secret
 from accord.runtime.rendezvous import CHECKIN_KEY, interface_address
-from accord.runtime.store_connection import StoreConnection
-from accord.runtime.store_server import StoreServer
+from accord.store.connection import StoreConnection
+from accord.store.server import StoreServer
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -13,9 +13,9 @@ from datetime import timedelta
 import pytest
 
 from accord.errors import RendezvousError
-from accord.runtime import wire
-from accord.runtime.store_connection import StoreConnection
-from accord.runtime.store_server import StoreServer
+from accord.store import wire
+from accord.store.connection import StoreConnection
+from accord.store.server import StoreServer
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from accord.errors import AuthenticationError
-from accord.runtime import wire
+from accord.store import wire
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -148,7 +148,7 @@ class DistKVStore(KVStoreBase):
 
     def __init__(self, name: str, num_servers: int) -> None:
         super().__init__(name)
-        from accord.runtime.store_connection import StoreConnection
+        from accord.store.connection import StoreConnection
 
         self._sync = name != "dist_async"
         self._on_device = "device" in name

@@ -43,7 +43,7 @@ class LocalCluster:
 
     def __init__(self, num_servers: int, num_workers: int, *, env: Mapping[str, str] | None = None,
                  stderr: Any = None) -> None:
-        from accord.runtime.store_server import StoreServer
+        from accord.store.server import StoreServer
 
         self.num_servers, self.num_workers = num_servers, num_workers
         self.secret = secrets.token_bytes(32)

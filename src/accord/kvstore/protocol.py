@@ -53,7 +53,7 @@ from typing import Any, Sequence
 
 from accord import config
 from accord.errors import AuthenticationError, ConfigError, RendezvousError, with_hint
-from accord.runtime.secret import read_secret_file, secret_from_hex
+from accord.store.secret import read_secret_file, secret_from_hex
 
 __all__ = ["PayloadSeal", "ProtocolError", "REFUSED", "TO_SERVER", "TO_WORKER", "load_secret",
            "open_message", "require_payload_mac", "seal"]

@@ -236,7 +236,7 @@ def _setup_logging(verbose: int, label: str) -> None:
 
 
 def _run_scheduler(secret: bytes, verbose: int) -> int:
-    from accord.runtime.store_server import StoreServer
+    from accord.store.server import StoreServer
 
     host, port = store_address()
     servers = int(config.get("ACCORD_NUM_SERVERS"))
@@ -281,7 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _serve(secret: bytes, workers: int, verbose: int) -> int:
-    from accord.runtime.store_connection import StoreConnection
+    from accord.store.connection import StoreConnection
 
     if config.get("ACCORD_KVSTORE_PAYLOAD_MAC"):
         protocol.require_payload_mac()  # fail at start, not at the first message

@@ -46,7 +46,7 @@ class JobStore:
     """accord's rendezvous store for one job, and the check-in query the launcher needs."""
 
     def __init__(self, bind_host: str, port: int, secret: bytes) -> None:
-        from accord.runtime.store_server import StoreServer  # torch-free
+        from accord.store.server import StoreServer  # torch-free
 
         self._secret = secret
         self._server = StoreServer(host=bind_host, port=port, secret=secret)
@@ -68,7 +68,7 @@ class JobStore:
 
     def missing_ranks(self, ranks: Sequence[int]) -> list[int]:
         """The ranks among ``ranks`` that have not set their check-in key yet."""
-        from accord.runtime.store_connection import StoreConnection
+        from accord.store.connection import StoreConnection
 
         if self._conn is None:
             self._conn = StoreConnection("127.0.0.1" if self._server.host in ("0.0.0.0", "")
@@ -88,13 +88,13 @@ class JobStore:
 
 
 def start_store(bind_host: str, port: int, secret: bytes) -> JobStore | None:
-    """Start the job's store; None when accord.runtime.store_server is not available.
+    """Start the job's store; None when accord.store.server is not available.
 
     Raises:
         LaunchError: the port is in use or the address cannot be bound.
     """
     try:
-        import accord.runtime.store_server  # noqa: F401
+        import accord.store.server  # noqa: F401
     except ImportError:
         return None
     return JobStore(bind_host, port, secret)

@@ -66,7 +66,7 @@ def ps_env(role: str, job: JobEnv, num_servers: int, num_workers: int) -> dict[s
     if job.store_addr is None or job.store_port is None:
         raise LaunchError(with_hint(
             f"--num-servers {num_servers} needs accord's rendezvous store, which is not available",
-            "check that accord is fully installed (accord.runtime.store_server imports), or run "
+            "check that accord is fully installed (accord.store.server imports), or run "
             "without --num-servers"))
     values = {
         "ROLE": role,

@@ -38,7 +38,7 @@ import torch.distributed as dist
 from accord import config
 from accord.errors import RendezvousError, with_hint
 from accord.runtime import environments as envs
-from accord.runtime.secret import read_secret_file, secret_from_hex
+from accord.store.secret import read_secret_file, secret_from_hex
 from accord.runtime.rendezvous import Rendezvous, reach_store
 from accord.runtime.topology import Topology, topology_from_hostnames
 

@@ -25,9 +25,9 @@ import torch.distributed as dist
 from accord import config
 from accord.errors import ConfigError, RendezvousError, with_hint
 from accord.runtime import environments as envs
-from accord.runtime import wire
+from accord.store import wire
 from accord.runtime.store_client import StoreClient
-from accord.runtime.store_server import StoreServer
+from accord.store.server import StoreServer
 
 log = logging.getLogger("accord.runtime")
 

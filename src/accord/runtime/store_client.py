@@ -21,7 +21,7 @@ from typing import Iterator, Sequence
 
 import torch.distributed as dist
 
-from accord.runtime.store_connection import StoreConnection
+from accord.store.connection import StoreConnection
 
 # Idle connections kept for reuse; more are opened on demand and closed when returned.
 _POOL_SIZE = 4

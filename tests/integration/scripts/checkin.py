@@ -5,7 +5,7 @@ import sys
 import time
 
 from accord.run.worker_env import CHECKIN_KEY
-from accord.runtime.store_connection import StoreConnection
+from accord.store.connection import StoreConnection
 
 rank = int(os.environ["ACCORD_RANK"])
 skip = int(sys.argv[1]) if len(sys.argv) > 1 else -1

@@ -1,7 +1,7 @@
 """The job's rendezvous store: an authenticated key-value server and its torch-free client.
 
 :class:`StoreServer` keeps ``str -> bytes`` pairs in memory and serves them over
-:mod:`accord.runtime.wire` (every frame carries an HMAC-SHA256 with the per-job secret, checked
+:mod:`accord.store.wire` (every frame carries an HMAC-SHA256 with the per-job secret, checked
 before anything is decoded). One daemon thread accepts, one thread serves each connection, so a
 client blocked in ``get``/``wait`` holds up nobody else. Counters made by ``add`` are stored as
 ASCII decimals, like torch's TCPStore, so ``get`` of a counter returns ``b"3"``.
@@ -24,7 +24,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from accord.errors import AuthenticationError, RendezvousError, with_hint
-from accord.runtime import wire
+from accord.store import wire
 
 log = logging.getLogger("accord.store")
 

@@ -12,8 +12,8 @@ import time
 from typing import Any, Sequence
 
 from accord.errors import RendezvousError, with_hint
-from accord.runtime import wire
-from accord.runtime.store_server import Op, Status
+from accord.store import wire
+from accord.store.server import Op, Status
 
 # Extra seconds the socket waits beyond a blocking request's own timeout, so that the server's
 # TIMEOUT answer (which names the missing keys) arrives before the socket gives up.
@@ -21,7 +21,7 @@ _SOCKET_SLACK = 10.0
 
 
 class StoreConnection:
-    """One connection to a :class:`~accord.runtime.store_server.StoreServer`.
+    """One connection to a :class:`~accord.store.server.StoreServer`.
 
     Args:
         host, port: where the store listens.

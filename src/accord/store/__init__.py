@@ -1,0 +1,11 @@
+"""accord.store: the job's authenticated key-value store, without torch.
+
+The launcher (:mod:`accord.run`) runs the server; workers (:mod:`accord.runtime`), parameter
+servers and kvstore clients connect to it. Every frame carries an HMAC-SHA256 with the per-job
+secret, checked before anything is decoded (:mod:`accord.store.wire`); no pickle.
+
+- :mod:`accord.store.wire`: frames, MACs, nonces.
+- :mod:`accord.store.server`: ``StoreServer`` (set, get, add, compare_set, wait, delete, num_keys).
+- :mod:`accord.store.connection`: ``StoreConnection``, a blocking client.
+- :mod:`accord.store.secret`: reading the job secret (hex or a 0600 file).
+"""
