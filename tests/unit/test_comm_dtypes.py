@@ -110,6 +110,12 @@ def test_scale_semantics():
     ints = torch.tensor([7, -7, 3], dtype=torch.int32)
     dtypes.scale_(ints, 0.5)
     assert ints.tolist() == [3, -3, 1] and ints.dtype == torch.int32
+    longs = torch.tensor([7, -7, 3])
+    dtypes.scale_(longs, 0.5)
+    assert longs.tolist() == [3, -3, 1] and longs.dtype == torch.int64
+    floats = torch.tensor([1.0, 2.0])
+    dtypes.scale_(floats, 0.5)
+    assert floats.tolist() == [0.5, 1.0]
     halves = torch.tensor([1.0, 3.0], dtype=torch.float16)
     dtypes.scale_(halves, 0.25)
     assert halves.tolist() == [0.25, 0.75]

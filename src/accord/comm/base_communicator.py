@@ -4,8 +4,9 @@ A backend subclasses :class:`BaseCommunicator` and implements the ``_primitives`
 reductions on contiguous tensors, and byte movement with per-rank counts). This class supplies
 the rest, identically for every backend: the dtype/op emulation of :mod:`accord.comm.dtypes`,
 non-contiguous inputs, ragged first dimensions (sizes are exchanged first), uneven
-reduce-scatter, alltoall splits, and argument checks that every rank agrees on, so a bad
-argument on one rank raises on all of them instead of leaving the others waiting.
+reduce-scatter, alltoall splits, and argument checks that every rank agrees on (the checks
+themselves live in :mod:`accord.comm.agreement`), so a bad argument on one rank raises on all of
+them instead of leaving the others waiting.
 """
 from __future__ import annotations
 
@@ -15,10 +16,13 @@ from typing import Any, Callable, Sequence
 import torch
 
 from accord.comm import dtypes
-from accord.comm.ops import ReduceOp
-from accord.errors import (
-    AccordError, CollectiveError, MismatchError, RankFailedError, with_hint,
+from accord.comm.agreement import (
+    alltoall_splits, check_headers, check_root, header, normalize_ranks, scatter_problem,
 )
+from accord.comm.ops import ReduceOp
+from accord.errors import AccordError, CollectiveError, RankFailedError, with_hint
+
+__all__ = ["BaseCommunicator", "normalize_ranks", "split_rows"]  # normalize_ranks: re-exported
 
 _PEER_LOST = ("timed out", "timeout", "connection closed", "connection reset", "broken pipe",
               "closed by peer", "connection refused", "peer")
@@ -36,13 +40,6 @@ def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
         # Empty numpy-born tensors can have stride 0, which view() rejects; nothing to move anyway.
         return torch.empty(0, dtype=torch.uint8, device=tensor.device)
     return tensor.reshape(-1).view(torch.uint8)
-
-
-def _shape_hash(shape: Sequence[int]) -> int:
-    value = 0
-    for dim in shape:
-        value = (value * 1000003 + int(dim) + 1) % (2**61 - 1)
-    return value
 
 
 def _collective(fn: Callable) -> Callable:
@@ -136,7 +133,7 @@ class BaseCommunicator:
     @_collective
     def reduce(self, tensor: torch.Tensor, op: ReduceOp, root: int) -> None:
         """Reduce into root's ``tensor`` in place; other ranks' tensors are left unspecified."""
-        self._check_root(root)
+        check_root(root, self.size, self.ranks)
         if (tensor.dtype, op) in self._fast and tensor.is_contiguous():
             self._reduce_native(tensor, op, root)
             return
@@ -181,7 +178,7 @@ class BaseCommunicator:
     @_collective
     def broadcast(self, tensor: torch.Tensor, root: int) -> None:
         """Overwrite ``tensor`` with root's, in place."""
-        self._check_root(root)
+        check_root(root, self.size, self.ranks)
         work = self._contiguous(tensor, writable=True)
         self._broadcast_native(_as_bytes(work), root)
         if work is not tensor:
@@ -200,7 +197,7 @@ class BaseCommunicator:
     @_collective
     def gather(self, tensor: torch.Tensor, root: int) -> torch.Tensor | None:
         """Like allgather, but only ``root`` gets the result (others get None)."""
-        self._check_root(root)
+        check_root(root, self.size, self.ranks)
         work = self._contiguous(tensor, writable=False)
         work = work.reshape(1) if work.dim() == 0 else work
         rows = self._agree_rows("gather", work)
@@ -217,10 +214,10 @@ class BaseCommunicator:
         Non-root ranks may pass None. Root announces dtype and shapes first, so non-roots need
         no template; a bad ``chunks`` on root raises ValueError on every rank.
         """
-        self._check_root(root)
+        check_root(root, self.size, self.ranks)
         problem = ""
         if self.rank == root:
-            problem = self._scatter_problem(chunks)
+            problem = scatter_problem(chunks, self.size)
             first = chunks[0] if not problem else None
             head = [0 if problem else 1, dtypes.dtype_code(first.dtype) if first is not None else 0,
                     first.dim() if first is not None else 0]
@@ -245,20 +242,6 @@ class BaseCommunicator:
         out = self._scatterv(data, [r * row_bytes for r in rows], root)
         return out.view(dtype).reshape(rows[self.rank], *trailing)
 
-    def _scatter_problem(self, chunks: Any) -> str:
-        if not isinstance(chunks, (list, tuple)) or len(chunks) != self.size:
-            return f"expected a list of {self.size} tensors, got {type(chunks).__name__}" + (
-                f" of length {len(chunks)}" if isinstance(chunks, (list, tuple)) else "")
-        if not all(isinstance(c, torch.Tensor) and c.dim() >= 1 for c in chunks):
-            return "every chunk must be a tensor with at least one dimension"
-        kinds = {(c.dtype, tuple(c.shape[1:])) for c in chunks}
-        if len(kinds) != 1:
-            return "chunks differ in dtype or shape after dim 0: " + ", ".join(
-                f"{c.dtype} {list(c.shape)}" for c in chunks)
-        if dtypes.dtype_code(chunks[0].dtype) < 0:
-            return f"dtype {chunks[0].dtype} is not supported"
-        return ""
-
     @_collective
     def alltoall(self, tensor: torch.Tensor, splits: Sequence[int] | torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Send ``splits[i]`` rows to rank i (even split when None).
@@ -267,10 +250,9 @@ class BaseCommunicator:
         a CPU int64 tensor with the number of rows received from each rank.
         """
         work = self._contiguous(tensor, writable=False)
-        problem, sizes = self._alltoall_splits(work, splits)
-        headers = self._exchange([1 if not problem else 0, dtypes.dtype_code(work.dtype), work.dim(),
-                                  _shape_hash(work.shape[1:]), *sizes])
-        self._check_headers("alltoall", work, headers, problem)
+        problem, sizes = alltoall_splits(work, splits, self.size)
+        headers = self._exchange(header(not problem, work, *sizes))
+        check_headers("alltoall", work, headers, problem, self.ranks, self.rank, self._exchange)
         received = [h[4 + self.rank] for h in headers]
         row_bytes = _row_bytes(work)
         data = self._alltoallv(_as_bytes(work), [s * row_bytes for s in sizes],
@@ -278,33 +260,12 @@ class BaseCommunicator:
         out = data.view(work.dtype).reshape(sum(received), *work.shape[1:])
         return out, torch.tensor(received, dtype=torch.int64)
 
-    def _alltoall_splits(self, work: torch.Tensor, splits: Any) -> tuple[str, list[int]]:
-        if work.dim() == 0:
-            return "the tensor is a scalar; alltoall needs at least one dimension", [0] * self.size
-        rows = work.shape[0]
-        if splits is None:
-            if rows % self.size:
-                return (f"dim 0 ({rows}) is not divisible by the {self.size} ranks and no splits "
-                        "were given", [0] * self.size)
-            return "", [rows // self.size] * self.size
-        values = splits.tolist() if isinstance(splits, torch.Tensor) else list(splits)
-        if len(values) != self.size or any(int(v) < 0 for v in values) or sum(int(v) for v in values) != rows:
-            return (f"splits {values} must have {self.size} non-negative entries summing to dim 0 "
-                    f"({rows})", [0] * self.size)
-        return "", [int(v) for v in values]
-
     @_collective
     def barrier(self) -> None:
         """Return once every rank has entered."""
         self._barrier()
 
     # ---- helpers ----
-    def _check_root(self, root: int) -> None:
-        if not isinstance(root, int) or not 0 <= root < self.size:
-            raise ValueError(with_hint(
-                f"root {root!r} is not a rank of this communicator (size {self.size}, global ranks {list(self.ranks)})",
-                f"pass a communicator rank between 0 and {self.size - 1}"))
-
     def _contiguous(self, tensor: torch.Tensor, writable: bool) -> torch.Tensor:
         if tensor.is_contiguous():
             return tensor
@@ -335,28 +296,10 @@ class BaseCommunicator:
         return None if got is None else got.view(work.dtype).reshape(self.size, *work.shape)
 
     def _agree_rows(self, kind: str, work: torch.Tensor) -> list[int]:
-        headers = self._exchange([1, dtypes.dtype_code(work.dtype), work.dim(), _shape_hash(work.shape[1:]),
-                                  work.shape[0]])
-        self._check_headers(kind, work, headers, "")
+        """Every rank's dim 0, after checking that dtypes and trailing shapes agree."""
+        headers = self._exchange(header(True, work, work.shape[0]))
+        check_headers(kind, work, headers, "", self.ranks, self.rank, self._exchange)
         return [h[4] for h in headers]
-
-    def _check_headers(self, kind: str, work: torch.Tensor, headers: list[list[int]], problem: str) -> None:
-        bad = [self.ranks[i] for i, h in enumerate(headers) if not h[0]]
-        if bad:
-            mine = f"; here (rank {self.ranks[self.rank]}): {problem}" if problem else ""
-            raise ValueError(with_hint(f"{kind}: invalid arguments on ranks {bad}{mine}",
-                                       f"fix the {kind} arguments on those ranks"))
-        if len({tuple(h[1:4]) for h in headers}) == 1:
-            return
-        # Rare path: fetch every rank's full shape to say exactly who sent what.
-        ndim = max(h[2] for h in headers)
-        shape = list(work.shape) + [-1] * (ndim - work.dim())
-        shapes = self._exchange([dtypes.dtype_code(work.dtype), *shape])
-        seen = ", ".join(
-            f"rank {self.ranks[i]} sent {_dtype_name(s[0])} {[d for d in s[1:] if d >= 0]}" for i, s in enumerate(shapes))
-        raise MismatchError(with_hint(
-            f"Mismatched {kind} tensors over ranks {list(self.ranks)}: {seen}",
-            "every rank must pass the same dtype and the same shape after the first dimension"))
 
     def _failure(self, name: str, exc: BaseException) -> CollectiveError:
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -389,22 +332,3 @@ def _itemsize(dtype: torch.dtype) -> int:
 def _row_bytes(work: torch.Tensor) -> int:
     return _numel(work.shape[1:]) * work.element_size()
 
-
-def _dtype_name(code: int) -> str:
-    return str(dtypes.dtype_from_code(code)).replace("torch.", "") if 0 <= code < len(dtypes.DTYPES) else "?"
-
-
-def normalize_ranks(ranks: Sequence[int], world_size: int) -> tuple[int, ...]:
-    """Check a member list and return it in communicator order (ascending global rank).
-
-    Raises:
-        ValueError: empty, duplicated, or outside ``0 .. world_size-1``.
-    """
-    values = [int(r) for r in ranks]
-    bad = [r for r in values if not 0 <= r < world_size]
-    if not values or bad or len(set(values)) != len(values):
-        raise ValueError(with_hint(
-            f"invalid communicator ranks {values} for a job of {world_size} ranks"
-            + (f" (out of range: {bad})" if bad else ""),
-            f"pass distinct global ranks between 0 and {world_size - 1}"))
-    return tuple(sorted(values))

@@ -12,7 +12,9 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from accord.comm.base_communicator import split_rows
 from accord.comm.backend import Communicator
+from accord.comm.dtypes import scale_
 from accord.comm.ops import ReduceOp
 from accord.engine.compression import decompress_into
 from accord.engine.fusion import FusionBuffers, adjacent_span, copy_out, pack, plan_work, unpack
@@ -34,29 +36,11 @@ class CommunicationFailure(Exception):
         self.cause = cause
 
 
-def scale_(tensor: torch.Tensor, factor: float) -> None:
-    """Multiply in place by ``factor``; integers are scaled in float64 and truncated."""
-    if factor == 1.0:
-        return
-    if tensor.is_floating_point() or tensor.is_complex():
-        tensor.mul_(factor)
-    elif tensor.dtype == torch.bool:
-        raise ValueError(f"cannot scale a bool tensor by {factor}")
-    else:
-        tensor.copy_(tensor.to(torch.float64).mul_(factor))
-
-
 def wire_reduction(op: ReduceOp, dtype: torch.dtype, postscale: float, n: int) -> tuple[ReduceOp, float]:
     """(op to send, postscale to apply): floating AVERAGE becomes SUM with 1/n folded in."""
     if op == ReduceOp.AVERAGE and (dtype.is_floating_point or dtype.is_complex):
         return ReduceOp.SUM, postscale / n
     return op, postscale
-
-
-def even_splits(rows: int, parts: int) -> list[int]:
-    """Split ``rows`` into ``parts`` near-equal counts; lower indices get the extra rows."""
-    base, extra = divmod(rows, parts)
-    return [base + (1 if i < extra else 0) for i in range(parts)]
 
 
 def _comm_call(fn: Callable[..., Any], *args: Any) -> Any:
@@ -248,7 +232,7 @@ class Executor:
         if r.op is Op.SCATTER:
             chunks = None
             if me_root:
-                splits = list(r.splits) if r.splits else even_splits(r.tensor.shape[0], comm.size)
+                splits = list(r.splits) if r.splits else split_rows(r.tensor.shape[0], comm.size)
                 chunks = list(torch.split(r.tensor, splits))
             return _comm_call(comm.scatter, chunks, root)
         if r.op is Op.ALLTOALL:

@@ -15,10 +15,12 @@ order; the first that recognises its variables wins:
    After the MPI detectors: ``mpirun`` inside an allocation sees SLURM_* of the allocation.
 6. ``single``   - nothing set: one process, rank 0 of 1.
 
-More detectors can be added with :func:`register_detector`.
+More detectors can be added with :func:`register_detector`; a launcher that sets plain
+integer variables needs only a :class:`LauncherVariables` entry and :func:`detect_from`.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 from dataclasses import dataclass
@@ -117,52 +119,54 @@ def detect_accord(env: Mapping[str, str]) -> JobEnvironment | None:
     )
 
 
-def detect_torchrun(env: Mapping[str, str]) -> JobEnvironment | None:
-    """torchrun / torch.distributed.launch, or any env:// job that sets RANK and WORLD_SIZE."""
-    rank, size = _int(env, "RANK"), _int(env, "WORLD_SIZE")
+@dataclass(frozen=True)
+class LauncherVariables:
+    """Where a launcher that sets plain integer variables keeps rank, size and local values.
+
+    ``extra`` reads launcher-specific fields; it runs only once rank and size are known to be
+    set, so a malformed extra variable of a launcher that is not in use never raises.
+    """
+
+    source: str
+    rendezvous: str
+    world: tuple[str, str]  # (rank, size)
+    local: tuple[str | None, str | None] = (None, None)  # (local rank, local size)
+    extra: Callable[[Mapping[str, str]], dict] | None = None
+
+
+def detect_from(names: LauncherVariables, env: Mapping[str, str]) -> JobEnvironment | None:
+    """The environment ``names`` describe, or None when its rank or size variable is unset.
+
+    Raises:
+        ConfigError: one of the variables is set but not an integer.
+    """
+    rank, size = (_int(env, name) for name in names.world)
     if rank is None or size is None:
         return None
-    return JobEnvironment(
-        source="torchrun", rank=rank, size=size, rendezvous=TORCH_STORE,
-        local_rank=_int(env, "LOCAL_RANK"), local_size=_int(env, "LOCAL_WORLD_SIZE"),
-        node_rank=_int(env, "GROUP_RANK"),
-        restart_count=_int(env, "TORCHELASTIC_RESTART_COUNT") or 0,
+    local_rank, local_size = (_int(env, name) if name else None for name in names.local)
+    fields = {"local_rank": local_rank, "local_size": local_size}
+    extra = names.extra(env) if names.extra else {}
+    # MASTER_ADDR/PORT win when set; an extra "store_addr" is the launcher's fallback address.
+    fallback = extra.pop("store_addr", None)
+    fields.update(extra)
+    fields.update(_master(env))
+    if fields["store_addr"] is None:
+        fields["store_addr"] = fallback
+    return JobEnvironment(source=names.source, rank=rank, size=size, rendezvous=names.rendezvous,
+                          **fields, **_common(env))
+
+
+def _torchrun_extra(env: Mapping[str, str]) -> dict:
+    return {
+        "node_rank": _int(env, "GROUP_RANK"),
+        "restart_count": _int(env, "TORCHELASTIC_RESTART_COUNT") or 0,
         # torchrun's agent hosts the TCPStore (torch >= 2.2); plain env:// jobs host it on rank 0.
-        agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() in ("1", "true"),
-        **_master(env), **_common(env),
-    )
+        "agent_store": env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() in ("1", "true"),
+    }
 
 
-def detect_openmpi(env: Mapping[str, str]) -> JobEnvironment | None:
-    """Open MPI's mpirun."""
-    rank, size = _int(env, "OMPI_COMM_WORLD_RANK"), _int(env, "OMPI_COMM_WORLD_SIZE")
-    if rank is None or size is None:
-        return None
-    return JobEnvironment(
-        source="openmpi", rank=rank, size=size, rendezvous=RANK0_STORE,
-        local_rank=_int(env, "OMPI_COMM_WORLD_LOCAL_RANK"),
-        local_size=_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE"),
-        **_master(env), **_common(env),
-    )
-
-
-def detect_mpich(env: Mapping[str, str]) -> JobEnvironment | None:
-    """MPICH and Intel MPI (Hydra process manager, PMI)."""
-    rank, size = _int(env, "PMI_RANK"), _int(env, "PMI_SIZE")
-    if rank is None or size is None:
-        return None
-    return JobEnvironment(
-        source="mpich", rank=rank, size=size, rendezvous=RANK0_STORE,
-        local_rank=_int(env, "MPI_LOCALRANKID"), local_size=_int(env, "MPI_LOCALNRANKS"),
-        **_master(env), **_common(env),
-    )
-
-
-def detect_slurm(env: Mapping[str, str]) -> JobEnvironment | None:
-    """A SLURM job step (srun). MASTER_ADDR defaults to the first node of the step."""
-    rank, size = _int(env, "SLURM_PROCID"), _int(env, "SLURM_NTASKS")
-    if rank is None or size is None:
-        return None
+def _slurm_extra(env: Mapping[str, str]) -> dict:
+    """Node list, node rank, and the local size of this node (SLURM has no local-size variable)."""
     nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or ""
     nodes = tuple(expand_nodelist(nodelist)) if nodelist else ()
     node_rank = _int(env, "SLURM_NODEID")
@@ -172,14 +176,30 @@ def detect_slurm(env: Mapping[str, str]) -> JobEnvironment | None:
         counts = expand_tasks_per_node(per_node)
         if node_rank < len(counts):
             local_size = counts[node_rank]
-    master = _master(env)
-    if master["store_addr"] is None and nodes:
-        master["store_addr"] = nodes[0]
-    return JobEnvironment(
-        source="slurm", rank=rank, size=size, rendezvous=RANK0_STORE,
-        local_rank=_int(env, "SLURM_LOCALID"), local_size=local_size, node_rank=node_rank,
-        nodes=nodes, **master, **_common(env),
-    )
+    # Without MASTER_ADDR, rank 0's store runs on the first node of the step.
+    return {"nodes": nodes, "node_rank": node_rank, "local_size": local_size,
+            "store_addr": nodes[0] if nodes else None}
+
+
+# torchrun / torch.distributed.launch, or any env:// job that sets RANK and WORLD_SIZE.
+TORCHRUN = LauncherVariables("torchrun", TORCH_STORE, ("RANK", "WORLD_SIZE"),
+                             ("LOCAL_RANK", "LOCAL_WORLD_SIZE"), extra=_torchrun_extra)
+# Open MPI's mpirun.
+OPENMPI = LauncherVariables("openmpi", RANK0_STORE, ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+                            ("OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"))
+# MPICH and Intel MPI (Hydra process manager, PMI).
+MPICH = LauncherVariables("mpich", RANK0_STORE, ("PMI_RANK", "PMI_SIZE"),
+                          ("MPI_LOCALRANKID", "MPI_LOCALNRANKS"))
+# A SLURM job step (srun).
+SLURM = LauncherVariables("slurm", RANK0_STORE, ("SLURM_PROCID", "SLURM_NTASKS"),
+                          ("SLURM_LOCALID", None), extra=_slurm_extra)
+
+
+# One detector per table entry (the names DETECTORS and register_detector's `before` use).
+detect_torchrun: Detector = functools.partial(detect_from, TORCHRUN)
+detect_openmpi: Detector = functools.partial(detect_from, OPENMPI)
+detect_mpich: Detector = functools.partial(detect_from, MPICH)
+detect_slurm: Detector = functools.partial(detect_from, SLURM)
 
 
 def detect_single(env: Mapping[str, str]) -> JobEnvironment:
