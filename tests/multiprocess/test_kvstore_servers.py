@@ -160,6 +160,37 @@ def test_wrong_secret_is_refused_and_the_server_keeps_serving():
 
 
 
+def test_workers_on_the_servers_host_use_its_unix_socket_and_others_tcp(tmp_path):
+    import os
+    import stat
+
+    from accord.kvstore.connection import ServerConnections, pick_endpoint
+    from accord.kvstore.server import SERVER_KEY
+    from accord.store.connection import StoreConnection
+
+    with _cluster(1, 1) as cl:
+        with StoreConnection("127.0.0.1", cl.store.port, cl.secret, timeout=10) as conn:
+            advertised = conn.get(SERVER_KEY.format(index=0)).decode()
+        tcp, ipc = advertised.split("|")
+        assert tcp.startswith("tcp://127.0.0.1:") and ipc.startswith("ipc://")
+        path = ipc[len("ipc://"):]
+        assert stat.S_ISSOCK(os.stat(path).st_mode)
+        assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700  # private to the user
+        assert pick_endpoint(advertised) == ipc
+        # A worker on another host does not see the path: it takes TCP.
+        assert pick_endpoint(f"{tcp}|ipc://{tmp_path}/elsewhere.sock") == tcp
+        assert pick_endpoint(tcp) == tcp
+        for endpoint in (advertised, tcp):  # both ways reach the same server
+            conns = ServerConnections([endpoint], cl.secret, rank=0, num_workers=1, timeout=10)
+            try:
+                seq, _ = conns.request(0, "ping", {})
+                (header, _), = conns.wait([seq])
+                assert header["ok"] and header["server"] == 0
+            finally:
+                conns.close()
+    assert not os.path.exists(os.path.dirname(path))  # the server removed its socket directory
+
+
 # --- an MXNet-style job: DMLC_* variables, a scheduler, the script run as a server -------------
 
 def _mxnet_style_worker(rank, size):

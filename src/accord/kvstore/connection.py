@@ -12,7 +12,9 @@ exited or was killed); every request waiting on that server then fails at once w
 from __future__ import annotations
 
 import logging
+import os
 import secrets
+import stat
 import time
 from typing import Any, Callable, Sequence
 
@@ -33,6 +35,20 @@ Sink = Callable[[dict, list], None]
 
 class ServerError(AccordError, ValueError):
     """A server refused a request (unknown key, wrong shape, ...); the message says why."""
+
+
+def pick_endpoint(advertised: str) -> str:
+    """The endpoint to connect to from what a server advertised (``tcp://h:p[|ipc://path]``):
+    its Unix socket when that exists on this host, else its TCP endpoint."""
+    choices = advertised.split("|")
+    for choice in choices[1:]:
+        if choice.startswith("ipc://"):
+            try:
+                if stat.S_ISSOCK(os.stat(choice[len("ipc://"):]).st_mode):
+                    return choice
+            except OSError:
+                pass  # another host (or the server is gone): TCP it is
+    return choices[0]
 
 
 class ServerConnections:
@@ -62,7 +78,8 @@ class ServerConnections:
         self._socks: list[zmq.Socket] = []
         self._monitors: list[zmq.Socket] = []
         self._poller = zmq.Poller()
-        for endpoint in self.endpoints:
+        for advertised in self.endpoints:
+            endpoint = pick_endpoint(advertised)
             sock = self._ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
             mon = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
