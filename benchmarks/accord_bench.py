@@ -29,7 +29,7 @@ RUNS: list[tuple[str, list[str]]] = [
     ("collectives_allreduce_engine", [
         "collectives", "--nproc-per-node", "2", "--ops", "allreduce", "--min-bytes", "4",
         "--max-bytes", "256MB", "--step-factor", "4", "--iters", "10", "--warmup", "3",
-        "--compare", "raw", "--backends", "gloo", "--api", "engine"]),
+        "--compare", "raw", "--backends", "gloo,shm", "--api", "engine"]),
     ("collectives_allreduce_comm", [
         "collectives", "--nproc-per-node", "2", "--ops", "allreduce", "--min-bytes", "4",
         "--max-bytes", "256MB", "--step-factor", "4", "--iters", "10", "--warmup", "3",

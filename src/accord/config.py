@@ -77,7 +77,7 @@ VARIABLES: dict[str, Variable] = {
         _v("ACCORD_GPU_BACKEND", str, "nccl", "Backend for CUDA tensors: nccl, or a registered name."),
         _v("ACCORD_FUSION_THRESHOLD", int, 64 * 1024 * 1024, "Bytes per fusion buffer; 0 turns fusion off.", "HOROVOD_FUSION_THRESHOLD"),
         _v("ACCORD_CYCLE_TIME", float, 1.0, "Most milliseconds the engine gathers requests into one cycle after the first arrives.", "HOROVOD_CYCLE_TIME"),
-        _v("ACCORD_CYCLE_QUIET_TIME", float, 0.2, "A cycle starts early once no request arrived for this many milliseconds."),
+        _v("ACCORD_CYCLE_QUIET_TIME", float, 0.0, "Milliseconds without a new request after which a gathering cycle starts (0: as soon as nothing new is queued)."),
         _v("ACCORD_TIMELINE", str, None, "Write a chrome://tracing timeline to this path (rank 0).", "HOROVOD_TIMELINE"),
         _v("ACCORD_TIMELINE_MARK_CYCLES", parse_bool, False, "Mark engine cycles in the timeline.", "HOROVOD_TIMELINE_MARK_CYCLES"),
         _v("ACCORD_STALL_CHECK_DISABLE", parse_bool, False, "Turn the stall inspector off.", "HOROVOD_STALL_CHECK_DISABLE"),

@@ -299,7 +299,8 @@ def _three_rank_checks(rank, size):
     from accord.errors import MismatchError
     from helpers.engine_comm import start_engine
 
-    eng = start_engine(rank, size, extra_sets=[(0, 2)])
+    # A non-zero quiet time here: the gathering loop that waits for submissions to pause.
+    eng = start_engine(rank, size, extra_sets=[(0, 2)], quiet_time=0.0005)
     members = (0, 2)
     hs = {}
     for k in range(4):  # set {0, 2} and the global set interleaved, in different orders

@@ -53,5 +53,10 @@ def test_settings_from_config_with_horovod_aliases(monkeypatch):
     assert s.tick == 0.5  # a quarter of the stall check time, below the 1 s idle interval
     assert EngineSettings(stall_check_disable=True).tick == 1.0
     assert EngineSettings.from_config(fusion_threshold=0).fusion_threshold == 0
+    assert s.quiet_time == 0.0  # default: a cycle starts as soon as the queue stops growing
+    monkeypatch.setenv("ACCORD_CYCLE_QUIET_TIME", "0.25")
+    assert EngineSettings.from_config().quiet_time == 0.00025
+    with pytest.raises(ConfigError, match="ACCORD_CYCLE_QUIET_TIME"):
+        EngineSettings(quiet_time=-1)
     with pytest.raises(ConfigError, match="HINT"):
         EngineSettings(fusion_threshold=-1)

@@ -299,9 +299,10 @@ class Engine:
         """Sleep until work, a stop request or ``pause``; then move arrivals into pending.
 
         Once something arrived, keep gathering while requests keep coming: the cycle starts when
-        none arrived for ``quiet_time``, or ``cycle_time`` after the first, or when a fusion
-        buffer's worth is queued. A lone synchronous request so waits ``quiet_time`` only, and
-        a burst (a loop of async submissions, gradients from backward) still fuses.
+        none arrived for ``quiet_time`` (default 0: as soon as the queue stops growing), or
+        ``cycle_time`` after the first, or when a fusion buffer's worth is queued. A lone
+        synchronous request so starts at once, and a burst (a loop of async submissions,
+        gradients from backward) is fused: what arrives while a cycle runs goes in the next.
         """
         s = self.settings
         with self._cond:
