@@ -21,6 +21,8 @@ Every op's first phase also publishes what it is (kind, dtype, op, bytes, root);
 first barrier each rank compares them, so mismatched calls raise MismatchError on every rank
 instead of corrupting data. The dtype/op emulation, ragged shapes and argument checks come
 from :class:`~accord.comm.base_communicator.BaseCommunicator`, as for gloo and mpi.
+The reduction stages (tensor pieces per chunk, rank-ordered combining) are in
+:mod:`accord.comm.shm_reduce`.
 """
 from __future__ import annotations
 
@@ -30,9 +32,10 @@ from typing import Any, Callable, Sequence
 import torch
 
 from accord.comm import dtypes, shm_segment
-from accord.comm.base_communicator import BaseCommunicator, split_rows
+from accord.comm.base_communicator import BaseCommunicator
 from accord.comm.dtypes import LIBRARY_OPS
 from accord.comm.ops import ReduceOp
+from accord.comm.shm_reduce import chunk_pieces, combine, reduction_stages
 from accord.comm.shm_segment import Layout
 from accord.comm.shm_sync import PeerLostError
 from accord.errors import BackendError, MismatchError, with_hint
@@ -40,10 +43,6 @@ from accord.errors import BackendError, MismatchError, with_hint
 _KINDS = ("?", "allreduce", "reduce", "reduce_scatter", "broadcast", "allgather", "gather", "scatter",
           "alltoall", "barrier")
 _KIND = {name: i for i, name in enumerate(_KINDS)}
-_FNS = {ReduceOp.SUM: torch.add, ReduceOp.MIN: torch.minimum, ReduceOp.MAX: torch.maximum,
-        ReduceOp.PRODUCT: torch.mul}
-_FOREACH = {ReduceOp.SUM: torch._foreach_add_, ReduceOp.MIN: torch._foreach_minimum_,
-            ReduceOp.MAX: torch._foreach_maximum_, ReduceOp.PRODUCT: torch._foreach_mul_}
 _NATIVE_REAL = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8,
                 torch.int16, torch.int32, torch.int64)
 _NATIVE_COMPLEX = (torch.complex64, torch.complex128)  # torch has no complex min/max
@@ -51,26 +50,6 @@ _NATIVE_COMPLEX = (torch.complex64, torch.complex128)  # torch has no complex mi
 
 def _chunks(nbytes: int, chunk: int) -> int:
     return max(1, -(-nbytes // chunk))  # every op has at least one phase (its descriptor check)
-
-
-Piece = tuple[int, int, int, int]  # (tensor index, first element, end element, offset in the chunk)
-
-
-def _pieces(sizes: Sequence[int], per: int) -> tuple[list[list[Piece]], int]:
-    """Split the concatenation of tensors of ``sizes`` elements into chunks of ``per`` elements;
-    for each chunk, the tensor pieces it holds. Returns (pieces per chunk, total elements)."""
-    total = sum(sizes)
-    chunks: list[list[Piece]] = [[] for _ in range(max(1, -(-total // per)))]
-    start = 0
-    for i, n in enumerate(sizes):
-        pos = 0
-        while pos < n:  # empty tensors hold no piece
-            c, at = divmod(start + pos, per)
-            take = min(n - pos, per - at)
-            chunks[c].append((i, pos, pos + take, at))
-            pos += take
-        start += n
-    return chunks, total
 
 
 class ShmCommunicator(BaseCommunicator):
@@ -194,14 +173,7 @@ class ShmCommunicator(BaseCommunicator):
         return [shm_segment.read_meta(buffer, at)[4] for at in self._meta_at[bank]] if extras else []
 
     def _combine(self, out: torch.Tensor, bank: list[torch.Tensor], lo: int, hi: int, op: ReduceOp) -> None:
-        """``out = slot_0[lo:hi] op slot_1[lo:hi] op ...`` in rank order (same bits everywhere)."""
-        if self.size == 1:
-            out.copy_(bank[0][lo:hi])
-            return
-        fn = _FNS[op]
-        fn(bank[0][lo:hi], bank[1][lo:hi], out=out)
-        for j in range(2, self.size):
-            fn(out, bank[j][lo:hi], out=out)
+        combine(out, bank, lo, hi, op, self.size)
 
     # ---- reductions ----
     def supports_allreduce_many(self, dtype: torch.dtype, op: ReduceOp) -> bool:
@@ -245,57 +217,13 @@ class ShmCommunicator(BaseCommunicator):
         outs = [t.view(-1) for t in outputs]
         itemsize = ins[0].element_size()
         per = self._layout.chunk // itemsize
-        pieces, numel = _pieces([t.numel() for t in ins], per)
+        pieces, numel = chunk_pieces([t.numel() for t in ins], per)
         areas = self._areas(ins[0].dtype)
         me, size = self.rank, self.size
         receives = root is None or me == root
 
-        # A chunk holding many tensors' pieces moves them with one foreach call per step
-        # instead of one op per piece: per-op dispatch, not bandwidth, dominates 100 KB pieces.
-        foreach = _FOREACH.get(op)
-
-        def copy_in(c: int, b: int) -> None:
-            slot = areas[b][me]
-            ps = pieces[c]
-            if not ps:  # an empty op still runs its one phase (the descriptor check)
-                return
-            if len(ps) == 1:
-                i, lo, hi, at = ps[0]
-                slot[at:at + hi - lo].copy_(ins[i][lo:hi])
-            else:
-                torch._foreach_copy_([slot[at:at + hi - lo] for _, lo, hi, at in ps],
-                                     [ins[i][lo:hi] for i, lo, hi, _ in ps])
-
-        def reduce_out(c: int, b: int) -> None:
-            if not receives:
-                return
-            ps = pieces[c]
-            if len(ps) <= 1 or foreach is None or size == 1:
-                for i, lo, hi, at in ps:
-                    self._combine(outs[i][lo:hi], areas[b], at, at + hi - lo, op)
-                return
-            bank = areas[b]
-            targets = [outs[i][lo:hi] for i, lo, hi, _ in ps]
-            # Same order as _combine (rank 0, then 1, ...): identical bits on every rank.
-            torch._foreach_copy_(targets, [bank[0][at:at + hi - lo] for _, lo, hi, at in ps])
-            for j in range(1, size):
-                foreach(targets, [bank[j][at:at + hi - lo] for _, lo, hi, at in ps])
-
-        def reduce_part(c: int, b: int) -> None:
-            lo = c * per
-            parts = split_rows(min(numel, lo + per) - lo, size)
-            a = sum(parts[:me])
-            if parts[me]:
-                self._combine(areas[b][size][a:a + parts[me]], areas[b], a, a + parts[me], op)
-
-        def copy_out(c: int, b: int) -> None:
-            if receives:
-                result = areas[b][size]
-                for i, lo, hi, at in pieces[c]:
-                    outs[i][lo:hi].copy_(result[at:at + hi - lo])
-
         direct = self._direct or numel * itemsize < self._split_min_bytes
-        stages = [copy_in, reduce_out] if direct else [copy_in, reduce_part, copy_out]
+        stages = reduction_stages(ins, outs, pieces, areas, me, size, per, op, receives, direct)
         kind = "allreduce" if root is None else "reduce"
         self._run(kind, _op_code(ins[0].dtype, op), numel * itemsize, -1 if root is None else root,
                   _chunks(numel * itemsize, per * itemsize), stages)
