@@ -246,7 +246,7 @@ def test_servers_keep_freed_message_buffers_on_glibc():
     import subprocess
     import sys
 
-    code = "from accord.kvstore.server_core import retain_freed_memory as r; print(r())"
+    code = "from accord.kvstore.server_memory import retain_freed_memory as r; print(r())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "True"

@@ -172,9 +172,6 @@ class ShmCommunicator(BaseCommunicator):
                 "op, root and number of elements"))
         return [shm_segment.read_meta(buffer, at)[4] for at in self._meta_at[bank]] if extras else []
 
-    def _combine(self, out: torch.Tensor, bank: list[torch.Tensor], lo: int, hi: int, op: ReduceOp) -> None:
-        combine(out, bank, lo, hi, op, self.size)
-
     # ---- reductions ----
     def supports_allreduce_many(self, dtype: torch.dtype, op: ReduceOp) -> bool:
         """Whether :meth:`allreduce_many` reduces ``dtype`` with ``op`` natively."""
@@ -253,7 +250,7 @@ class ShmCommunicator(BaseCommunicator):
             lo = c * per
             x, y = max(lo, first), min(lo + per, last)
             if y > x:
-                self._combine(mine[x - first:y - first], areas[b], x - lo, y - lo, op)
+                combine(mine[x - first:y - first], areas[b], x - lo, y - lo, op, self.size)
 
         self._run("reduce_scatter", _op_code(flat.dtype, op), numel * itemsize, -1,
                   _chunks(numel * itemsize, per * itemsize), [copy_in, reduce_mine])

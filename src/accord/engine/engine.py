@@ -20,11 +20,12 @@ from accord.comm.ops import ReduceOp
 from accord.engine import negotiate as neg
 from accord.engine.execute import CommunicationFailure, Executor
 from accord.engine.join import JoinState, stand_in
-from accord.engine.request import REDUCING_OPS, ROOTED_OPS, Handle, Op, Request
+from accord.engine.request import Handle, Request
 from accord.engine.sets import ProcessSetRegistry
 from accord.engine.settings import EngineSettings
 from accord.engine.stall import StallInspector
 from accord.engine.timeline import Timeline
+from accord.engine.validate import validate
 from accord.errors import (CollectiveError, MismatchError, RankFailedError, ShutdownError,
                            with_hint)
 
@@ -84,7 +85,7 @@ class Engine:
                 request is invalid for its process set (membership, root, splits, op).
             ShutdownError / RankFailedError / StallError: the engine has stopped.
         """
-        self._validate(request)
+        validate(request, self.sets, self.rank)
         if request.signature.device == "cuda" and request.ready_event is None:
             request.ready_event = torch.cuda.Event()
             request.ready_event.record()
@@ -184,37 +185,6 @@ class Engine:
         return {"cycles": self.cycles, "negotiations": self.negotiations,
                 "full_exchanges": self.full_exchanges, "collectives": self.executor.collectives,
                 "fusion_allocations": self.executor.buffers.allocations}
-
-    def _validate(self, r: Request) -> None:
-        try:
-            group = self.sets.members(r.process_set_id)
-        except KeyError:
-            raise ValueError(with_hint(f"{r.op.value} {r.name!r}: unknown process set {r.process_set_id}",
-                                       "register it with add_process_set on every rank first")) from None
-        if self.rank not in group:
-            raise ValueError(with_hint(
-                f"{r.op.value} {r.name!r}: rank {self.rank} is not in process set {r.process_set_id} {list(group)}",
-                "submit collectives of a process set only on its member ranks"))
-        if r.op is not Op.BARRIER:
-            if r.tensor is None:
-                raise ValueError(f"{r.op.value} {r.name!r} needs a tensor")
-            self.sets.communicator(r.process_set_id, r.signature.device)  # raises if none
-        if r.op in REDUCING_OPS:
-            if r.reduce_op == ReduceOp.ADASUM:
-                raise ValueError(with_hint(f"{r.op.value} {r.name!r}: Adasum is not supported",
-                                           "use Sum or Average"))
-            if r.dtype == torch.bool and (r.prescale_factor != 1 or r.postscale_factor != 1):
-                raise ValueError(f"{r.op.value} {r.name!r}: bool tensors cannot be scaled")
-        if r.op in ROOTED_OPS and r.root_rank not in group:
-            raise ValueError(with_hint(f"{r.op.value} {r.name!r}: root rank {r.root_rank} is not in "
-                                       f"process set {r.process_set_id} {list(group)}",
-                                       "pass a global rank that belongs to the process set"))
-        if r.splits is not None and (r.op is Op.ALLTOALL or (r.op is Op.SCATTER and r.root_rank == self.rank)):
-            if len(r.splits) != len(group) or sum(r.splits) != r.tensor.shape[0] or min(r.splits) < 0:
-                raise ValueError(with_hint(
-                    f"{r.op.value} {r.name!r}: splits {list(r.splits)} must have {len(group)} "
-                    f"non-negative entries summing to dim 0 ({r.tensor.shape[0]})",
-                    "pass one row count per rank of the process set"))
 
     def _stopped_error(self) -> BaseException:
         if self._stop_error is not None:

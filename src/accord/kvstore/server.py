@@ -48,7 +48,8 @@ import zmq
 from accord import config
 from accord.errors import AuthenticationError, ConfigError, RendezvousError, with_hint
 from accord.kvstore import protocol
-from accord.kvstore.server_core import ServerCore, _Buf, retain_freed_memory
+from accord.kvstore.server_core import ServerCore, _Buf
+from accord.kvstore.server_memory import retain_freed_memory
 
 log = logging.getLogger("accord.kvstore")
 

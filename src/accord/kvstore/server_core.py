@@ -19,11 +19,10 @@ a push without one is answered with an error, never a hang).
 Arrays that a reply may still be sending (zero-copy) are waited for before being written.
 A round's first push is kept as received (its zmq frame, no copy) and merged with the second
 straight into the round's buffer, so no push is copied just to be added. A server asks glibc to
-keep freed message buffers (:func:`retain_freed_memory`), so that receiving does not page-fault.
+keep freed message buffers (:func:`accord.kvstore.server_memory.retain_freed_memory`), so that receiving does not page-fault.
 """
 from __future__ import annotations
 
-import ctypes
 import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -95,24 +94,6 @@ class _Space:
     entries: dict[str, _Entry] = field(default_factory=dict)
     updater: opt.Updater | None = None
     barriers: dict[int, list[tuple[Any, dict]]] = field(default_factory=lambda: defaultdict(list))
-
-
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
-
-
-def retain_freed_memory(keep_bytes: int = 256 << 20) -> bool:
-    """Make glibc keep freed blocks (up to ``keep_bytes``) for reuse; False without glibc.
-
-    zmq allocates each received message (a few MB) and frees it once merged; by default glibc
-    unmaps or trims such blocks, so every message page-faults in again (~10k faults, 10-15 ms of
-    CPU per server per 100 MB round here). Process wide: for parameter-server processes only.
-    """
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (AttributeError, OSError):
-        return False
-    # 32 MiB is glibc's largest mmap threshold on 64-bit: smaller blocks come from the heap.
-    return bool(mallopt(_M_MMAP_THRESHOLD, 32 << 20)) and bool(mallopt(_M_TRIM_THRESHOLD, keep_bytes))
 
 
 def _dtype(name: Any) -> np.dtype:
