@@ -85,37 +85,35 @@ def _positive(name: str, value: int, minimum: int = 1) -> int:
     return value
 
 
+def _parse_names(text: str, names: list[str], aliases: dict[str, str], known, flag: str,
+                 what: str, example: str) -> tuple[str, ...]:
+    """Canonical, de-duplicated ``names`` (from ``text``) that must all be in ``known``."""
+    out: list[str] = []
+    for name in names:
+        canonical = aliases.get(name.lower(), name.lower())
+        if canonical not in known:
+            raise _fail(f"unknown {what} {name!r} in {flag} {text!r}",
+                        f"use a comma-separated list of {', '.join(known)}"
+                        + (" (or 'all')" if flag == "--ops" else ""))
+        if canonical not in out:
+            out.append(canonical)
+    if not out:
+        raise _fail(f"{flag} {text!r} names no {what}", f"pass e.g. {flag} {example}")
+    return tuple(out)
+
+
 def parse_ops(text: str) -> tuple[str, ...]:
     """"allreduce,all_gather" -> ("allreduce", "allgather"); "all" -> every op."""
     names = list(COLLECTIVE_OPS) if text.strip() == "all" else _split(text)
-    ops = []
-    for name in names:
-        op = _OP_ALIASES.get(name.lower(), name.lower())
-        if op not in COLLECTIVE_OPS:
-            raise _fail(f"unknown collective {name!r} in --ops {text!r}",
-                        f"use a comma-separated list of {', '.join(COLLECTIVE_OPS)} (or 'all')")
-        if op not in ops:
-            ops.append(op)
-    if not ops:
-        raise _fail(f"--ops {text!r} names no collective", "pass e.g. --ops allreduce,allgather")
-    return tuple(ops)
+    return _parse_names(text, names, _OP_ALIASES, COLLECTIVE_OPS, "--ops", "collective",
+                        "allreduce,allgather")
 
 
 def parse_dtypes(text: str) -> tuple[str, ...]:
     """"float32,bf16" -> ("float32", "bfloat16")."""
     short = {"fp32": "float32", "fp64": "float64", "fp16": "float16", "half": "float16",
              "bf16": "bfloat16", "float": "float32", "double": "float64"}
-    out = []
-    for name in _split(text):
-        dtype = short.get(name.lower(), name.lower())
-        if dtype not in DTYPE_SIZES:
-            raise _fail(f"unknown dtype {name!r} in --dtype {text!r}",
-                        f"use a comma-separated list of {', '.join(DTYPE_SIZES)}")
-        if dtype not in out:
-            out.append(dtype)
-    if not out:
-        raise _fail(f"--dtype {text!r} names no dtype", "pass e.g. --dtype float32")
-    return tuple(out)
+    return _parse_names(text, _split(text), short, DTYPE_SIZES, "--dtype", "dtype", "float32")
 
 
 def parse_sizes(sizes: str | None, min_bytes: str, max_bytes: str, factor: int) -> tuple[int, ...]:

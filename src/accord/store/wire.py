@@ -257,21 +257,23 @@ class Channel:
             pass
 
 
+def _handshake(sock: socket.socket, secret: bytes, max_frame: int, is_server: bool) -> Channel:
+    nonce = new_nonce()
+    sock.sendall(hello(nonce))
+    peer_nonce = read_hello(sock)
+    client_nonce, server_nonce = (peer_nonce, nonce) if is_server else (nonce, peer_nonce)
+    return Channel(sock, secret, client_nonce, server_nonce, is_server=is_server, max_frame=max_frame)
+
+
 def client_handshake(
     sock: socket.socket, secret: bytes, max_frame: int = DEFAULT_MAX_FRAME
 ) -> Channel:
     """Exchange hellos on a connected socket from the client side; return the channel."""
-    nonce = new_nonce()
-    sock.sendall(hello(nonce))
-    server_nonce = read_hello(sock)
-    return Channel(sock, secret, nonce, server_nonce, is_server=False, max_frame=max_frame)
+    return _handshake(sock, secret, max_frame, is_server=False)
 
 
 def server_handshake(
     sock: socket.socket, secret: bytes, max_frame: int = DEFAULT_MAX_FRAME
 ) -> Channel:
     """Exchange hellos on an accepted socket from the server side; return the channel."""
-    nonce = new_nonce()
-    sock.sendall(hello(nonce))
-    client_nonce = read_hello(sock)
-    return Channel(sock, secret, client_nonce, nonce, is_server=True, max_frame=max_frame)
+    return _handshake(sock, secret, max_frame, is_server=True)
