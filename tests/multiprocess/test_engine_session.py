@@ -35,19 +35,27 @@ def _session_checks(rank, size, tmp):
     assert session.synchronize(h3).tolist() == [0.0, 1.0, 2.0]
     assert session.poll(h1)
 
-    # compressed named requests reuse one wire buffer per name; values stay exact
+    # compressed in-place allreduces are cast by the engine while it moves the data (no wire
+    # buffer); the data really travels as bfloat16: 1 + 2**-10 rounds to 1 there
     from accord.engine.compression import Compression
+    for step in range(2):
+        g = torch.full((5,), 1.0 + 2.0 ** -10 + step)
+        h = session.submit("allreduce", g, "grad.w", in_place=True, compression=Compression.bf16)
+        assert session.synchronize(h) is g and g.dtype == torch.float32
+        assert g.tolist() == [float(size * (1 + step))] * 5
+    assert "grad.w" not in session._current().wire_buffers
+    # out-of-place named compressed requests reuse one wire buffer per name; values stay exact
     buffers = []
     for step in range(2):
         g = torch.full((5,), float(rank + 1 + step))
-        h = session.submit("allreduce", g, "grad.w", in_place=True, compression=Compression.bf16)
-        assert session.synchronize(h) is g and g.dtype == torch.float32
-        assert g.tolist() == [float(sum(r + 1 + step for r in range(size)))] * 5
-        buffers.append(session._current().wire_buffers["grad.w"])
+        out = session.synchronize(session.submit("allreduce", g, "grad.o", compression=Compression.bf16))
+        assert out.dtype == torch.float32 and g.tolist() == [float(rank + 1 + step)] * 5
+        assert out.tolist() == [float(sum(r + 1 + step for r in range(size)))] * 5
+        buffers.append(session._current().wire_buffers["grad.o"])
     assert buffers[0] is buffers[1] and buffers[0].dtype == torch.bfloat16
     unnamed = session.submit("allreduce", torch.ones(3), compression=Compression.bf16)
     assert session.synchronize(unnamed).tolist() == [3.0] * 3
-    assert list(session._current().wire_buffers) == ["grad.w"]  # unnamed requests are not cached
+    assert list(session._current().wire_buffers) == ["grad.o"]  # unnamed requests are not cached
 
     # process sets are collective: every rank registers and removes them
     even = session.add_process_set([0, 2])

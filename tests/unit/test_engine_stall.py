@@ -60,3 +60,23 @@ def test_settings_from_config_with_horovod_aliases(monkeypatch):
         EngineSettings(quiet_time=-1)
     with pytest.raises(ConfigError, match="HINT"):
         EngineSettings(fusion_threshold=-1)
+
+
+def test_cycle_time_defaults_follow_the_cpu_backend(monkeypatch):
+    monkeypatch.delenv("HOROVOD_CYCLE_TIME", raising=False)
+    monkeypatch.delenv("ACCORD_CYCLE_TIME", raising=False)
+    monkeypatch.delenv("ACCORD_CYCLE_QUIET_TIME", raising=False)
+    # gloo/mpi (and unknown): Horovod's 1 ms, start as soon as the queue stops growing
+    for backend in ("gloo", "mpi", None):
+        s = EngineSettings.from_config(cpu_backend=backend)
+        assert (s.cycle_time, s.quiet_time) == (0.001, 0.0)
+    # shm: gather until a caller waits or a buffer fills, one second at most
+    s = EngineSettings.from_config(cpu_backend="shm")
+    assert (s.cycle_time, s.quiet_time) == (1.0, 1.0)
+    # a cycle time the user sets wins, and bounds the quiet time it did not set
+    monkeypatch.setenv("HOROVOD_CYCLE_TIME", "5")
+    s = EngineSettings.from_config(cpu_backend="shm")
+    assert (s.cycle_time, s.quiet_time) == (0.005, 0.005)
+    monkeypatch.setenv("ACCORD_CYCLE_QUIET_TIME", "2")
+    assert EngineSettings.from_config(cpu_backend="shm").quiet_time == 0.002
+    assert EngineSettings.from_config(cpu_backend="shm", cycle_time=0.25).cycle_time == 0.25

@@ -71,11 +71,12 @@ class ScatteredAllreduce(Protocol):
     """
 
     def supports_allreduce_many(self, dtype, op: ReduceOp) -> bool:
-        """Whether :meth:`allreduce_many` handles ``dtype`` with ``op``."""
+        """Whether :meth:`allreduce_many` handles wire ``dtype`` with ``op``."""
 
-    def allreduce_many(self, inputs, outputs, op: ReduceOp) -> None:
-        """Reduce the concatenation of ``inputs`` (contiguous, one dtype) into ``outputs``
-        (same sizes; may be the inputs themselves), as one collective."""
+    def allreduce_many(self, inputs, outputs, op: ReduceOp, wire_dtype=None) -> None:
+        """Reduce the concatenation of ``inputs`` (contiguous) into ``outputs`` (same sizes; may
+        be the inputs themselves), as one collective carried and summed in ``wire_dtype``
+        (default: the inputs' dtype); floating inputs and outputs of another dtype are cast."""
 
 
 class Backend(Protocol):

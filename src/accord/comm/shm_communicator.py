@@ -72,6 +72,7 @@ class ShmCommunicator(BaseCommunicator):
         self._split_min_bytes = split_min_bytes
         self._mem = torch.frombuffer(buffer, dtype=torch.uint8)
         self._views: dict[torch.dtype, list[list[torch.Tensor]]] = {}
+        self._scratches: dict[torch.dtype, torch.Tensor] = {}
         self._meta_at = [[layout.meta(b, r) for r in range(self.size)] for b in (0, 1)]
         self._phase = 0  # barriers passed: identical on every rank between ops
         self._broken = ""
@@ -88,6 +89,7 @@ class ShmCommunicator(BaseCommunicator):
             self._barrier_impl.abort()
             self._barrier_impl.close()
             self._views.clear()
+            self._scratches.clear()
             self._mem = None
             buffer, self._buffer = self._buffer, None
             try:
@@ -174,55 +176,73 @@ class ShmCommunicator(BaseCommunicator):
 
     # ---- reductions ----
     def supports_allreduce_many(self, dtype: torch.dtype, op: ReduceOp) -> bool:
-        """Whether :meth:`allreduce_many` reduces ``dtype`` with ``op`` natively."""
+        """Whether :meth:`allreduce_many` reduces ``dtype`` (the wire dtype) with ``op`` natively."""
         return self._native(dtype, op)
 
     def allreduce_many(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
-                       op: ReduceOp) -> None:
+                       op: ReduceOp, wire_dtype: torch.dtype | None = None) -> None:
         """Allreduce the concatenation of ``inputs`` into ``outputs`` as one op.
 
         Chunks are filled straight from the inputs and reduced straight into the outputs, so a
-        batch of gradients needs no fusion buffer. Every rank must pass the same total size.
+        batch of gradients needs no fusion buffer. ``wire_dtype`` (default: the inputs' dtype)
+        is what the shared slots hold and what the sum is computed in: floating inputs of
+        another dtype are cast on the way in, and the result is cast into the outputs on the
+        way out, so compression costs no pass of its own. Every rank must pass the same total
+        size and wire dtype.
 
         Raises:
-            ValueError: empty lists, different lengths, sizes or dtypes, non-contiguous tensors, or
-                a (dtype, op) pair that :meth:`supports_allreduce_many` refuses.
+            ValueError: empty lists, different lengths or sizes, mixed dtypes without a wire
+                dtype, a cast of a non-floating tensor, non-contiguous tensors, or a
+                (dtype, op) pair that :meth:`supports_allreduce_many` refuses.
         """
         if not inputs or len(inputs) != len(outputs):
             raise ValueError(f"allreduce_many needs equally many inputs and outputs, got "
                              f"{len(inputs)} and {len(outputs)}")
-        dtype = inputs[0].dtype
+        wire = wire_dtype or inputs[0].dtype
         for t, o in zip(inputs, outputs):
-            if t.dtype != dtype or o.dtype != dtype or t.numel() != o.numel():
-                raise ValueError(f"allreduce_many: every input and output must be {dtype} with matching "
-                                 f"sizes; got {t.dtype}[{t.numel()}] -> {o.dtype}[{o.numel()}]")
+            if t.numel() != o.numel():
+                raise ValueError(f"allreduce_many: input and output sizes differ: {t.dtype}[{t.numel()}] "
+                                 f"-> {o.dtype}[{o.numel()}]")
+            for x in (t, o):
+                if x.dtype != wire and not (x.is_floating_point() and wire.is_floating_point):
+                    raise ValueError(f"allreduce_many: a {x.dtype} tensor cannot travel as {wire}; "
+                                     "only floating tensors are cast to another floating wire dtype")
             if not (t.is_contiguous() and o.is_contiguous()):
                 raise ValueError("allreduce_many needs contiguous inputs and outputs")
-        if not self._native(dtype, op):
-            raise ValueError(f"allreduce_many: the shm backend does not reduce {dtype} with {op.name} natively")
+        if not self._native(wire, op):
+            raise ValueError(f"allreduce_many: the shm backend does not reduce {wire} with {op.name} natively")
         try:
             with torch.no_grad():
-                self._reduce_into(inputs, outputs, op, None)
+                self._reduce_into(inputs, outputs, op, None, wire)
         except (BackendError, MismatchError, ValueError):
             raise
         except RuntimeError as exc:
             raise self._failure("allreduce", exc) from exc
 
+    def _scratch(self, dtype: torch.dtype) -> torch.Tensor:
+        """A private chunk-sized area of ``dtype`` (reductions of many pieces land here first)."""
+        area = self._scratches.get(dtype)
+        if area is None:
+            area = self._scratches[dtype] = torch.empty(self._layout.chunk // dtype.itemsize, dtype=dtype)
+        return area
+
     def _reduce_into(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor], op: ReduceOp,
-                     root: int | None) -> None:
+                     root: int | None, wire: torch.dtype | None = None) -> None:
         ins = [t.view(-1) for t in inputs]
         outs = [t.view(-1) for t in outputs]
-        itemsize = ins[0].element_size()
+        wire = wire or ins[0].dtype
+        itemsize = wire.itemsize
         per = self._layout.chunk // itemsize
         pieces, numel = chunk_pieces([t.numel() for t in ins], per)
-        areas = self._areas(ins[0].dtype)
+        areas = self._areas(wire)
         me, size = self.rank, self.size
         receives = root is None or me == root
 
         direct = self._direct or numel * itemsize < self._split_min_bytes
-        stages = reduction_stages(ins, outs, pieces, areas, me, size, per, op, receives, direct)
+        stages = reduction_stages(ins, outs, pieces, areas, me, size, per, op, receives, direct,
+                                  self._scratch(wire))
         kind = "allreduce" if root is None else "reduce"
-        self._run(kind, _op_code(ins[0].dtype, op), numel * itemsize, -1 if root is None else root,
+        self._run(kind, _op_code(wire, op), numel * itemsize, -1 if root is None else root,
                   _chunks(numel * itemsize, per * itemsize), stages)
 
     def _allreduce_native(self, tensor: torch.Tensor, op: ReduceOp) -> None:

@@ -19,8 +19,6 @@ Stage = Callable[[int, int], None]  # (chunk, bank)
 
 _FNS = {ReduceOp.SUM: torch.add, ReduceOp.MIN: torch.minimum, ReduceOp.MAX: torch.maximum,
         ReduceOp.PRODUCT: torch.mul}
-_FOREACH = {ReduceOp.SUM: torch._foreach_add_, ReduceOp.MIN: torch._foreach_minimum_,
-            ReduceOp.MAX: torch._foreach_maximum_, ReduceOp.PRODUCT: torch._foreach_mul_}
 
 
 def chunk_pieces(sizes: Sequence[int], per: int) -> tuple[list[list[Piece]], int]:
@@ -55,17 +53,18 @@ def combine(out: torch.Tensor, bank: Sequence[torch.Tensor], lo: int, hi: int, o
 def reduction_stages(ins: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
                      pieces: Sequence[Sequence[Piece]], areas: Sequence[Sequence[torch.Tensor]],
                      me: int, size: int, per: int, op: ReduceOp, receives: bool,
-                     direct: bool) -> list[Stage]:
+                     direct: bool, scratch: torch.Tensor) -> list[Stage]:
     """The pipeline stages of an allreduce/reduce of the flat ``ins`` into the flat ``outs``.
 
-    ``areas[bank][i]``: rank i's slot (i < size) or the result area (i == size). ``direct``:
-    every receiving rank reduces whole chunks itself (copy in, reduce out); otherwise rank i
-    reduces part i of each chunk into the result area and every rank copies it out.
+    ``areas[bank][i]``: rank i's slot (i < size) or the result area (i == size), typed in the
+    wire dtype, which ``ins`` and ``outs`` may differ from: copying in and out casts, so a
+    compressed allreduce needs no separate cast pass over the tensors. ``scratch``: a private
+    chunk-sized area in the wire dtype. ``direct``: every receiving rank reduces whole chunks
+    itself (copy in, reduce out); otherwise rank i reduces part i of each chunk into the result
+    area and every rank copies it out.
     """
     numel = sum(t.numel() for t in ins)
-    # A chunk holding many tensors' pieces moves them with one foreach call per step
-    # instead of one op per piece: per-op dispatch, not bandwidth, dominates 100 KB pieces.
-    foreach = _FOREACH.get(op)
+    wire = scratch.dtype
 
     def copy_in(c: int, b: int) -> None:
         slot = areas[b][me]
@@ -76,23 +75,30 @@ def reduction_stages(ins: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
             i, lo, hi, at = ps[0]
             slot[at:at + hi - lo].copy_(ins[i][lo:hi])
         else:
+            # One foreach call per chunk, not one op per piece: per-op dispatch, not bandwidth,
+            # dominates 100 KB pieces.
             torch._foreach_copy_([slot[at:at + hi - lo] for _, lo, hi, at in ps],
                                  [ins[i][lo:hi] for i, lo, hi, _ in ps])
 
     def reduce_out(c: int, b: int) -> None:
-        if not receives:
-            return
         ps = pieces[c]
-        if len(ps) <= 1 or foreach is None or size == 1:
-            for i, lo, hi, at in ps:
-                combine(outs[i][lo:hi], areas[b], at, at + hi - lo, op, size)
+        if not receives or not ps:
             return
-        bank = areas[b]
-        targets = [outs[i][lo:hi] for i, lo, hi, _ in ps]
-        # Same order as combine (rank 0, then 1, ...): identical bits on every rank.
-        torch._foreach_copy_(targets, [bank[0][at:at + hi - lo] for _, lo, hi, at in ps])
-        for j in range(1, size):
-            foreach(targets, [bank[j][at:at + hi - lo] for _, lo, hi, at in ps])
+        if len(ps) == 1 and outs[ps[0][0]].dtype == wire:
+            i, lo, hi, at = ps[0]
+            combine(outs[i][lo:hi], areas[b], at, at + hi - lo, op, size)
+            return
+        # Several pieces (or a cast): reduce the chunk's used span once into the cache-resident
+        # scratch, then copy the pieces out, casting to the outputs' dtype. Each output is
+        # written once; reducing piecewise into the outputs writes them once per rank.
+        used = ps[-1][3] + ps[-1][2] - ps[-1][1]
+        combine(scratch[:used], areas[b], 0, used, op, size)
+        if len(ps) == 1:
+            i, lo, hi, at = ps[0]
+            outs[i][lo:hi].copy_(scratch[at:at + hi - lo])
+        else:
+            torch._foreach_copy_([outs[i][lo:hi] for i, lo, hi, _ in ps],
+                                 [scratch[at:at + hi - lo] for _, lo, hi, at in ps])
 
     def reduce_part(c: int, b: int) -> None:
         lo = c * per
@@ -105,7 +111,7 @@ def reduction_stages(ins: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
         if receives:
             result = areas[b][size]
             for i, lo, hi, at in pieces[c]:
-                outs[i][lo:hi].copy_(result[at:at + hi - lo])
+                outs[i][lo:hi].copy_(result[at:at + hi - lo])  # casts to the output's dtype
 
     if direct:
         return [copy_in, reduce_out]

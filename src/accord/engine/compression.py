@@ -42,6 +42,19 @@ def decompress_into(compression: Any, tensor: torch.Tensor, ctx: Any, out: torch
         out.copy_(value)
 
 
+def deferred_cast(compression: Any, tensor: torch.Tensor) -> torch.dtype | None:
+    """The dtype the engine may cast ``tensor`` to while it moves the data, in place of
+    ``compression.compress`` (one pass over the data instead of three: cast, send, cast back);
+    None when ``compression`` is not a plain built-in cast or leaves ``tensor`` unchanged."""
+    wire = getattr(compression, "wire", None)
+    if (not isinstance(compression, type) or not issubclass(compression, _CastCompressor)
+            or compression.compress.__func__ is not _CastCompressor.compress.__func__):
+        return None  # a user's subclass with its own compress() must run it
+    if tensor.layout == torch.strided and tensor.is_floating_point() and tensor.dtype != wire:
+        return wire
+    return None
+
+
 class NoneCompressor(Compressor):
     """Send tensors unchanged."""
 

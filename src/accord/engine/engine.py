@@ -45,6 +45,10 @@ class Engine:
         self._incoming: list[Request] = []
         self._incoming_bytes = 0
         self._first_arrival = 0.0
+        # Callers blocked in synchronize() (nothing more comes from them until it returns), and
+        # a one-shot request from poll(): either ends the gathering of the current cycle.
+        self._waiters = 0
+        self._hurry = False
         self._inflight: dict[str, Request] = {}  # submitted and not yet completed, by name
         self._pending: dict[str, Request] = {}  # engine thread only: waiting for agreement
         self._stop_requested = False
@@ -115,11 +119,33 @@ class Engine:
             return name in self._inflight
 
     def poll(self, handle: Handle) -> bool:
-        """True when ``handle`` has completed (successfully or not)."""
+        """True when ``handle`` has completed (successfully or not). A caller polling an
+        unfinished handle is waiting for it: the cycle that gathers requests starts now."""
+        if handle.done():
+            return True
+        with self._cond:
+            self._hurry = True
+            self._cond.notify()
         return handle.done()
 
     def synchronize(self, handle: Handle) -> Any:
-        """Wait for ``handle`` and return its result, re-raising the engine's error here."""
+        """Wait for ``handle`` and return its result, re-raising the engine's error here.
+
+        While a caller waits, the engine does not hold its cycle back for more requests: the
+        waiting caller submits none, and a lone synchronous op starts at once.
+        """
+        if handle.done():
+            return handle.result()
+        with self._cond:
+            self._waiters += 1
+            self._cond.notify()
+        try:
+            return self._wait_result(handle)
+        finally:
+            with self._cond:
+                self._waiters -= 1
+
+    def _wait_result(self, handle: Handle) -> Any:
         while not handle.wait(0.5):
             if self._thread is None or not self._thread.is_alive():
                 handle.wait(0.5)  # the thread fails every request before it exits
@@ -268,18 +294,20 @@ class Engine:
     def _gather(self, pause: float) -> tuple[bool, bool]:
         """Sleep until work, a stop request or ``pause``; then move arrivals into pending.
 
-        Once something arrived, keep gathering while requests keep coming: the cycle starts when
-        none arrived for ``quiet_time`` (default 0: as soon as the queue stops growing), or
-        ``cycle_time`` after the first, or when a fusion buffer's worth is queued. A lone
-        synchronous request so starts at once, and a burst (a loop of async submissions,
-        gradients from backward) is fused: what arrives while a cycle runs goes in the next.
+        Once something arrived, keep gathering while requests keep coming. The cycle starts when
+        a caller waits on a handle (synchronize, or poll of an unfinished one), when a fusion
+        buffer's worth is queued, when none arrived for ``quiet_time``, or ``cycle_time`` after
+        the first. A lone synchronous request so starts at once, and a burst (a loop of async
+        submissions, gradients from backward) is fused: what arrives while a cycle runs goes in
+        the next. The defaults per backend are in :func:`accord.engine.settings.default_cycle_times`.
         """
         s = self.settings
         with self._cond:
             if not self._incoming and not self._stop_requested and not self._join_requested and pause > 0:
                 self._cond.wait(pause)
             threshold = s.fusion_threshold
-            while self._incoming and not self._stop_requested and not (0 < threshold <= self._incoming_bytes):
+            while (self._incoming and not self._stop_requested and not self._waiters and not self._hurry
+                   and not (0 < threshold <= self._incoming_bytes)):
                 remaining = self._first_arrival + s.cycle_time - time.monotonic()
                 if remaining <= 0:
                     break
@@ -288,6 +316,7 @@ class Engine:
                 if len(self._incoming) == seen:
                     break
             new, self._incoming, self._incoming_bytes = self._incoming, [], 0
+            self._hurry = False
             stop = self._stop_requested
             if self._join_requested:  # set here, so a cycle's vector and payload agree
                 self._join_requested, self.joined = False, True

@@ -56,17 +56,24 @@ def _comm_call(fn: Callable[..., Any], *args: Any) -> Any:
         raise CommunicationFailure([], exc) from exc
 
 
-def _scattered_ok(comm: Any, batch: Sequence[Request], op: ReduceOp, pre: float, post: float) -> bool:
+def _scattered_ok(comm: Any, batch: Sequence[Request], wire: torch.dtype, op: ReduceOp, pre: float,
+                  post: float) -> bool:
     """Whether ``comm`` can reduce ``batch`` in place of a fusion buffer (see ScatteredAllreduce)."""
     supports = getattr(comm, "supports_allreduce_many", None)
     first = batch[0].tensor
-    if supports is None or first.device.type != "cpu" or not supports(first.dtype, op):
+    if supports is None or first.device.type != "cpu" or not supports(wire, op):
         return False
     if (pre != 1.0 or post != 1.0) and not first.is_floating_point():
         return False  # integer scaling truncates through float64: leave it to scale_
     if pre != 1.0 and not all(r.owned for r in batch):
         return False
     return all(r.tensor.is_contiguous() and not r.tensor.requires_grad for r in batch)
+
+
+def _wire_dtype(batch: Sequence[Request]) -> torch.dtype:
+    """What the batch's data travels as (fusion keys make it the same for every member)."""
+    first = batch[0]
+    return first.wire_dtype or first.tensor.dtype
 
 
 class Executor:
@@ -143,20 +150,24 @@ class Executor:
 
     def _allreduce(self, batch: list[Request], comm: Communicator) -> list[Outcome]:
         sig = batch[0].signature
+        wire_dtype = _wire_dtype(batch)
         wire = batch[0].tensor
-        op, post = wire_reduction(ReduceOp(sig.reduce_op), wire.dtype, sig.postscale, comm.size)
+        op, post = wire_reduction(ReduceOp(sig.reduce_op), wire_dtype, sig.postscale, comm.size)
+        # Requests with a deferred cast travel through a buffer (or the communicator's slots)
+        # of the wire dtype: the copy in and out is the cast.
+        cast = any(r.wire_dtype is not None for r in batch)
         # A lone contiguous request is reduced in place (its own tensor or a private clone), and
         # so is a batch whose tensors already lie back to back in one storage.
-        fused = len(batch) > 1 or not wire.is_contiguous()
+        fused = len(batch) > 1 or not wire.is_contiguous() or cast
         t0 = time.monotonic()
         tensors = [r.tensor for r in batch]
-        span = adjacent_span(tensors) if fused and all(r.owned for r in batch) else None
-        if span is None and fused and _scattered_ok(comm, batch, op, sig.prescale, post):
-            return self._allreduce_scattered(batch, comm, op, sig.prescale, post)
+        span = adjacent_span(tensors) if fused and not cast and all(r.owned for r in batch) else None
+        if span is None and fused and _scattered_ok(comm, batch, wire_dtype, op, sig.prescale, post):
+            return self._allreduce_scattered(batch, comm, wire_dtype, op, sig.prescale, post)
         if span is not None:
             buf = span
         elif fused:
-            buf = self.buffers.get(wire.device, wire.dtype, sum(t.numel() for t in tensors))
+            buf = self.buffers.get(wire.device, wire_dtype, sum(t.numel() for t in tensors))
             pack(tensors, buf)
         else:
             buf = self._private(batch[0])
@@ -179,15 +190,15 @@ class Executor:
                 self._span(batch, "MEMCPY_OUT_FUSION_BUFFER", t2, t3)
         return outcomes
 
-    def _allreduce_scattered(self, batch: list[Request], comm: Any, op: ReduceOp, pre: float,
-                             post: float) -> list[Outcome]:
+    def _allreduce_scattered(self, batch: list[Request], comm: Any, wire: torch.dtype, op: ReduceOp,
+                             pre: float, post: float) -> list[Outcome]:
         """A batch reduced piecewise by a communicator that needs no fusion buffer (shm)."""
         t1 = time.monotonic()
         inputs = [r.tensor for r in batch]
         outputs = [r.tensor if r.owned else torch.empty_like(r.tensor) for r in batch]
         if pre != 1.0:  # only owned (overwritable) batches come here with a prescale
             torch._foreach_mul_(inputs, pre)
-        _comm_call(comm.allreduce_many, inputs, outputs, op)
+        _comm_call(comm.allreduce_many, inputs, outputs, op, wire)
         if post != 1.0:
             torch._foreach_mul_(outputs, post)
         self.collectives += 1

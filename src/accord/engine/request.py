@@ -11,7 +11,7 @@ from typing import Any, NamedTuple, Sequence
 import torch
 
 from accord.comm.ops import ReduceOp
-from accord.engine.compression import Compressor, NoneCompressor
+from accord.engine.compression import Compressor, NoneCompressor, deferred_cast
 
 
 class Op(str, enum.Enum):
@@ -140,6 +140,9 @@ class Request:
     in-place ops (results are copied or reduced into it), None for out-of-place ones. ``owned``
     says the engine may overwrite ``tensor`` (it is the in-place target or a private copy).
     ``root_rank`` is a global rank. ``splits`` is per-rank rows for alltoall/scatter.
+    ``wire_dtype`` (allreduce only): the engine casts ``tensor`` to this dtype for the wire and
+    the result back into ``output`` while it moves the data (a deferred cast compression);
+    None when ``tensor`` already is what goes on the wire.
     """
 
     name: str
@@ -157,6 +160,7 @@ class Request:
     ctx: Any = None
     owned: bool = False
     ready_event: Any = None  # CUDA event recorded at submit (data ready on the producer stream)
+    wire_dtype: torch.dtype | None = None
     handle: Handle = field(init=False)
     signature: Signature = field(init=False)
     submitted_at: float = field(init=False)
@@ -170,7 +174,8 @@ class Request:
             self.dtype = self.tensor.dtype
         self.signature = signature_of(self)
         t = self.tensor
-        self.nbytes = 0 if t is None else t.numel() * t.element_size()
+        itemsize = 0 if t is None else (self.wire_dtype or t.dtype).itemsize
+        self.nbytes = 0 if t is None else t.numel() * itemsize
 
 
 
@@ -183,7 +188,7 @@ def signature_of(request: Request) -> Signature:
         wire, device = "", ""
     else:
         shape = tuple(t.shape)
-        wire, device = dtype_name(t.dtype), t.device.type
+        wire, device = dtype_name(request.wire_dtype or t.dtype), t.device.type
         if op in RAGGED_OPS:
             shape = shape[1:]
     reducing = op in REDUCING_OPS
@@ -214,8 +219,11 @@ def build_request(op: Op, tensor: torch.Tensor | None, name: str, *, in_place: b
     if in_place and op not in (Op.ALLREDUCE, Op.BROADCAST):
         raise ValueError(f"{op.value} cannot run in place: its output has another shape")
     into = getattr(compression, "compress_into", None)
-    if tensor is None:
-        wire, ctx = None, None
+    cast = None
+    if op is Op.ALLREDUCE and in_place and tensor is not None:
+        cast = deferred_cast(compression, tensor)
+    if tensor is None or cast is not None:
+        wire, ctx = tensor, None  # a deferred cast: the engine casts while it moves the data
     elif wire_buffers is not None and into is not None:
         wire, ctx = into(tensor, wire_buffers.get(name))
         if wire is not tensor:
@@ -227,4 +235,4 @@ def build_request(op: Op, tensor: torch.Tensor | None, name: str, *, in_place: b
         root_rank=root_rank, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
         process_set_id=process_set_id, splits=None if splits is None else tuple(int(s) for s in splits),
         compression=compression, dtype=None if tensor is None else tensor.dtype, ctx=ctx,
-        owned=in_place or (tensor is not None and wire is not tensor))
+        owned=in_place or (tensor is not None and wire is not tensor), wire_dtype=cast)

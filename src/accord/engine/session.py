@@ -79,7 +79,7 @@ def init(process_sets: Sequence[Sequence[int]] | None = None,
             registry = ProcessSetRegistry()
             comms = {d: b.create(list(range(size))) for d, b in backends.items()}
             registry.add(GLOBAL_ID, range(size), comms)
-            settings = settings or EngineSettings.from_config()
+            settings = settings or EngineSettings.from_config(cpu_backend=backends["cpu"].name)
             _check_settings_agree(settings, comms["cpu"])
             # The engine negotiates on the global CPU communicator: its own process group, not
             # the default one, so collectives a frontend runs directly never interleave with it.
@@ -247,8 +247,12 @@ def submit(op: Op | str, tensor: torch.Tensor | None, name: str | None = None, *
 
 
 def poll(handle: Handle) -> bool:
-    """True when the request behind ``handle`` has finished."""
-    return handle.done()
+    """True when the request behind ``handle`` has finished (if not, the engine starts the cycle
+    it is gathering now: the caller is waiting)."""
+    session = _session
+    if session is None or handle.done():
+        return handle.done()
+    return session.engine.poll(handle)
 
 
 def synchronize(handle: Handle) -> Any:

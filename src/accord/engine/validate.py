@@ -34,6 +34,13 @@ def validate(r: Request, sets: ProcessSetRegistry, rank: int) -> None:
                                        "use Sum or Average"))
         if r.dtype == torch.bool and (r.prescale_factor != 1 or r.postscale_factor != 1):
             raise ValueError(f"{r.op.value} {r.name!r}: bool tensors cannot be scaled")
+    if r.wire_dtype is not None and not (
+            r.op is Op.ALLREDUCE and r.owned and r.tensor is not None and r.tensor.is_floating_point()
+            and r.wire_dtype.is_floating_point):
+        raise ValueError(with_hint(
+            f"{r.op.value} {r.name!r}: a {None if r.tensor is None else r.tensor.dtype} tensor cannot be "
+            f"cast to {r.wire_dtype} by the engine",
+            "only in-place allreduces of floating tensors travel in another floating dtype"))
     if r.op in ROOTED_OPS and r.root_rank not in group:
         raise ValueError(with_hint(f"{r.op.value} {r.name!r}: root rank {r.root_rank} is not in "
                                    f"process set {r.process_set_id} {list(group)}",

@@ -55,16 +55,16 @@ def _check_adasum(process_set: ProcessSet) -> None:
 
 def _allreduce_requests(tensors: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor | None],
                         names: Sequence[str], op: ReduceOp, prescale: float, postscale: float,
-                        set_id: int) -> list[Request]:
+                        set_id: int, wire_dtype: torch.dtype | None = None) -> list[Request]:
     return [Request(name=n, op=Op.ALLREDUCE, tensor=t, output=o, reduce_op=op,
                     prescale_factor=prescale, postscale_factor=postscale, process_set_id=set_id,
-                    owned=o is not None)
+                    owned=o is not None, wire_dtype=wire_dtype)
             for t, o, n in zip(tensors, outputs, names)]
 
 
 def _allreduce_async(tensors: list[torch.Tensor], inplace: bool, names: list[str], handle: int,
                      op: ReduceOp, prescale: float, postscale: float, process_set: ProcessSet,
-                     grouped: bool) -> int:
+                     grouped: bool, wire_dtype: torch.dtype | None = None) -> int:
     set_id = _set_id(process_set)
     if op == Adasum:
         _check_adasum(process_set)
@@ -73,7 +73,7 @@ def _allreduce_async(tensors: list[torch.Tensor], inplace: bool, names: list[str
     # neither record autograd history nor trip the in-place check on leaves (parameters).
     sources = [t.detach() for t in tensors]
     outputs = sources if inplace else [None] * len(tensors)
-    reqs = _allreduce_requests(sources, outputs, names, op, prescale, postscale, set_id)
+    reqs = _allreduce_requests(sources, outputs, names, op, prescale, postscale, set_id, wire_dtype)
 
     def finish(results: list[Any]) -> Any:
         values = list(tensors) if inplace else results
@@ -92,24 +92,46 @@ def _check_group(tensors: Sequence[torch.Tensor], what: str) -> list[torch.Tenso
 
 
 def _allreduce_one(tensor: torch.Tensor, inplace: bool, name: str | None, op: ReduceOp,
-                   prescale: float, postscale: float, process_set: ProcessSet) -> int:
+                   prescale: float, postscale: float, process_set: ProcessSet,
+                   wire_dtype: torch.dtype | None = None) -> int:
     # The public functions resolve ``op`` themselves: the deprecation warning's stacklevel
     # points at their caller.
     handles.check_tensor(tensor, "allreduce")
     h = handles.allocate()
     names = [handles.op_name("allreduce", name, _set_id(process_set))]
     return _allreduce_async([tensor], inplace, names, h, op, prescale, postscale, process_set,
-                            grouped=False)
+                            grouped=False, wire_dtype=wire_dtype)
 
 
 def _allreduce_group(tensors: Sequence[torch.Tensor], inplace: bool, name: str | None,
                      op: ReduceOp, prescale: float, postscale: float,
-                     process_set: ProcessSet) -> int:
+                     process_set: ProcessSet, wire_dtype: torch.dtype | None = None) -> int:
     tensors = _check_group(tensors, "grouped_allreduce")
     h = handles.allocate()
     names = handles.group_names("allreduce", name, len(tensors), _set_id(process_set))
     return _allreduce_async(tensors, inplace, names, h, op, prescale, postscale, process_set,
-                            grouped=True)
+                            grouped=True, wire_dtype=wire_dtype)
+
+
+def allreduce_cast_async_(tensor: torch.Tensor, wire_dtype: torch.dtype, name: str | None = None,
+                          op: ReduceOp = Average, prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0,
+                          process_set: ProcessSet = global_process_set) -> int:
+    """accord's extension for compressed gradients: an in-place allreduce whose data travels
+    and is summed as ``wire_dtype`` (float16/bfloat16). The engine casts on its way in and out,
+    in place of three passes over the tensor (compress, send, decompress). ``tensor`` must be
+    floating; ``synchronize()`` returns it, reduced."""
+    return _allreduce_one(tensor, True, name, op, prescale_factor, postscale_factor,
+                          process_set, wire_dtype)
+
+
+def grouped_allreduce_cast_async_(tensors: Sequence[torch.Tensor], wire_dtype: torch.dtype,
+                                  name: str | None = None, op: ReduceOp = Average,
+                                  prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                                  process_set: ProcessSet = global_process_set) -> int:
+    """The grouped form of :func:`allreduce_cast_async_`; ``synchronize()`` returns the list."""
+    return _allreduce_group(tensors, True, name, op, prescale_factor, postscale_factor,
+                            process_set, wire_dtype)
 
 
 def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,

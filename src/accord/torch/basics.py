@@ -237,6 +237,11 @@ def enqueue(request: Request) -> Handle:
     return session.engine().enqueue(request)
 
 
+def poll(handle: Handle) -> bool:
+    """Whether an engine handle has completed (nudging the engine to start its cycle if not)."""
+    return session.poll(handle)
+
+
 def wait(handle: Handle) -> Any:
     """Wait for an engine handle; return its result or raise its error."""
     return session.synchronize(handle)

@@ -105,7 +105,7 @@ def poll(handle: int) -> bool:
         pending = _table.get(handle)
     if pending is None:
         raise ValueError(f"Handle {handle} was not created or has been cleared.")
-    return all(h.done() for h in pending.handles)
+    return all(basics.poll(h) for h in pending.handles)
 
 
 def synchronize(handle: Any) -> Any:

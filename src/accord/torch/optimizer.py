@@ -15,7 +15,7 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from accord.comm.ops import ReduceOp
-from accord.engine.compression import Compressor, NoneCompressor, decompress_into
+from accord.engine.compression import Compressor, NoneCompressor, decompress_into, deferred_cast
 from accord.torch import async_ops as A
 from accord.torch import basics
 from accord.torch.handles import synchronize as _sync
@@ -157,8 +157,13 @@ class _DistributedMixin:
                 return A.sparse_allreduce_async(tensor, name=name, op=self.op,
                                                 process_set=self.process_set), None
             tensor = tensor.to_dense()
-        compressed, ctx = self._compress(p, tensor)
         pre, post = self._scale_factors()
+        cast = deferred_cast(self._compression, tensor)
+        if cast is not None:  # the engine casts while it moves the data: no copy here
+            handle = A.allreduce_cast_async_(tensor, cast, name=name, op=self.op, prescale_factor=pre,
+                                             postscale_factor=post, process_set=self.process_set)
+            return handle, (None, tensor)
+        compressed, ctx = self._compress(p, tensor)
         handle = A.allreduce_async_(compressed, name=name, op=self.op, prescale_factor=pre,
                                     postscale_factor=post, process_set=self.process_set)
         return handle, (ctx, compressed)
@@ -179,11 +184,20 @@ class _DistributedMixin:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
             self._handles.pop(p, None)
-        pairs = [self._compression.compress(p.grad) for p in group]
         pre, post = self._scale_factors()
-        handle = A.grouped_allreduce_async_([t for t, _ in pairs], name=self._parameter_names.get(group[0]),
-                                            op=self.op, prescale_factor=pre, postscale_factor=post,
-                                            process_set=self.process_set)
+        name = self._parameter_names.get(group[0])
+        casts = {deferred_cast(self._compression, p.grad) for p in group}
+        cast = casts.pop() if len(casts) == 1 else None
+        if cast is not None:  # the engine casts while it moves the data
+            pairs = [(p.grad, None) for p in group]
+            handle = A.grouped_allreduce_cast_async_([p.grad for p in group], cast, name=name, op=self.op,
+                                                     prescale_factor=pre, postscale_factor=post,
+                                                     process_set=self.process_set)
+        else:
+            pairs = [self._compression.compress(p.grad) for p in group]
+            handle = A.grouped_allreduce_async_([t for t, _ in pairs], name=name, op=self.op,
+                                                prescale_factor=pre, postscale_factor=post,
+                                                process_set=self.process_set)
         self._handles[group] = (handle, [(c, t) for t, c in pairs])
         self._group_counts[group] = 0
 

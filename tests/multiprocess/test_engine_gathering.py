@@ -1,0 +1,62 @@
+"""How the engine gathers requests into cycles: a waiting caller (synchronize, or poll of an
+unfinished handle) starts the cycle at once, however long the cycle time; async bursts that
+nobody waits on yet are gathered into one collective.
+
+The cycle time is set to 20 s here, so a check that passes in well under that shows the cycle
+did not wait it out.
+"""
+import pytest
+
+from helpers.ranks import run_ranks
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def _gathering_checks(rank, size):
+    import time
+
+    import torch
+
+    from accord.engine import session
+
+    session.init()
+    engine = session.engine()
+    assert engine.settings.cycle_time == 20.0
+    report = {}
+
+    # a synchronous op: submit, then wait: the wait starts the cycle
+    start = time.monotonic()
+    for i in range(10):
+        t = torch.full((4,), float(rank + i))
+        session.synchronize(session.submit("allreduce", t, "sync", in_place=True))
+        assert t.tolist() == [float(sum(r + i for r in range(size)))] * 4
+    report["sync_s"] = time.monotonic() - start
+
+    # polling an unfinished handle is waiting too
+    start = time.monotonic()
+    t = torch.full((3,), float(rank))
+    h = session.submit("allreduce", t, "polled", in_place=True)
+    while not session.poll(h):
+        time.sleep(0.001)
+    assert session.synchronize(h).tolist() == [float(sum(range(size)))] * 3
+    report["poll_s"] = time.monotonic() - start
+
+    # an async burst is gathered until the caller waits: one data collective for all 12
+    before = engine.stats()["collectives"]
+    tensors = [torch.full((100 + k,), float(rank * k)) for k in range(12)]
+    handles = [session.submit("allreduce", x, f"burst.{k}", in_place=True) for k, x in enumerate(tensors)]
+    time.sleep(0.3)  # the engine must not start while the caller is still busy elsewhere
+    for k, (x, hk) in enumerate(zip(tensors, handles)):
+        session.synchronize(hk)
+        assert x.tolist() == [float(sum(r * k for r in range(size)))] * (100 + k)
+    report["burst_collectives"] = engine.stats()["collectives"] - before
+    session.shutdown()
+    return report
+
+
+def test_waiting_callers_start_the_cycle_and_bursts_are_gathered():
+    env = {"ACCORD_CPU_BACKEND": "shm", "ACCORD_CYCLE_TIME": "20000"}
+    for report in run_ranks(_gathering_checks, 2, init="accord", env=env, timeout=80):
+        assert report["sync_s"] < 10.0, report  # 10 cycles that waited out 20 s would take 200 s
+        assert report["poll_s"] < 10.0, report
+        assert report["burst_collectives"] == 1, report
