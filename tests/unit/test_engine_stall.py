@@ -70,9 +70,11 @@ def test_cycle_time_defaults_follow_the_cpu_backend(monkeypatch):
     for backend in ("gloo", "mpi", None):
         s = EngineSettings.from_config(cpu_backend=backend)
         assert (s.cycle_time, s.quiet_time) == (0.001, 0.0)
+        assert s.start_bytes == s.fusion_threshold  # a full fusion buffer goes at once
     # shm: gather until a caller waits or a buffer fills, one second at most
     s = EngineSettings.from_config(cpu_backend="shm")
-    assert (s.cycle_time, s.quiet_time) == (1.0, 1.0)
+    assert (s.cycle_time, s.quiet_time, s.start_bytes) == (1.0, 1.0, 0)
+    assert EngineSettings(fusion_threshold=7, early_start_bytes=5).start_bytes == 5
     # a cycle time the user sets wins, and bounds the quiet time it did not set
     monkeypatch.setenv("HOROVOD_CYCLE_TIME", "5")
     s = EngineSettings.from_config(cpu_backend="shm")

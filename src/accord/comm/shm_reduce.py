@@ -63,22 +63,28 @@ def reduction_stages(ins: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
     itself (copy in, reduce out); otherwise rank i reduces part i of each chunk into the result
     area and every rank copies it out.
     """
-    numel = sum(t.numel() for t in ins)
+    sizes = [t.numel() for t in ins]
+    numel = sum(sizes)
     wire = scratch.dtype
 
+    def part(tensors: Sequence[torch.Tensor], i: int, lo: int, hi: int) -> torch.Tensor:
+        return tensors[i] if lo == 0 and hi == sizes[i] else tensors[i][lo:hi]  # whole: no view
+
+    def used(ps: Sequence[Piece]) -> int:  # a chunk's pieces lie back to back from offset 0
+        return ps[-1][3] + ps[-1][2] - ps[-1][1]
+
     def copy_in(c: int, b: int) -> None:
-        slot = areas[b][me]
         ps = pieces[c]
         if not ps:  # an empty op still runs its one phase (the descriptor check)
             return
+        slot = areas[b][me]
         if len(ps) == 1:
             i, lo, hi, at = ps[0]
-            slot[at:at + hi - lo].copy_(ins[i][lo:hi])
+            slot[at:at + hi - lo].copy_(part(ins, i, lo, hi))
         else:
-            # One foreach call per chunk, not one op per piece: per-op dispatch, not bandwidth,
-            # dominates 100 KB pieces.
-            torch._foreach_copy_([slot[at:at + hi - lo] for _, lo, hi, at in ps],
-                                 [ins[i][lo:hi] for i, lo, hi, _ in ps])
+            # One call per chunk, not one op per piece: per-op dispatch, not bandwidth,
+            # dominates 100 KB pieces. cat casts into the slot's dtype.
+            torch.cat([part(ins, i, lo, hi) for i, lo, hi, _ in ps], out=slot[:used(ps)])
 
     def reduce_out(c: int, b: int) -> None:
         ps = pieces[c]
@@ -86,19 +92,19 @@ def reduction_stages(ins: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
             return
         if len(ps) == 1 and outs[ps[0][0]].dtype == wire:
             i, lo, hi, at = ps[0]
-            combine(outs[i][lo:hi], areas[b], at, at + hi - lo, op, size)
+            combine(part(outs, i, lo, hi), areas[b], at, at + hi - lo, op, size)
             return
         # Several pieces (or a cast): reduce the chunk's used span once into the cache-resident
         # scratch, then copy the pieces out, casting to the outputs' dtype. Each output is
         # written once; reducing piecewise into the outputs writes them once per rank.
-        used = ps[-1][3] + ps[-1][2] - ps[-1][1]
-        combine(scratch[:used], areas[b], 0, used, op, size)
+        n = used(ps)
+        combine(scratch[:n], areas[b], 0, n, op, size)
         if len(ps) == 1:
             i, lo, hi, at = ps[0]
-            outs[i][lo:hi].copy_(scratch[at:at + hi - lo])
+            part(outs, i, lo, hi).copy_(scratch[at:at + hi - lo])
         else:
-            torch._foreach_copy_([outs[i][lo:hi] for i, lo, hi, _ in ps],
-                                 [scratch[at:at + hi - lo] for _, lo, hi, at in ps])
+            views = scratch[:n].split([hi - lo for _, lo, hi, _ in ps])
+            torch._foreach_copy_([part(outs, i, lo, hi) for i, lo, hi, _ in ps], list(views))
 
     def reduce_part(c: int, b: int) -> None:
         lo = c * per

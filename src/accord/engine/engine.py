@@ -108,7 +108,7 @@ class Engine:
             self._incoming.append(request)
             before = self._incoming_bytes
             self._incoming_bytes += request.nbytes
-            threshold = self.settings.fusion_threshold
+            threshold = self.settings.start_bytes
             if before < threshold <= self._incoming_bytes:
                 self._cond.notify()  # a full fusion buffer: no reason to wait out the cycle
         return request.handle
@@ -305,7 +305,7 @@ class Engine:
         with self._cond:
             if not self._incoming and not self._stop_requested and not self._join_requested and pause > 0:
                 self._cond.wait(pause)
-            threshold = s.fusion_threshold
+            threshold = s.start_bytes
             while (self._incoming and not self._stop_requested and not self._waiters and not self._hurry
                    and not (0 < threshold <= self._incoming_bytes)):
                 remaining = self._first_arrival + s.cycle_time - time.monotonic()

@@ -127,6 +127,9 @@ class Executor:
 
     def _finish(self, r: Request, result: Any) -> Any:
         """Decompress into the output (or a private tensor); return the request's value."""
+        if result is not None and result is r.output and r.ctx is None and r.compression.passthrough \
+                and not result.is_cuda:
+            return result  # reduced in place (a gradient): nothing to convert or copy
         if isinstance(result, torch.Tensor):
             if r.output is not None:
                 decompress_into(r.compression, result, r.ctx, r.output)

@@ -13,10 +13,11 @@ class EngineSettings:
 
     fusion_threshold: int = 64 * 1024 * 1024
     # A cycle gathers requests for at most cycle_time after the first, and starts earlier once
-    # none arrived for quiet_time, a fusion buffer's worth is queued, or a caller waits on a
-    # handle. See default_cycle_times for the defaults.
+    # none arrived for quiet_time, early_start_bytes are queued (0: never; -1: the fusion
+    # threshold), or a caller waits on a handle. See default_cycle_times for the defaults.
     cycle_time: float = 0.001
     quiet_time: float = 0.0
+    early_start_bytes: int = -1
     timeline: str | None = None
     timeline_mark_cycles: bool = False
     stall_check_disable: bool = False
@@ -36,12 +37,20 @@ class EngineSettings:
         if self.fusion_threshold < 0:
             raise ConfigError(with_hint(f"fusion threshold must be >= 0 bytes, got {self.fusion_threshold}",
                                         "set ACCORD_FUSION_THRESHOLD to a byte count (0 turns fusion off)"))
+        if self.early_start_bytes < -1:
+            raise ConfigError(with_hint(f"early start bytes must be -1, 0 or positive, got {self.early_start_bytes}",
+                                        "use -1 (the fusion threshold), 0 (never) or a byte count"))
         if self.quiet_time < 0:
             raise ConfigError(with_hint(f"quiet time must be >= 0, got {self.quiet_time * 1e3} ms",
                                         "set ACCORD_CYCLE_QUIET_TIME to milliseconds, e.g. 0 or 0.2"))
         if self.cycle_time < 0:
             raise ConfigError(with_hint(f"cycle time must be >= 0, got {self.cycle_time * 1e3} ms",
                                         "set ACCORD_CYCLE_TIME to milliseconds, e.g. 1"))
+
+    @property
+    def start_bytes(self) -> int:
+        """Queued bytes that start a cycle at once (0: never)."""
+        return self.fusion_threshold if self.early_start_bytes < 0 else self.early_start_bytes
 
     @property
     def tick(self) -> float:
@@ -57,7 +66,7 @@ class EngineSettings:
         """Read ACCORD_FUSION_THRESHOLD, ACCORD_CYCLE_TIME and ACCORD_CYCLE_QUIET_TIME (ms), ACCORD_TIMELINE, ACCORD_STALL_*,
         ACCORD_COLLECTIVE_TIMEOUT (and their Horovod aliases); ``overrides`` win. Cycle times
         that are not set default by ``cpu_backend`` (see :func:`default_cycle_times`)."""
-        cycle, quiet = default_cycle_times(cpu_backend)
+        cycle, quiet, early = default_cycle_times(cpu_backend)
         set_cycle, set_quiet = config.get("ACCORD_CYCLE_TIME"), config.get("ACCORD_CYCLE_QUIET_TIME")
         if set_cycle is not None:
             cycle = set_cycle / 1000.0
@@ -66,6 +75,7 @@ class EngineSettings:
             fusion_threshold=config.get("ACCORD_FUSION_THRESHOLD"),
             cycle_time=cycle,
             quiet_time=quiet,
+            early_start_bytes=early,
             timeline=config.get("ACCORD_TIMELINE"),
             timeline_mark_cycles=config.get("ACCORD_TIMELINE_MARK_CYCLES"),
             stall_check_disable=config.get("ACCORD_STALL_CHECK_DISABLE"),
@@ -80,16 +90,18 @@ class EngineSettings:
 # The shm backend's transfers are this process's own CPU work (copies and sums in shared
 # memory): overlapping them with backward takes the cores from the computation, and every
 # extra cycle costs a negotiation and barrier hand-offs between busy cores. So on shm the
-# engine gathers until a caller waits (synchronize, poll) or a fusion buffer fills, with one
-# second as the bound for requests nobody waits on. Measured on 2 ranks x 1 thread (ResNet-50,
-# 161 gradients, benchmarks/RESULTS.md): 123 cycles per step at 1 ms cost 13% of the step;
-# gathering brings it to 2 cycles. Gloo and MPI move data through the network stack, where
-# starting early overlaps transfers with backward as in Horovod (its 1 ms default).
+# engine gathers until a caller waits (synchronize, poll), with one second as the bound for
+# requests nobody waits on, and a full fusion buffer does not start a cycle early. Measured
+# on 2 ranks x 1 thread, ResNet-50 (161 gradients, 102 MB): 123 cycles per step at 1 ms cost
+# 0.15 of the step over no communication, one cycle at synchronize() 0.09, and starting a
+# cycle at the first full 64 MB buffer 0.15 again. Gloo and MPI move data through the network
+# stack, where starting early overlaps transfers with backward as in Horovod (its 1 ms cycle
+# and a full buffer going at once).
 _SHM_CYCLE_S = 1.0
 
 
-def default_cycle_times(cpu_backend: str | None) -> tuple[float, float]:
-    """(cycle_time, quiet_time) in seconds for a job whose CPU tensors use ``cpu_backend``."""
+def default_cycle_times(cpu_backend: str | None) -> tuple[float, float, int]:
+    """(cycle_time s, quiet_time s, early_start_bytes) for a job whose CPU tensors use ``cpu_backend``."""
     if cpu_backend == "shm":
-        return _SHM_CYCLE_S, _SHM_CYCLE_S
-    return 0.001, 0.0
+        return _SHM_CYCLE_S, _SHM_CYCLE_S, 0
+    return 0.001, 0.0, -1
