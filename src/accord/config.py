@@ -76,7 +76,7 @@ VARIABLES: dict[str, Variable] = {
         _v("ACCORD_CPU_BACKEND", str, "auto", "Backend for CPU tensors: auto (shm when every rank is on one host, else gloo), gloo, shm, mpi, or a registered name."),
         _v("ACCORD_GPU_BACKEND", str, "nccl", "Backend for CUDA tensors: nccl, or a registered name."),
         _v("ACCORD_FUSION_THRESHOLD", int, 64 * 1024 * 1024, "Bytes per fusion buffer; 0 turns fusion off.", "HOROVOD_FUSION_THRESHOLD"),
-        _v("ACCORD_CYCLE_TIME", float, None, "Most milliseconds the engine gathers requests into one cycle after the first arrives (default by CPU backend: 1 on gloo/mpi, 1000 on shm; a waiting caller or a full fusion buffer always starts the cycle).", "HOROVOD_CYCLE_TIME"),
+        _v("ACCORD_CYCLE_TIME", float, None, "Most milliseconds the engine gathers requests into one cycle after the first arrives (default by CPU backend: 1 on gloo/mpi, 1000 on shm). A caller waiting on a handle always starts the cycle; on gloo/mpi so does a full fusion buffer.", "HOROVOD_CYCLE_TIME"),
         _v("ACCORD_CYCLE_QUIET_TIME", float, None, "Milliseconds without a new request after which a gathering cycle starts (default by CPU backend: 0, as soon as nothing new is queued, on gloo/mpi; the cycle time on shm)."),
         _v("ACCORD_TIMELINE", str, None, "Write a chrome://tracing timeline to this path (rank 0).", "HOROVOD_TIMELINE"),
         _v("ACCORD_TIMELINE_MARK_CYCLES", parse_bool, False, "Mark engine cycles in the timeline.", "HOROVOD_TIMELINE_MARK_CYCLES"),
