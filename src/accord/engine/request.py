@@ -220,7 +220,7 @@ def build_request(op: Op, tensor: torch.Tensor | None, name: str, *, in_place: b
         raise ValueError(f"{op.value} cannot run in place: its output has another shape")
     into = getattr(compression, "compress_into", None)
     cast = None
-    if op is Op.ALLREDUCE and in_place and tensor is not None:
+    if op is Op.ALLREDUCE and in_place and tensor is not None and compression is not NoneCompressor:
         cast = deferred_cast(compression, tensor)
     if tensor is None or cast is not None:
         wire, ctx = tensor, None  # a deferred cast: the engine casts while it moves the data
