@@ -46,10 +46,10 @@ def deferred_cast(compression: Any, tensor: torch.Tensor) -> torch.dtype | None:
     """The dtype the engine may cast ``tensor`` to while it moves the data, in place of
     ``compression.compress`` (one pass over the data instead of three: cast, send, cast back);
     None when ``compression`` is not a plain built-in cast or leaves ``tensor`` unchanged."""
-    wire = getattr(compression, "wire", None)
     if (not isinstance(compression, type) or not issubclass(compression, _CastCompressor)
             or compression.compress.__func__ is not _CastCompressor.compress.__func__):
         return None  # a user's subclass with its own compress() must run it
+    wire = compression.wire
     if tensor.layout == torch.strided and tensor.is_floating_point() and tensor.dtype != wire:
         return wire
     return None

@@ -1,8 +1,8 @@
 """The background engine: one thread per process that negotiates and runs named collectives.
 
 Callers :meth:`Engine.enqueue` requests and get handles. The thread ("accord-engine") sleeps on a
-condition until something is submitted (then waits ``cycle_time`` to gather more) or until an
-idle tick, so peers waiting on this rank make progress and stalls are noticed without spinning.
+condition until something is submitted (then gathers more: see :mod:`accord.engine.intake`) or
+until an idle tick, so peers waiting on this rank make progress and stalls are noticed without spinning.
 Each cycle: one negotiation allreduce (plus a full exchange when a rank has something new),
 then the ready requests run in the agreed order through :class:`~accord.engine.execute.Executor`.
 """
@@ -19,6 +19,7 @@ from accord.comm.backend import Communicator
 from accord.comm.ops import ReduceOp
 from accord.engine import negotiate as neg
 from accord.engine.execute import CommunicationFailure, Executor
+from accord.engine.intake import Intake
 from accord.engine.join import JoinState, stand_in
 from accord.engine.request import Handle, Request
 from accord.engine.sets import ProcessSetRegistry
@@ -42,13 +43,7 @@ class Engine:
         self.sets = sets
         self._comm = negotiation
         self._cond = threading.Condition(threading.Lock())
-        self._incoming: list[Request] = []
-        self._incoming_bytes = 0
-        self._first_arrival = 0.0
-        # Callers blocked in synchronize() (nothing more comes from them until it returns), and
-        # a one-shot request from poll(): either ends the gathering of the current cycle.
-        self._waiters = 0
-        self._hurry = False
+        self._intake = Intake(self._cond, self.settings)
         self._inflight: dict[str, Request] = {}  # submitted and not yet completed, by name
         self._pending: dict[str, Request] = {}  # engine thread only: waiting for agreement
         self._stop_requested = False
@@ -102,15 +97,7 @@ class Engine:
                     f"flight on rank {self.rank}",
                     "synchronize the first handle before reusing the name, or use distinct names"))
             self._inflight[request.name] = request
-            if not self._incoming:
-                self._first_arrival = time.monotonic()
-                self._cond.notify()
-            self._incoming.append(request)
-            before = self._incoming_bytes
-            self._incoming_bytes += request.nbytes
-            threshold = self.settings.start_bytes
-            if before < threshold <= self._incoming_bytes:
-                self._cond.notify()  # a full fusion buffer: no reason to wait out the cycle
+            self._intake.put(request)
         return request.handle
 
     def in_flight(self, name: str) -> bool:
@@ -123,9 +110,7 @@ class Engine:
         unfinished handle is waiting for it: the cycle that gathers requests starts now."""
         if handle.done():
             return True
-        with self._cond:
-            self._hurry = True
-            self._cond.notify()
+        self._intake.hurry()
         return handle.done()
 
     def synchronize(self, handle: Handle) -> Any:
@@ -136,21 +121,12 @@ class Engine:
         """
         if handle.done():
             return handle.result()
-        with self._cond:
-            self._waiters += 1
-            self._cond.notify()
-        try:
-            return self._wait_result(handle)
-        finally:
-            with self._cond:
-                self._waiters -= 1
-
-    def _wait_result(self, handle: Handle) -> Any:
-        while not handle.wait(0.5):
-            if self._thread is None or not self._thread.is_alive():
-                handle.wait(0.5)  # the thread fails every request before it exits
-                if not handle.done():
-                    raise self._stopped_error()
+        with self._intake.waiting():
+            while not handle.wait(0.5):
+                if self._thread is None or not self._thread.is_alive():
+                    handle.wait(0.5)  # the thread fails every request before it exits
+                    if not handle.done():
+                        raise self._stopped_error()
         return handle.result()
 
     def join(self, device: int = -1) -> int:
@@ -292,31 +268,12 @@ class Engine:
             delay = 0.0 if executed or arrived else min(max(2 * delay, s.cycle_time, 1e-3), s.max_backoff)
 
     def _gather(self, pause: float) -> tuple[bool, bool]:
-        """Sleep until work, a stop request or ``pause``; then move arrivals into pending.
-
-        Once something arrived, keep gathering while requests keep coming. The cycle starts when
-        a caller waits on a handle (synchronize, or poll of an unfinished one), when a fusion
-        buffer's worth is queued, when none arrived for ``quiet_time``, or ``cycle_time`` after
-        the first. A lone synchronous request so starts at once, and a burst (a loop of async
-        submissions, gradients from backward) is fused: what arrives while a cycle runs goes in
-        the next. The defaults per backend are in :func:`accord.engine.settings.default_cycle_times`.
-        """
-        s = self.settings
+        """Sleep until work, a stop request or ``pause``; then move what arrived into pending,
+        gathering first as :mod:`accord.engine.intake` describes."""
         with self._cond:
-            if not self._incoming and not self._stop_requested and not self._join_requested and pause > 0:
+            if not self._intake.items and not self._stop_requested and not self._join_requested and pause > 0:
                 self._cond.wait(pause)
-            threshold = s.start_bytes
-            while (self._incoming and not self._stop_requested and not self._waiters and not self._hurry
-                   and not (0 < threshold <= self._incoming_bytes)):
-                remaining = self._first_arrival + s.cycle_time - time.monotonic()
-                if remaining <= 0:
-                    break
-                seen = len(self._incoming)
-                self._cond.wait(min(s.quiet_time, remaining))
-                if len(self._incoming) == seen:
-                    break
-            new, self._incoming, self._incoming_bytes = self._incoming, [], 0
-            self._hurry = False
+            new = self._intake.take(lambda: self._stop_requested)
             stop = self._stop_requested
             if self._join_requested:  # set here, so a cycle's vector and payload agree
                 self._join_requested, self.joined = False, True

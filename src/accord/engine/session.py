@@ -250,9 +250,7 @@ def poll(handle: Handle) -> bool:
     """True when the request behind ``handle`` has finished (if not, the engine starts the cycle
     it is gathering now: the caller is waiting)."""
     session = _session
-    if session is None or handle.done():
-        return handle.done()
-    return session.engine.poll(handle)
+    return handle.done() if session is None else session.engine.poll(handle)
 
 
 def synchronize(handle: Handle) -> Any:
