@@ -292,18 +292,19 @@ class Engine:
         tl = self._timeline
         if tl is not None and pending:
             tl.cycle(now)
-        ids, unknown, uncached = [], False, False
+        by_id: dict[int, Request] = {}  # pending requests that match a cache entry
+        unknown = uncached = False
         for r in pending:
             i = self.cache.id_of(r.name, r.signature)
             if i is not None:
-                ids.append(i)
+                by_id[i] = r
             elif not r.announced:
                 unknown = True
             else:
                 uncached = True
         oldest = min((r.submitted_at for r in pending), default=None)
         want_full = unknown or self.joined or self.stall.due(now, oldest)
-        vec = neg.build_vector(ids, len(self.cache), want_full=want_full, shutdown=stop_local,
+        vec = neg.build_vector(by_id, len(self.cache), want_full=want_full, shutdown=stop_local,
                                joined=self.joined, uncached=uncached)
         sums = self._negotiate(vec)
         stop: BaseException | bool | None = bool(sums[neg.SHUTDOWN]) or None
@@ -317,22 +318,23 @@ class Engine:
             stall_error = self.stall.review(decision.partial, now)
             if stall_error is not None:
                 stop = stall_error
-            names = decision.ready
             needed = any(self.rank in p.missing for p in decision.partial)
+            ready = []
+            for name in decision.ready:
+                r = self._pending.get(name)
+                if r is not None:
+                    ready.append(self._pending.pop(name))
+                elif self.joined:
+                    sig, members = decision.agreed[name]
+                    if self.rank in members:
+                        ready.append(stand_in(name, sig, members, self._join.device))
         else:
             ready_ids = neg.ready_from_counts(sums, self.cache)
             self.cache.touch(ready_ids, self.cycles)
-            names = [self.cache.entry(i)[0] for i in ready_ids]
             needed = neg.peers_wait_on_me(sums, vec, uncached)
-        ready = []
-        for name in names:
-            r = self._pending.get(name)
-            if r is not None and (sums[neg.WANT_FULL] or self.cache.id_of(name, r.signature) is not None):
-                ready.append(self._pending.pop(name))
-            elif r is None and self.joined and decision is not None:
-                sig, members = decision.agreed[name]
-                if self.rank in members:
-                    ready.append(stand_in(name, sig, members, self._join.device))
+            # The cache did not change this cycle: the ids matched above still hold. (An id
+            # ready without a request here is a process set this rank is not in.)
+            ready = [self._pending.pop(by_id[i].name) for i in ready_ids if i in by_id]
         if tl is not None:
             done = time.monotonic()
             for r in ready:

@@ -29,6 +29,7 @@ class Op(str, enum.Enum):
 
 
 # Ops whose first dimension may differ between ranks: only the trailing shape must agree.
+OP_NAMES = {op: op.value for op in Op}  # a dict read is cheaper than Enum's .value descriptor
 RAGGED_OPS = frozenset({Op.ALLGATHER, Op.ALLTOALL, Op.GATHER, Op.SCATTER})
 ROOTED_OPS = frozenset({Op.BROADCAST, Op.REDUCE, Op.GATHER, Op.SCATTER})
 REDUCING_OPS = frozenset({Op.ALLREDUCE, Op.REDUCESCATTER, Op.REDUCE})
@@ -132,7 +133,7 @@ class Handle:
         return f"Handle({self.name!r}, {state})"
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Request:
     """One named collective submitted by this rank.
 
@@ -174,13 +175,19 @@ class Request:
             self.dtype = self.tensor.dtype
         self.signature = signature_of(self)
         t = self.tensor
-        itemsize = 0 if t is None else (self.wire_dtype or t.dtype).itemsize
-        self.nbytes = 0 if t is None else t.numel() * itemsize
+        if t is None:
+            self.nbytes = 0
+        elif self.wire_dtype is None:
+            self.nbytes = t.nbytes
+        else:
+            self.nbytes = t.numel() * self.wire_dtype.itemsize
 
 
 
 def signature_of(request: Request) -> Signature:
     """The values every rank must agree on for ``request``."""
+    # Built once per submitted request (hundreds per training step): attribute reads that
+    # cost a device object (t.device.type) are avoided where a flag answers.
     t = request.tensor
     op = request.op
     if t is None:
@@ -188,18 +195,17 @@ def signature_of(request: Request) -> Signature:
         wire, device = "", ""
     else:
         shape = tuple(t.shape)
-        wire, device = dtype_name(request.wire_dtype or t.dtype), t.device.type
+        wire = dtype_name(request.wire_dtype or t.dtype)
+        device = "cpu" if t.is_cpu else t.device.type
         if op in RAGGED_OPS:
             shape = shape[1:]
-    reducing = op in REDUCING_OPS
-    return Signature(
-        op.value, dtype_name(request.dtype), wire, shape, device,
-        int(request.reduce_op) if reducing else -1,
-        request.root_rank if op in ROOTED_OPS else -1,
-        float(request.prescale_factor) if reducing else 1.0,
-        float(request.postscale_factor) if reducing else 1.0,
-        request.process_set_id,
-    )
+    if op in REDUCING_OPS:
+        return Signature(OP_NAMES[op], dtype_name(request.dtype), wire, shape, device,
+                         int(request.reduce_op), request.root_rank if op in ROOTED_OPS else -1,
+                         float(request.prescale_factor), float(request.postscale_factor),
+                         request.process_set_id)
+    return Signature(OP_NAMES[op], dtype_name(request.dtype), wire, shape, device, -1,
+                     request.root_rank if op in ROOTED_OPS else -1, 1.0, 1.0, request.process_set_id)
 
 
 def build_request(op: Op, tensor: torch.Tensor | None, name: str, *, in_place: bool = False,
@@ -218,20 +224,20 @@ def build_request(op: Op, tensor: torch.Tensor | None, name: str, *, in_place: b
     """
     if in_place and op not in (Op.ALLREDUCE, Op.BROADCAST):
         raise ValueError(f"{op.value} cannot run in place: its output has another shape")
-    into = getattr(compression, "compress_into", None)
     cast = None
-    if op is Op.ALLREDUCE and in_place and tensor is not None and compression is not NoneCompressor:
-        cast = deferred_cast(compression, tensor)
-    if tensor is None or cast is not None:
+    if compression is NoneCompressor or tensor is None:
+        wire, ctx = tensor, None  # the common case (gradients, no compression) costs nothing here
+    elif op is Op.ALLREDUCE and in_place and (cast := deferred_cast(compression, tensor)) is not None:
         wire, ctx = tensor, None  # a deferred cast: the engine casts while it moves the data
-    elif wire_buffers is not None and into is not None:
+    elif wire_buffers is not None and (into := getattr(compression, "compress_into", None)) is not None:
         wire, ctx = into(tensor, wire_buffers.get(name))
         if wire is not tensor:
             wire_buffers[name] = wire
     else:
         wire, ctx = compression.compress(tensor)
     return Request(
-        name, op, wire, output=tensor if in_place else None, reduce_op=ReduceOp(reduce_op),
+        name, op, wire, output=tensor if in_place else None,
+        reduce_op=reduce_op if type(reduce_op) is ReduceOp else ReduceOp(reduce_op),
         root_rank=root_rank, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
         process_set_id=process_set_id, splits=None if splits is None else tuple(int(s) for s in splits),
         compression=compression, dtype=None if tensor is None else tensor.dtype, ctx=ctx,
