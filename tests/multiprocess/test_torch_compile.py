@@ -139,7 +139,7 @@ def _backward_checks(rank):
         total = total + (hvd.broadcast(x3, root_rank=1) * w).sum()
         a2a, _ = hvd.alltoall(x4, splits=splits)
         total = total + (a2a * a2a).sum() * (rank + 1)
-        total = total + (hvd.reducescatter(y, op=hvd.Sum) * wr).sum()
+        total = total + (hvd.reducescatter(y, op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.25) * wr).sum()
         gx, gy = hvd.grouped_allreduce([x6, y6])
         return total + (gx * w).sum() + gy.sum()
 
@@ -312,7 +312,7 @@ def _expected_grads(rank):
             2 * mean_factor * rs[rank],                  # allgather: average, own rows
             np.mean(ws, 0) * (rank == 1),                # broadcast: average, zero off root
             2 * (dest[:, None] + 1) * xs[rank],          # alltoall
-            SIZE * np.concatenate(wrs),                  # reducescatter Sum: size * allgather
+            0.5 * SIZE * np.concatenate(wrs),            # reducescatter Sum: size * pre * post * allgather
             np.mean(ws, 0), np.ones((5, 3))]             # grouped Average
 
 

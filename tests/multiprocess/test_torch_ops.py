@@ -244,10 +244,20 @@ def _autograd(rank, size):
         x = leaf(13, (2 * size, 3))
         hvd.reducescatter(x, op=op).backward(torch.from_numpy(g(14, rank, (2, 3))))
         _close(x.grad.numpy(), np.concatenate([g(14, r, (2, 3)) * factor for r in everyone]))
+    # ... times the prescale and postscale factors, which scaled the forward
+    for op, factor in [(hvd.Sum, size * 6.0), (hvd.Average, 6.0)]:
+        x = leaf(13, (2 * size, 3))
+        hvd.reducescatter(x, op=op, prescale_factor=2.0, postscale_factor=3.0).backward(
+            torch.from_numpy(g(14, rank, (2, 3))))
+        _close(x.grad.numpy(), np.concatenate([g(14, r, (2, 3)) * factor for r in everyone]))
     xs = [leaf(15, (size, 2))]
     out = hvd.grouped_reducescatter(xs, op=hvd.Sum)
     out[0].backward(torch.ones(1, 2))
     _close(xs[0].grad.numpy(), np.full((size, 2), size))
+    xs = [leaf(15, (size, 2))]
+    out = hvd.grouped_reducescatter(xs, op=hvd.Average, prescale_factor=0.5)
+    out[0].backward(torch.ones(1, 2))
+    _close(xs[0].grad.numpy(), np.full((size, 2), 0.5))
     hvd.shutdown()
     return True
 

@@ -248,11 +248,12 @@ def _reducescatter_fake(tensor, name, op, prescale_factor, postscale_factor, pro
 
 def _reducescatter_setup(ctx, inputs, output) -> None:
     ctx.rows, ctx.op, ctx.set_id = inputs[0].shape[0], inputs[2], inputs[5]
+    ctx.scale = inputs[3] * inputs[4]  # prescale * postscale scaled the forward
 
 
 def _reducescatter_backward(ctx, grad):
-    if ctx.op == SUM:
-        grad = grad * len(_members(ctx.set_id))
+    factor = ctx.scale * len(_members(ctx.set_id)) if ctx.op == SUM else ctx.scale
+    grad = grad * factor
     return allgather(grad, "", ctx.set_id, ctx.rows), None, None, None, None, None
 
 

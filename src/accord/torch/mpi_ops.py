@@ -259,15 +259,20 @@ class HorovodReducescatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):
         ctx.op, ctx.process_set = op, process_set
+        ctx.scale = prescale_factor * postscale_factor
         return synchronize(A.reducescatter_async(tensor, name, op, process_set, prescale_factor,
                                                  postscale_factor))
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad = grad_output.contiguous()
-        if ctx.op == A.Sum:
-            grad = grad * _set_size(ctx.process_set)
+        grad = grad_output.contiguous() * _reducescatter_grad_factor(ctx.op, ctx.scale, ctx.process_set)
         return allgather(grad, process_set=ctx.process_set), None, None, None, None, None
+
+
+def _reducescatter_grad_factor(op: ReduceOp, scale: float, process_set: ProcessSet) -> float:
+    """What reducescatter's backward multiplies the gathered gradient by: the set size for Sum
+    (Horovod's rule), and the prescale and postscale factors, which scaled the forward."""
+    return scale * (_set_size(process_set) if op == A.Sum else 1)
 
 
 def reducescatter(tensor: torch.Tensor, name: str | None = None,
@@ -287,15 +292,14 @@ class HorovodGroupedReducescatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, op, process_set, prescale_factor, postscale_factor, *tensors):
         ctx.op, ctx.process_set = op, process_set
+        ctx.scale = prescale_factor * postscale_factor
         return tuple(synchronize(A.grouped_reducescatter_async(
             list(tensors), name, op, process_set, prescale_factor, postscale_factor)))
 
     @staticmethod
     def backward(ctx, *grad_output):
-        grads = [g.contiguous() for g in grad_output]
-        if ctx.op == A.Sum:
-            n = _set_size(ctx.process_set)
-            grads = [g * n for g in grads]
+        factor = _reducescatter_grad_factor(ctx.op, ctx.scale, ctx.process_set)
+        grads = [g.contiguous() * factor for g in grad_output]
         return (None, None, None, None, None, *grouped_allgather(grads, process_set=ctx.process_set))
 
 
