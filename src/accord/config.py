@@ -40,6 +40,19 @@ def parse_level(text: str) -> int:
         raise ValueError(f"not a level (0, 1, 2) or a boolean: {text!r}") from None
 
 
+# Horovod's level names (HOROVOD_LOG_LEVEL) as Python logging levels; Python has no trace.
+LOG_LEVELS = {"trace": 5, "debug": 10, "info": 20, "warning": 30, "error": 40, "fatal": 50}
+
+
+def parse_log_level(text: str) -> str:
+    """Parse trace, debug, info, warning, error or fatal (any case); the lower-case name
+    (``LOG_LEVELS`` maps it to a logging level)."""
+    value = text.strip().lower()
+    if value not in LOG_LEVELS:
+        raise ValueError(f"not a log level ({', '.join(LOG_LEVELS)}): {text!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class Variable:
     """One environment variable: its name, parser, default, doc and accepted aliases."""
@@ -83,11 +96,12 @@ VARIABLES: dict[str, Variable] = {
         _v("ACCORD_STALL_CHECK_DISABLE", parse_bool, False, "Turn the stall inspector off.", "HOROVOD_STALL_CHECK_DISABLE"),
         _v("ACCORD_STALL_CHECK_TIME_SECONDS", float, 60.0, "Warn when ranks wait this long on a name others lack.", "HOROVOD_STALL_CHECK_TIME_SECONDS"),
         _v("ACCORD_STALL_SHUTDOWN_TIME_SECONDS", float, 0.0, "Raise on every rank after this long stalled (0: never).", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"),
-        _v("ACCORD_HIERARCHICAL_ALLREDUCE", parse_bool, False, "Allreduce within hosts first, then across hosts.", "HOROVOD_HIERARCHICAL_ALLREDUCE"),
+        _v("ACCORD_HIERARCHICAL_ALLREDUCE", parse_bool, False, "Allreduce within each host, then across hosts (CPU tensors; needs the same number of ranks on every host).", "HOROVOD_HIERARCHICAL_ALLREDUCE"),
         _v("ACCORD_COLLECTIVE_TIMEOUT", float, 60.0, "Seconds a collective may wait for a peer before the rank is declared lost."),
         _v("ACCORD_START_TIMEOUT", float, 30.0, "Seconds for every rank to reach the rendezvous.", "HOROVOD_START_TIMEOUT"),
         _v("ACCORD_ELASTIC_TIMEOUT", float, 60.0, "Seconds elastic ranks wait for live peers to regroup after a failure.", "HOROVOD_ELASTIC_TIMEOUT"),
-        _v("ACCORD_LOG_LEVEL", str, "warning", "Log level: trace, debug, info, warning, error.", "HOROVOD_LOG_LEVEL"),
+        _v("ACCORD_LOG_LEVEL", parse_log_level, "warning", "Level of accord's log messages in workers: trace, debug, info, warning, error, fatal.", "HOROVOD_LOG_LEVEL"),
+        _v("ACCORD_CACHE_CAPACITY", int, 1024, "Names whose agreed signature the engine remembers, so that steady-state negotiation is one small allreduce (0 counts as 1).", "HOROVOD_CACHE_CAPACITY"),
         _v("ACCORD_INTERFACE", str, None, "Network interface to bind and advertise.", "DMLC_INTERFACE", "HOROVOD_GLOO_IFACE"),
         _v("ACCORD_VERBOSE", parse_level, 0, "Verbosity of the launcher and parameter servers: 0 quiet, 1 node registration and connections, 2 also every server message.", "PS_VERBOSE"),
         _v("ACCORD_SHM_CHUNK_BYTES", int, 1 << 20, "Slot size of the shm backend: each op moves data through shared memory in pieces of this many bytes."),

@@ -41,3 +41,25 @@ def test_mpi_collectives(nprocs):
     assert code == 0, out[-6000:]
     assert sorted(int(r) for r, _, _ in summaries) == list(range(nprocs)), out[-3000:]
     assert all(int(f) == 0 and int(n) > 250 for _, n, f in summaries), out[-3000:]
+
+
+def _init_mpi_backend_without_mpirun(rank, size):
+    from accord.engine import session
+
+    try:
+        session.init()
+    except Exception as exc:  # noqa: BLE001 - the test inspects what was raised
+        return type(exc).__name__, str(exc)
+    session.shutdown()
+    return "no error", ""
+
+
+@pytest.mark.timeout(60)
+def test_mpi_backend_outside_mpirun_says_how_to_start():
+    from helpers.ranks import run_ranks
+
+    out = run_ranks(_init_mpi_backend_without_mpirun, 2, init="accord", timeout=45,
+                    env={"ACCORD_CPU_BACKEND": "mpi"})
+    for kind, message in out:
+        assert kind == "BackendError", (kind, message)
+        assert "MPI_COMM_WORLD, which has 1 rank(s)" in message and "HINT: start the job with mpirun" in message

@@ -36,3 +36,24 @@ def test_unknown_variable_is_a_key_error():
 def test_every_variable_documented():
     for var in config.VARIABLES.values():
         assert var.doc and var.name.startswith("ACCORD_")
+
+
+def test_horovod_log_level_names_parse_to_logging_levels():
+    import logging
+
+    assert config.get("ACCORD_LOG_LEVEL", {}) == "warning"
+    assert config.get("ACCORD_LOG_LEVEL", {"HOROVOD_LOG_LEVEL": "DEBUG"}) == "debug"
+    assert config.LOG_LEVELS["debug"] == logging.DEBUG and config.LOG_LEVELS["warning"] == logging.WARNING
+    assert config.LOG_LEVELS["trace"] < logging.DEBUG and config.LOG_LEVELS["fatal"] == logging.CRITICAL
+    with pytest.raises(ConfigError, match="(?s)HOROVOD_LOG_LEVEL='loud'.*HINT"):
+        config.get("ACCORD_LOG_LEVEL", {"HOROVOD_LOG_LEVEL": "loud"})
+
+
+def test_more_horovod_aliases():
+    assert config.get("ACCORD_TIMELINE", {"HOROVOD_TIMELINE": "/tmp/t.json"}) == "/tmp/t.json"
+    assert config.get("ACCORD_STALL_SHUTDOWN_TIME_SECONDS",
+                      {"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "7.5"}) == 7.5
+    assert config.get("ACCORD_HIERARCHICAL_ALLREDUCE", {"HOROVOD_HIERARCHICAL_ALLREDUCE": "1"}) is True
+    assert config.get("ACCORD_HIERARCHICAL_ALLREDUCE", {}) is False
+    assert config.get("ACCORD_CACHE_CAPACITY", {"HOROVOD_CACHE_CAPACITY": "64"}) == 64
+    assert config.get("ACCORD_CACHE_CAPACITY", {}) == 1024

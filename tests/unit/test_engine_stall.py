@@ -82,3 +82,19 @@ def test_cycle_time_defaults_follow_the_cpu_backend(monkeypatch):
     monkeypatch.setenv("ACCORD_CYCLE_QUIET_TIME", "2")
     assert EngineSettings.from_config(cpu_backend="shm").quiet_time == 0.002
     assert EngineSettings.from_config(cpu_backend="shm", cycle_time=0.25).cycle_time == 0.25
+
+
+def test_settings_read_cache_capacity_and_hierarchical_aliases(monkeypatch):
+    monkeypatch.setenv("HOROVOD_CACHE_CAPACITY", "16")
+    monkeypatch.setenv("HOROVOD_HIERARCHICAL_ALLREDUCE", "1")
+    s = EngineSettings.from_config()
+    assert s.cache_capacity == 16 and s.hierarchical_allreduce is True
+    monkeypatch.setenv("HOROVOD_CACHE_CAPACITY", "0")  # Horovod: no cache; accord keeps one entry
+    assert EngineSettings.from_config().cache_capacity == 1
+    monkeypatch.setenv("HOROVOD_CACHE_CAPACITY", "-3")
+    with pytest.raises(ConfigError, match="ACCORD_CACHE_CAPACITY"):
+        EngineSettings.from_config()
+    monkeypatch.delenv("HOROVOD_CACHE_CAPACITY")
+    monkeypatch.delenv("HOROVOD_HIERARCHICAL_ALLREDUCE")
+    s = EngineSettings.from_config()
+    assert s.cache_capacity == 1024 and s.hierarchical_allreduce is False

@@ -100,3 +100,13 @@ def test_sets_register_in_the_table():
     ids = [table.add(ranks) for ranks in local_sets(topo) + cross_sets(topo) if len(ranks) > 0
            and table.find(ranks) is None]
     assert [table.get(i) for i in ids] == [(0, 2, 5), (1, 4), (3,), (0, 1, 3), (2, 4), (5,)]
+
+
+def test_hierarchy_needs_several_hosts_with_equal_ranks():
+    from accord.comm.hierarchical import hierarchy_problem
+
+    assert hierarchy_problem([[0, 1], [2, 3]]) is None
+    assert hierarchy_problem([[0, 2, 4], [1, 3, 5]]) is None
+    assert "one host" in hierarchy_problem([[0, 1, 2]])
+    assert "not homogeneous" in hierarchy_problem([[0, 1], [2]])
+    assert "one rank" in hierarchy_problem([[0], [1]])

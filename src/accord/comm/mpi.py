@@ -161,7 +161,14 @@ class MpiBackend:
         """
         MPI = load_mpi()
         world = MPI.COMM_WORLD
-        members = normalize_ranks(ranks, world.Get_size())
+        wanted = [int(r) for r in ranks]
+        if wanted and max(wanted) >= world.Get_size():
+            raise BackendError(with_hint(
+                f"the mpi backend needs every rank of the job in MPI_COMM_WORLD, which has "
+                f"{world.Get_size()} rank(s) here; asked for ranks {wanted}",
+                "start the job with mpirun (or srun with MPI) to use ACCORD_CPU_BACKEND=mpi; "
+                "under accordrun, torchrun or accord.spawn use gloo or shm"))
+        members = normalize_ranks(wanted, world.Get_size())
         me = world.Get_rank()
         comm = world.Split(0 if me in members else MPI.UNDEFINED, me)
         if me not in members:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import gc
 import itertools
+import logging
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -30,6 +31,9 @@ from accord.engine.settings import EngineSettings
 from accord.errors import ConfigError, with_hint
 from accord.runtime.groups import GLOBAL_ID, ProcessSetTable
 from accord.runtime.topology import Topology
+
+
+log = logging.getLogger("accord.engine")
 
 
 @dataclass
@@ -81,6 +85,8 @@ def init(process_sets: Sequence[Sequence[int]] | None = None,
             registry.add(GLOBAL_ID, range(size), comms)
             settings = settings or EngineSettings.from_config(cpu_backend=backends["cpu"].name)
             _check_settings_agree(settings, comms["cpu"])
+            if settings.hierarchical_allreduce and size > 1:
+                registry.set_communicator(GLOBAL_ID, "cpu", _hierarchical(runtime.topology, comms["cpu"]))
             # The engine negotiates on the global CPU communicator: its own process group, not
             # the default one, so collectives a frontend runs directly never interleave with it.
             engine = Engine(runtime.topology.rank, size, comms["cpu"], registry, settings)
@@ -99,10 +105,34 @@ def init(process_sets: Sequence[Sequence[int]] | None = None,
         return ids
 
 
+def _hierarchical(topology: Topology, flat: Any) -> Any:
+    """The global CPU communicator under ACCORD_HIERARCHICAL_ALLREDUCE: allreduce within each
+    host (the one-host CPU backend, shm by default), then across hosts (the multi-host one,
+    gloo by default). ``flat`` when the layout does not allow it (logged once, on rank 0)."""
+    from accord.comm import backend_name_for
+    from accord.comm.backend import get_backend
+    from accord.comm.hierarchical import HierarchicalCommunicator, hierarchy_problem
+    from accord.runtime.groups import cross_sets, local_sets
+
+    hosts = local_sets(topology)
+    problem = hierarchy_problem(hosts)
+    if problem is not None:
+        if topology.rank == 0:
+            log.warning("ACCORD_HIERARCHICAL_ALLREDUCE is set, but allreduce stays flat: %s", problem)
+        return flat
+    # create() is collective over every rank: all ranks create every host's and every local
+    # rank's communicator, in the same order, and keep the one they belong to.
+    local_backend = get_backend(backend_name_for("cpu", single_host=True))
+    local = [c for c in (local_backend.create(r) for r in hosts) if c is not None]
+    cross_backend = get_backend(backend_name_for("cpu", single_host=False))
+    cross = [c for c in (cross_backend.create(r) for r in cross_sets(topology)) if c is not None]
+    return HierarchicalCommunicator(flat, local[0], cross[0])
+
+
 def _check_settings_agree(settings: EngineSettings, comm: Any) -> None:
     """Every rank must fuse and time out stalls alike, or their collectives would not line up."""
     fields = ("fusion_threshold", "cache_capacity", "stall_check_disable", "stall_check_time",
-              "stall_shutdown_time")
+              "stall_shutdown_time", "hierarchical_allreduce")
     mine = torch.tensor([float(getattr(settings, f)) for f in fields], dtype=torch.float64)
     table = comm.allgather(mine.unsqueeze(0)).tolist()
     for j, name in enumerate(fields):

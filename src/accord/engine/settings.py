@@ -32,6 +32,9 @@ class EngineSettings:
     # (grows from cycle_time): bounds both the spinning CPU and the added latency.
     max_backoff: float = 0.01
     cache_capacity: int = 1024
+    # Allreduce CPU tensors of the global set within each host, then across hosts (Horovod's
+    # HOROVOD_HIERARCHICAL_ALLREDUCE; the session builds the communicators).
+    hierarchical_allreduce: bool = False
 
     def __post_init__(self) -> None:
         if self.fusion_threshold < 0:
@@ -43,6 +46,9 @@ class EngineSettings:
         if self.quiet_time < 0:
             raise ConfigError(with_hint(f"quiet time must be >= 0, got {self.quiet_time * 1e3} ms",
                                         "set ACCORD_CYCLE_QUIET_TIME to milliseconds, e.g. 0 or 0.2"))
+        if self.cache_capacity < 1:
+            raise ConfigError(with_hint(f"cache capacity must be >= 1, got {self.cache_capacity}",
+                                        "set ACCORD_CACHE_CAPACITY to a count of names, e.g. 1024"))
         if self.cycle_time < 0:
             raise ConfigError(with_hint(f"cycle time must be >= 0, got {self.cycle_time * 1e3} ms",
                                         "set ACCORD_CYCLE_TIME to milliseconds, e.g. 1"))
@@ -64,7 +70,8 @@ class EngineSettings:
     @classmethod
     def from_config(cls, cpu_backend: str | None = None, **overrides) -> "EngineSettings":
         """Read ACCORD_FUSION_THRESHOLD, ACCORD_CYCLE_TIME and ACCORD_CYCLE_QUIET_TIME (ms), ACCORD_TIMELINE, ACCORD_STALL_*,
-        ACCORD_COLLECTIVE_TIMEOUT (and their Horovod aliases); ``overrides`` win. Cycle times
+        ACCORD_COLLECTIVE_TIMEOUT, ACCORD_CACHE_CAPACITY,
+        ACCORD_HIERARCHICAL_ALLREDUCE (and their Horovod aliases); ``overrides`` win. Cycle times
         that are not set default by ``cpu_backend`` (see :func:`default_cycle_times`)."""
         cycle, quiet, early = default_cycle_times(cpu_backend)
         set_cycle, set_quiet = config.get("ACCORD_CYCLE_TIME"), config.get("ACCORD_CYCLE_QUIET_TIME")
@@ -82,6 +89,9 @@ class EngineSettings:
             stall_check_time=config.get("ACCORD_STALL_CHECK_TIME_SECONDS"),
             stall_shutdown_time=config.get("ACCORD_STALL_SHUTDOWN_TIME_SECONDS"),
             collective_timeout=config.get("ACCORD_COLLECTIVE_TIMEOUT"),
+            # Horovod's 0 turns its cache off; accord's negotiation always keeps one entry.
+            cache_capacity=config.get("ACCORD_CACHE_CAPACITY") or 1,
+            hierarchical_allreduce=config.get("ACCORD_HIERARCHICAL_ALLREDUCE"),
         )
         values.update(overrides)
         return cls(**values)

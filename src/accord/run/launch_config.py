@@ -28,7 +28,7 @@ from accord.run.hosts import (
 from accord.run.ssh import SshOptions
 from accord.run.worker_env import Tuning
 
-LOG_LEVELS = ("trace", "debug", "info", "warning", "error")
+LOG_LEVELS = tuple(config.LOG_LEVELS)
 DEFAULT_GRACE = 5.0
 
 

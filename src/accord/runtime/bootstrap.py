@@ -37,6 +37,7 @@ import torch.distributed as dist
 
 from accord import config
 from accord.errors import RendezvousError, with_hint
+from accord.logs import apply_log_level
 from accord.runtime import environments as envs
 from accord.store.secret import read_secret_file, secret_from_hex
 from accord.runtime.rendezvous import Rendezvous, reach_store
@@ -122,6 +123,7 @@ def bootstrap(*, timeout: float | None = None) -> Runtime:
             f"accord is already bootstrapped in this process ({_active!r})",
             "call close() (hvd.shutdown()) before bootstrapping again"))
     _install_error_file()
+    apply_log_level()
     environ = config.snapshot()
     env = envs.detect(environ)
     start_timeout = float(config.get("ACCORD_START_TIMEOUT") if timeout is None else timeout)

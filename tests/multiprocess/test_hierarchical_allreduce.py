@@ -1,0 +1,129 @@
+"""ACCORD_HIERARCHICAL_ALLREDUCE (HOROVOD_HIERARCHICAL_ALLREDUCE) on real ranks.
+
+Hosts are faked with ACCORD_HOSTNAME: 4 ranks as 2 hosts x 2 ranks. The local communicators are
+shm (the one-host default), the cross ones and the flat one gloo (the multi-host default).
+Expected values are computed with numpy from every rank's input.
+"""
+import numpy as np
+import pytest
+
+from helpers.ranks import run_ranks
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _hosts_env(hosts):
+    """Per-rank environment placing rank r on host hosts[r] (topology as a launcher gives it)."""
+    def env(rank):
+        host = hosts[rank]
+        local = [r for r, h in enumerate(hosts) if h == host]
+        local_rank = local.index(rank)
+        peers = [h for h in dict.fromkeys(hosts) if hosts.count(h) > local_rank]
+        return {"ACCORD_HOSTNAME": host, "ACCORD_LOCAL_RANK": str(local_rank),
+                "ACCORD_LOCAL_SIZE": str(len(local)), "ACCORD_CROSS_RANK": str(peers.index(host)),
+                "ACCORD_CROSS_SIZE": str(len(peers))}
+    return env
+
+
+def _values(rank, n, dtype):
+    import torch
+
+    gen = torch.Generator().manual_seed(1000 + rank * 7 + n)
+    if dtype.is_floating_point:
+        return (torch.rand(n, generator=gen) * 4 - 2).to(dtype)
+    return torch.randint(-5, 6, (n,), generator=gen, dtype=dtype)
+
+
+_CASES = [(n, dt, op) for n in (1, 3, 1001) for dt in ("float32", "int32") for op in ("sum", "min", "max")]
+_CASES += [(7, "float64", "product"), (4097, "bfloat16", "sum"), (9, "float32", "average")]
+
+
+def _hierarchical_checks(rank, size):
+    import torch
+
+    from accord.comm.hierarchical import HierarchicalCommunicator
+    from accord.comm.ops import ReduceOp
+    from accord.engine import session
+
+    session.init()
+    comm = session._current().registry.communicator(0, "cpu")
+    kind = type(comm).__name__
+    parts = (comm.local.backend_name, comm.cross.backend_name, comm.flat.backend_name) \
+        if isinstance(comm, HierarchicalCommunicator) else None
+    ops = {"sum": ReduceOp.SUM, "min": ReduceOp.MIN, "max": ReduceOp.MAX,
+           "product": ReduceOp.PRODUCT, "average": ReduceOp.AVERAGE}
+    results = {}
+    for n, dt, op in _CASES:
+        t = _values(rank, n, getattr(torch, dt))
+        h = session.submit("allreduce", t, f"{n}.{dt}.{op}", in_place=True, reduce_op=ops[op])
+        session.synchronize(h)
+        results[(n, dt, op)] = t.float().tolist()
+    # a fused batch of gradients (one buffer through the hierarchy)
+    grads = [_values(rank, 257 + i, torch.float32) for i in range(6)]
+    handles = [session.submit("allreduce", g, f"grad.{i}", in_place=True) for i, g in enumerate(grads)]
+    for h in handles:
+        session.synchronize(h)
+    results["batch"] = [g.tolist() for g in grads]
+    # everything but allreduce runs on the flat communicator
+    gathered = session.synchronize(session.submit("allgather", torch.full((rank + 1,), float(rank)), "ag"))
+    results["allgather"] = gathered.tolist()
+    used = getattr(comm, "hierarchical_allreduces", 0)
+    session.shutdown()
+    return {"kind": kind, "parts": parts, "used": used, "results": results}
+
+
+def _expected(size, n, dt, op):
+    import torch
+
+    vals = np.stack([_values(r, n, getattr(torch, dt)).double().numpy() for r in range(size)])
+    if op == "average":
+        return vals.sum(axis=0) / size
+    return {"sum": vals.sum(axis=0), "min": vals.min(axis=0), "max": vals.max(axis=0),
+            "product": vals.prod(axis=0)}[op]
+
+
+def test_two_hosts_of_two_ranks_reduce_hierarchically():
+    hosts = ["hostA", "hostA", "hostB", "hostB"]
+    out = run_ranks(_hierarchical_checks, 4, init="accord", per_rank_env=_hosts_env(hosts), timeout=100,
+                    env={"ACCORD_HIERARCHICAL_ALLREDUCE": "1", "ACCORD_CPU_BACKEND": "auto"})
+    for rank, res in enumerate(out):
+        assert res["kind"] == "HierarchicalCommunicator", res["kind"]
+        assert res["parts"] == ("shm", "gloo", "gloo")
+        # every allreduce of at least one element per local rank took the three steps (the
+        # batch at least once); one-element tensors went flat
+        assert res["used"] >= sum(1 for n, _, _ in _CASES if n >= 2) + 1, res["used"]
+        for (n, dt, op) in _CASES:
+            got = np.array(res["results"][(n, dt, op)])
+            want = _expected(4, n, dt, op)
+            if dt == "bfloat16":
+                np.testing.assert_allclose(got, want, rtol=0.05, atol=0.1)
+            else:
+                np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+        for i, g in enumerate(res["results"]["batch"]):
+            np.testing.assert_allclose(np.array(g), _expected(4, 257 + i, "float32", "sum"), rtol=1e-6, atol=1e-6)
+        assert res["results"]["allgather"] == [0.0, 1.0, 1.0, 2.0, 2.0, 2.0, 3.0, 3.0, 3.0, 3.0]
+    # every rank ends with the same bits
+    for key in out[0]["results"]:
+        assert all(o["results"][key] == out[0]["results"][key] for o in out), key
+
+
+def _flat_fallback(rank, size):
+    import torch
+
+    from accord.engine import session
+
+    session.init()
+    kind = type(session._current().registry.communicator(0, "cpu")).__name__
+    t = torch.full((5,), float(rank + 1))
+    session.synchronize(session.submit("allreduce", t, "x", in_place=True))
+    session.shutdown()
+    return kind, t.tolist()
+
+
+def test_uneven_hosts_stay_flat():
+    hosts = ["hostA", "hostA", "hostB"]
+    out = run_ranks(_flat_fallback, 3, init="accord", per_rank_env=_hosts_env(hosts), timeout=60,
+                    env={"HOROVOD_HIERARCHICAL_ALLREDUCE": "1"})
+    for kind, values in out:
+        assert kind == "TorchCommunicator"
+        assert values == [6.0] * 5
