@@ -292,6 +292,15 @@ def _errors_and_lifecycle(rank, size, tmp):
     with pytest.raises(ValueError, match="already in flight"):
         hvd.allreduce_async(torch.ones(2), name="dup")
     _close(hvd.synchronize(h).numpy(), np.full(2, size))
+    # a grouped call is submitted whole or not at all: here its second name is in flight
+    from accord.engine import session as _session
+    h = hvd.allreduce_async(torch.ones(2), name="grp_2of2", op=hvd.Sum)
+    with pytest.raises(ValueError, match="already in flight"):
+        hvd.grouped_allreduce_async([torch.ones(2), torch.ones(3)], name="grp", op=hvd.Sum)
+    assert _session.engine().inflight_names() == ["allreduce.grp_2of2"]  # not grp_1of2
+    _close(hvd.synchronize(h).numpy(), np.full(2, size))
+    got = hvd.grouped_allreduce([torch.ones(2), torch.ones(3)], name="grp", op=hvd.Sum)
+    _close(got[1].numpy(), np.full(3, size))
     # cross-rank mismatches: a RuntimeError subclass (HorovodInternalError) on every rank
     messages = []
     for make in [lambda: hvd.allreduce_async(torch.zeros(3 + rank), name="shape"),

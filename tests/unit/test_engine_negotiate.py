@@ -104,6 +104,18 @@ def test_mismatch_groups_equal_values_and_reports_each_field():
     per_rank = [{"x": (sig(op="allgather", shape=(3,)), 0)}, {"x": (sig(op="allgather", shape=(5,)), 0)}]
     msg = decide(exch(per_rank), ResponseCache(), 1).errors["x"]
     assert "Mismatched allgather shapes (after dim 0) for 'x': rank 0 sent [3], rank 1 sent [5]" in msg
+    per_rank = [{"x": (sig(pre=1.0), 0)}, {"x": (sig(pre=0.5), 0)}]
+    msg = decide(exch(per_rank), ResponseCache(), 1).errors["x"]
+    assert "Mismatched allreduce prescale factors for 'x': rank 0 sent 1.0, rank 1 sent 0.5" in msg
+    post = [sig()._replace(postscale=2.0), sig()]
+    msg = decide(exch([{"x": (post[0], 0)}, {"x": (post[1], 0)}]), ResponseCache(), 1).errors["x"]
+    assert "Mismatched allreduce postscale factors for 'x': rank 0 sent 2.0, rank 1 sent 1.0" in msg
+    # a CUDA tensor on one rank and a CPU tensor on another (built without a GPU: only the
+    # signatures meet here)
+    devices = [sig(), sig()._replace(device="cuda")]
+    msg = decide(exch([{"x": (devices[0], 0)}, {"x": (devices[1], 0)}]), ResponseCache(), 1).errors["x"]
+    assert "Mismatched allreduce device types for 'x': rank 0 sent cpu, rank 1 sent cuda" in msg
+    assert msg.rstrip().splitlines()[-1].startswith("HINT:")
 
 
 def test_mismatch_is_reported_even_when_a_rank_is_missing():

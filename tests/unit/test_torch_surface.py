@@ -145,7 +145,7 @@ def test_adasum_tree_against_numpy():
 def test_process_set_objects():
     ps = hvd.ProcessSet([3, 1, 2])
     assert ps.ranks == [1, 2, 3] and ps.process_set_id is None
-    assert ps.size() is None and ps.rank() is None
+    assert ps.size() is None and ps.rank() is None and ps.included() is None
     assert "ranks=[1, 2, 3]" in str(ps)
     with pytest.raises(ValueError, match="list of process ranks"):
         hvd.ProcessSet([0, "1"])

@@ -84,21 +84,39 @@ class Engine:
                 request is invalid for its process set (membership, root, splits, op).
             ShutdownError / RankFailedError / StallError: the engine has stopped.
         """
-        validate(request, self.sets, self.rank)
-        if request.signature.device == "cuda" and request.ready_event is None:
-            request.ready_event = torch.cuda.Event()
-            request.ready_event.record()
+        return self.enqueue_many((request,))[0]
+
+    def enqueue_many(self, requests: Sequence[Request]) -> list[Handle]:
+        """Submit ``requests`` (a group) all or none: if one is refused, none is queued, so no
+        rank is left with part of a group its peers wait on. Raises as :meth:`enqueue` does,
+        and ValueError for a name that appears twice in the group."""
+        for request in requests:
+            validate(request, self.sets, self.rank)
+        if len(requests) > 1:
+            seen: set[str] = set()
+            for request in requests:
+                if request.name in seen:
+                    raise ValueError(with_hint(
+                        f"the name {request.name!r} appears twice in one group on rank {self.rank}",
+                        "give every tensor of a grouped call its own name"))
+                seen.add(request.name)
+        for request in requests:
+            if request.signature.device == "cuda" and request.ready_event is None:
+                request.ready_event = torch.cuda.Event()
+                request.ready_event.record()
         with self._cond:
             if self._stopped or self._stop_requested or self._thread is None:
                 raise self._stopped_error()
-            if request.name in self._inflight:
-                raise ValueError(with_hint(
-                    f"a {self._inflight[request.name].op.value} named {request.name!r} is already in "
-                    f"flight on rank {self.rank}",
-                    "synchronize the first handle before reusing the name, or use distinct names"))
-            self._inflight[request.name] = request
-            self._intake.put(request)
-        return request.handle
+            for request in requests:
+                if request.name in self._inflight:
+                    raise ValueError(with_hint(
+                        f"a {self._inflight[request.name].op.value} named {request.name!r} is already in "
+                        f"flight on rank {self.rank}",
+                        "synchronize the first handle before reusing the name, or use distinct names"))
+            for request in requests:
+                self._inflight[request.name] = request
+                self._intake.put(request)
+        return [r.handle for r in requests]
 
     def in_flight(self, name: str) -> bool:
         """True while a request named ``name`` is submitted on this rank and not completed."""

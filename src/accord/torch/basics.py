@@ -230,11 +230,21 @@ def enqueue(request: Request) -> Handle:
     Raises:
         HorovodInternalError: accord is not initialized (as Horovod raises from its ops).
     """
+    return enqueue_group((request,))[0]
+
+
+def enqueue_group(requests: Sequence[Request]) -> list[Handle]:
+    """Submit the requests of one (grouped) call: all of them, or none if one is refused.
+
+    Raises:
+        HorovodInternalError: accord is not initialized (as Horovod raises from its ops).
+        ValueError: a request is invalid or its name is in flight (nothing was submitted).
+    """
     if not session.is_initialized():
         from accord.errors import CollectiveError
 
         raise CollectiveError(NOT_INITIALIZED)
-    return session.engine().enqueue(request)
+    return session.engine().enqueue_many(requests)
 
 
 def poll(handle: Handle) -> bool:

@@ -87,9 +87,7 @@ def check_tensor(tensor: Any, what: str) -> torch.Tensor:
 
 def submit(handle: int, requests: Sequence[Request], finish: Finish, keep: tuple = ()) -> int:
     """Enqueue ``requests`` under ``handle``; ``finish(results)`` builds the caller's value."""
-    engine_handles = []
-    for r in requests:
-        engine_handles.append(basics.enqueue(r))
+    engine_handles = basics.enqueue_group(requests)  # all or none: never half a group
     with _lock:
         _table[handle] = _Pending(engine_handles, finish, keep)
     return handle

@@ -64,10 +64,11 @@ class ProcessSet:
         return members.index(me)
 
     def included(self) -> bool | None:
-        """Whether this process belongs to the set (None when its ranks are unknown)."""
-        if self.ranks is None:
+        """Whether this process belongs to the set; None while the set is not registered
+        (as in Horovod: an unregistered set has no members yet, whatever ranks it names)."""
+        if self.process_set_id is None:
             return None
-        return basics.rank() in self.ranks
+        return basics.rank() in basics.process_set_members(self.process_set_id)
 
     def __str__(self) -> str:
         return (f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks}, "

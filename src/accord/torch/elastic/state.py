@@ -22,7 +22,8 @@ from accord.torch.elastic.sampler import ElasticSampler
 class HostsUpdatedInterrupt(RuntimeError):
     """Raised from ``commit()`` when the set of hosts changed; ``hvd.elastic.run`` then resets.
 
-    ``skip_sync`` is True when only hosts were added (no state was lost).
+    ``skip_sync`` is True when hosts were only removed: the survivors hold the committed state
+    already, so the reset need not sync it (added hosts must receive it: False).
     """
 
     def __init__(self, skip_sync: bool = False) -> None:
