@@ -205,8 +205,44 @@ def check_layouts(c: Checks) -> None:
         c.equal("broadcast non-contiguous", base.t(), ins[0], torch.float64)
 
     c.guarded("broadcast non-contiguous", bcast)
+    check_noncontiguous_inputs(c)
     c.raises("allreduce expanded", ValueError, lambda: comm.allreduce(torch.ones(1).expand(4), SUM), "strides")
     c.raises("broadcast expanded", ValueError, lambda: comm.broadcast(torch.ones(3, 1).expand(3, 2), 0), "strides")
+
+
+def _transposed(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """A non-contiguous tensor holding ``array`` (a transposed view of its transpose)."""
+    return to_tensor(np.ascontiguousarray(array.T), dtype).t()
+
+
+def check_noncontiguous_inputs(c: Checks) -> None:
+    """The other collectives take non-contiguous inputs too, and leave them untouched."""
+    comm, members, size = c.comm, c.members, c.comm.size
+    dtype = torch.float64
+    ins = [values("ncx", r, (2 * size, 3), dtype) for r in members]
+
+    def run() -> None:
+        mine = _transposed(ins[comm.rank], dtype)
+        assert not mine.is_contiguous()
+        c.equal("allgather non-contiguous", comm.allgather(mine), np.concatenate(ins), dtype)
+        out = comm.gather(mine, size - 1)
+        if comm.rank == size - 1:
+            c.equal("gather non-contiguous", out, np.concatenate(ins), dtype)
+        full = expected_reduce(ins, SUM, dtype)
+        c.equal("reduce_scatter non-contiguous", comm.reduce_scatter(mine, SUM),
+                full[2 * comm.rank:2 * comm.rank + 2], dtype)
+        out, got = comm.alltoall(mine, None)
+        c.equal("alltoall non-contiguous", out,
+                np.concatenate([x[2 * comm.rank:2 * comm.rank + 2] for x in ins]), dtype)
+        chunks = [_transposed(x[:2], dtype) for x in ins] if comm.rank == 0 else None
+        c.equal("scatter non-contiguous", comm.scatter(chunks, 0), ins[comm.rank][:2], dtype)
+        c.equal("non-contiguous input unchanged", mine, ins[comm.rank], dtype)
+        reduced = _transposed(ins[comm.rank], dtype)
+        comm.reduce(reduced, SUM, 0)
+        if comm.rank == 0:
+            c.equal("reduce non-contiguous", reduced, full, dtype)
+
+    c.guarded("non-contiguous inputs", run)
 
 
 def check_fast_path(c: Checks) -> None:
