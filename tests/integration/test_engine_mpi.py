@@ -1,0 +1,84 @@
+"""The engine with ACCORD_CPU_BACKEND=mpi under a real mpirun (2 ranks): Horovod's API end to end
+on mpi4py communicators, scale factors and integer Average included, and an idle engine's CPU."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from accord import config
+
+pytestmark = pytest.mark.mpi
+
+_SCRIPT = r'''
+import json, sys, time
+import torch
+import accord.torch as hvd
+
+torch.set_num_threads(1)
+hvd.init()
+r, n = hvd.rank(), hvd.size()
+from accord.engine import session
+out = {"backend": session.backend_name("cpu"), "rank": r}
+x = torch.arange(6, dtype=torch.float32) + 10 * r
+out["avg_scaled"] = hvd.allreduce(x, op=hvd.Average, prescale_factor=2.0, postscale_factor=0.5).tolist()
+out["int_avg"] = hvd.allreduce(torch.tensor([3 + 2 * r, -7 - r]), op=hvd.Average).tolist()
+out["max"] = hvd.allreduce(torch.tensor([float(r), -float(r)]), op=hvd.Max).tolist()
+out["ragged"] = hvd.allgather(torch.full((r + 1, 2), float(r))).tolist()
+out["bcast"] = hvd.broadcast(torch.full((3,), float(r + 5)), root_rank=1).tolist()
+grads = [torch.full((4,), float(r + i)) for i in range(3)]
+out["grouped"] = [g.tolist() for g in hvd.grouped_allreduce(grads, op=hvd.Sum)]
+out["rs"] = hvd.reducescatter(torch.arange(4, dtype=torch.float64) * (r + 1), op=hvd.Sum,
+                              prescale_factor=3.0).tolist()
+time.sleep(1.0)
+cpu0, wall0 = time.process_time(), time.monotonic()
+time.sleep(2.0)
+out["idle_share"] = (time.process_time() - cpu0) / (time.monotonic() - wall0)
+hvd.shutdown()
+with open(f"{sys.argv[1]}.{r}", "w") as fh:
+    fh.write(json.dumps(out))
+'''
+
+_FOREIGN = ("ACCORD_", "HOROVOD_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+            "MASTER_ADDR", "MASTER_PORT", "SLURM_", "PMI_", "TORCHELASTIC_")
+
+
+def _mpi_ready() -> bool:
+    if shutil.which("mpirun") is None:
+        return False
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not _mpi_ready(), reason="needs mpirun and mpi4py")
+def test_engine_on_the_mpi_backend(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(_SCRIPT)
+    env = {k: v for k, v in config.snapshot().items() if not k.startswith(_FOREIGN)}
+    env.update(OMP_NUM_THREADS="1", ACCORD_CPU_BACKEND="mpi")
+    proc = subprocess.run(
+        ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", sys.executable,
+         str(script), str(tmp_path / "result")],
+        env=env, capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    res = [json.loads((tmp_path / f"result.{rank}").read_text()) for rank in (0, 1)]
+    xs = [[float(i + 10 * r) for i in range(6)] for r in (0, 1)]
+    for rank, out in enumerate(res):
+        assert out["backend"] == "mpi" and out["rank"] == rank
+        assert out["avg_scaled"] == [(a + b) / 2 for a, b in zip(*xs)]  # 2.0 * 0.5 cancels
+        # integer Average truncates toward zero (Horovod scales by 1/size and casts back)
+        assert out["int_avg"] == [4, -7]
+        assert out["max"] == [1.0, 0.0]
+        assert out["ragged"] == [[0.0, 0.0], [1.0, 1.0], [1.0, 1.0]]
+        assert out["bcast"] == [6.0, 6.0, 6.0]
+        assert out["grouped"] == [[float(2 * i + 1)] * 4 for i in range(3)]
+        total = [3.0 * (i * 1 + i * 2) for i in range(4)]  # prescale 3, summed over ranks
+        assert out["rs"] == total[2 * rank:2 * rank + 2]
+        assert out["idle_share"] < 0.05, out["idle_share"]
