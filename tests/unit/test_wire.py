@@ -227,3 +227,22 @@ def test_empty_secret_is_rejected():
         wire.Channel(a, b"", CN, SN, is_server=False)
     a.close()
     b.close()
+
+
+def test_sealed_payloads_open_only_with_the_secret_and_purpose():
+    from accord.store.secret import SEAL_BYTES, seal, unseal
+
+    secret = bytes(range(32))
+    data = b"\x80\x04pickled object"
+    sealed = seal(secret, b"objects", data)
+    assert len(sealed) == len(data) + SEAL_BYTES and sealed.endswith(data)
+    assert unseal(secret, b"objects", sealed) == data
+    flipped = bytearray(sealed)
+    flipped[-1] ^= 1
+    for bad_secret, purpose, blob in [(secret, b"objects", bytes(flipped)),  # altered data
+                                      (b"x" * 32, b"objects", sealed),        # another job
+                                      (secret, b"other use", sealed),        # another purpose
+                                      (secret, b"objects", sealed[:10]),     # truncated
+                                      (secret, b"objects", data)]:           # never sealed
+        with pytest.raises(ValueError, match="HINT:"):
+            unseal(bad_secret, purpose, blob)

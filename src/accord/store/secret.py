@@ -1,7 +1,9 @@
-"""Reading the per-job secret: hex text, or a file only its owner may access. Torch-free, so
-parameter servers and the launcher can use it too."""
+"""Reading the per-job secret (hex text, or a file only its owner may access), and sealing
+payloads with it. Torch-free, so parameter servers and the launcher can use it too."""
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 import stat
 
@@ -39,3 +41,30 @@ def read_secret_file(path: str) -> bytes:
             f"run `chmod 600 {path}` so that only its owner can read it"))
     with open(path, encoding="ascii", errors="replace") as fh:
         return secret_from_hex(fh.read().strip(), f"the secret file {path!r}")
+
+
+SEAL_BYTES = 32  # an HMAC-SHA256 tag
+
+
+def seal(secret: bytes, purpose: bytes, data: bytes) -> bytes:
+    """``data`` prefixed with an HMAC-SHA256 tag under the job secret, bound to ``purpose``
+    (so a sealed payload for one use is refused by another)."""
+    return hmac.new(secret, purpose + b"\0" + data, hashlib.sha256).digest() + data
+
+
+def unseal(secret: bytes, purpose: bytes, sealed: bytes) -> bytes:
+    """The data of :func:`seal`'s output, after checking its tag in constant time.
+
+    Raises:
+        ValueError: the tag is missing or does not match (not sealed by a holder of the job
+            secret for ``purpose``, or altered on the way). Nothing of the data was decoded.
+    """
+    tag, data = sealed[:SEAL_BYTES], sealed[SEAL_BYTES:]
+    expected = hmac.new(secret, purpose + b"\0" + data, hashlib.sha256).digest()
+    if len(tag) != SEAL_BYTES or not hmac.compare_digest(tag, expected):
+        raise ValueError(with_hint(
+            f"a sealed {purpose.decode(errors='replace')} payload of {len(sealed)} bytes failed its "
+            "authentication check and was not decoded",
+            "every rank must share the job's secret; if they do, something other than the "
+            "job's ranks wrote to the data plane: run it on a trusted network"))
+    return data

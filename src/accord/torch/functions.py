@@ -4,9 +4,11 @@ and broadcasting / allgathering arbitrary Python objects.
 Security note on ``broadcast_object`` / ``allgather_object``: objects are serialized with pickle
 (cloudpickle when installed, as Horovod does) and the bytes travel only over the job's own data
 plane (the collective backend between the job's ranks, which met through the authenticated
-rendezvous). They never pass through the rendezvous store or any control channel. Unpickling
-runs code chosen by the sending rank, so these functions trust the job's ranks exactly as much
-as the training script itself does; the data plane is for trusted networks (see SECURITY.md).
+rendezvous). They never pass through the rendezvous store or any control channel. The sender
+seals the pickle with an HMAC under the job secret and receivers check it before unpickling, so
+bytes that no holder of the secret sealed (another process writing to a data-plane connection)
+are refused, never unpickled. Unpickling runs code chosen by the sending rank, so these
+functions trust the job's ranks exactly as much as the training script itself does.
 """
 from __future__ import annotations
 
@@ -16,6 +18,9 @@ from typing import Any
 
 import torch
 
+from accord.engine import session
+from accord.errors import CollectiveError as HorovodInternalError
+from accord.store.secret import seal, unseal
 from accord.torch import async_ops as A
 from accord.torch import basics
 from accord.torch.handles import synchronize
@@ -123,14 +128,22 @@ def _initialize_state(optimizer: torch.optim.Optimizer) -> None:
             p.grad = grad
 
 
+_OBJECT_PURPOSE = b"accord.torch object"
+
+
 def _dumps(obj: Any) -> torch.Tensor:
     buf = io.BytesIO()
     _pickler.dump(obj, buf)
-    return torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+    sealed = seal(session.runtime().secret, _OBJECT_PURPOSE, buf.getvalue())
+    return torch.frombuffer(bytearray(sealed), dtype=torch.uint8)
 
 
 def _loads(data: torch.Tensor) -> Any:
-    return pickle.loads(data.numpy().tobytes())  # cloudpickle output loads with plain pickle
+    try:
+        raw = unseal(session.runtime().secret, _OBJECT_PURPOSE, data.numpy().tobytes())
+    except ValueError as exc:  # never unpickle what a rank of this job did not seal
+        raise HorovodInternalError(str(exc)) from None
+    return pickle.loads(raw)  # cloudpickle output loads with plain pickle
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
