@@ -206,6 +206,7 @@ def check_layouts(c: Checks) -> None:
 
     c.guarded("broadcast non-contiguous", bcast)
     check_noncontiguous_inputs(c)
+    check_packed_dtypes(c)
     c.raises("allreduce expanded", ValueError, lambda: comm.allreduce(torch.ones(1).expand(4), SUM), "strides")
     c.raises("broadcast expanded", ValueError, lambda: comm.broadcast(torch.ones(3, 1).expand(3, 2), 0), "strides")
 
@@ -243,6 +244,32 @@ def check_noncontiguous_inputs(c: Checks) -> None:
             c.equal("reduce non-contiguous", reduced, full, dtype)
 
     c.guarded("non-contiguous inputs", run)
+
+
+def check_packed_dtypes(c: Checks) -> None:
+    """float8_e8m0fnu and the packed float4_e2m1fn_x2 move bit for bit; float4 is not reduced."""
+    comm, members, size = c.comm, c.members, c.comm.size
+    for name in ("float8_e8m0fnu", "float4_e2m1fn_x2"):
+        dtype = getattr(torch, name, None)
+        if dtype is None:
+            continue
+        raw = [np.arange(2 * size, dtype=np.uint8) + 17 * r + 3 for r in members]
+
+        def run() -> None:
+            mine = torch.from_numpy(raw[comm.rank].copy()).view(dtype)
+            c.equal(f"allgather {name}", comm.allgather(mine).view(torch.uint8), np.concatenate(raw), torch.uint8)
+            b = mine.clone()
+            comm.broadcast(b, size - 1)
+            c.equal(f"broadcast {name}", b.view(torch.uint8), raw[-1], torch.uint8)
+            out, _ = comm.alltoall(mine, None)
+            c.equal(f"alltoall {name}", out.view(torch.uint8),
+                    np.concatenate([x[2 * comm.rank:2 * comm.rank + 2] for x in raw]), torch.uint8)
+
+        c.guarded(f"move {name}", run)
+    packed = getattr(torch, "float4_e2m1fn_x2", None)
+    if packed is not None:
+        c.raises("allreduce float4_e2m1fn_x2", ValueError,
+                 lambda: comm.allreduce(torch.zeros(4, dtype=torch.uint8).view(packed), SUM), "4-bit")
 
 
 def check_fast_path(c: Checks) -> None:

@@ -153,3 +153,17 @@ def test_empty_tensor_with_zero_stride_becomes_empty_bytes():
     empty = torch.from_numpy(np.zeros(0, np.float32))
     assert _as_bytes(empty).dtype == torch.uint8 and _as_bytes(empty).numel() == 0
     assert _as_bytes(torch.arange(3, dtype=torch.int16)).numel() == 6
+
+
+def test_newer_float8_and_packed_float4_have_codes_and_float4_is_not_reduced():
+    for name in ("float8_e8m0fnu", "float4_e2m1fn_x2"):
+        dt = getattr(torch, name, None)
+        if dt is None:
+            continue
+        assert dtypes.dtype_from_code(dtypes.dtype_code(dt)) is dt
+    if hasattr(torch, "float4_e2m1fn_x2"):
+        with pytest.raises(ValueError, match="(?s)4-bit.*HINT"):
+            dtypes.plan_reduction(torch.float4_e2m1fn_x2, Op.SUM, lambda d, o: True)
+    if hasattr(torch, "float8_e8m0fnu"):
+        plan = dtypes.plan_reduction(torch.float8_e8m0fnu, Op.MAX, lambda d, o: d == torch.float32)
+        assert plan.cast_to == torch.float32

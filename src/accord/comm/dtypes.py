@@ -35,7 +35,8 @@ LIBRARY_OPS = (ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT)
 _DTYPE_NAMES = (
     "float32", "float64", "float16", "bfloat16", "complex64", "complex128", "complex32",
     "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "bool",
-    "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
+    "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu",
+    "float4_e2m1fn_x2",
 )
 DTYPES: tuple[torch.dtype, ...] = tuple(getattr(torch, n) for n in _DTYPE_NAMES if hasattr(torch, n))
 _CODES = {dt: i for i, dt in enumerate(DTYPES)}
@@ -53,6 +54,7 @@ for _name, _wider in (("uint16", (torch.int32, torch.int64)), ("uint32", (torch.
     if hasattr(torch, _name):
         _WIDER[getattr(torch, _name)] = _wider
 _UINT64 = getattr(torch, "uint64", None)
+_PACKED = {getattr(torch, n) for n in ("float4_e2m1fn_x2",) if hasattr(torch, n)}  # only moved as bytes
 _REAL_OF = {torch.complex32: torch.float16, torch.complex64: torch.float32, torch.complex128: torch.float64}
 _SIGN_BIT = -(2**63)
 
@@ -115,6 +117,9 @@ def plan_reduction(
             "use op=Average (or Sum) instead"))
     average = op == ReduceOp.AVERAGE
     base = ReduceOp.SUM if average else op
+    if dtype in _PACKED:
+        raise _refuse(dtype, op, "it packs two 4-bit floats per byte and torch has no arithmetic for it",
+                      "move it with broadcast/allgather/alltoall/scatter, or unpack it to a float type to reduce")
     if dtype == torch.bool:
         if average:
             raise _refuse(dtype, op, "the mean of booleans is not a boolean",
