@@ -60,6 +60,8 @@ def test_timeline_and_ops_before_init():
         hvd.stop_timeline()
     with pytest.raises(hvd.HorovodInternalError, match="not been initialized"):
         hvd.allreduce(torch.ones(2))
+    with pytest.raises(hvd.HorovodInternalError, match="not been initialized"):
+        hvd.alltoall(torch.ones(2))
     with pytest.raises(ValueError, match="not been initialized"):
         hvd.join()
 

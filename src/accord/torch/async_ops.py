@@ -288,6 +288,7 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = 
     _check_ragged(tensor, "alltoall")
     split_values = _splits_list(splits)
     set_id = _set_id(process_set)
+    basics.require_initialized()  # the split checks below need the set's members
     members = basics.process_set_members(set_id)
     if split_values is not None and len(split_values) != len(members):
         raise ValueError(with_hint(

@@ -233,6 +233,18 @@ def enqueue(request: Request) -> Handle:
     return enqueue_group((request,))[0]
 
 
+def require_initialized() -> None:
+    """Raise what Horovod's collectives raise before init.
+
+    Raises:
+        HorovodInternalError: accord is not initialized.
+    """
+    if not session.is_initialized():
+        from accord.errors import CollectiveError
+
+        raise CollectiveError(NOT_INITIALIZED)
+
+
 def enqueue_group(requests: Sequence[Request]) -> list[Handle]:
     """Submit the requests of one (grouped) call: all of them, or none if one is refused.
 
@@ -240,10 +252,7 @@ def enqueue_group(requests: Sequence[Request]) -> list[Handle]:
         HorovodInternalError: accord is not initialized (as Horovod raises from its ops).
         ValueError: a request is invalid or its name is in flight (nothing was submitted).
     """
-    if not session.is_initialized():
-        from accord.errors import CollectiveError
-
-        raise CollectiveError(NOT_INITIALIZED)
+    require_initialized()
     return session.engine().enqueue_many(requests)
 
 
