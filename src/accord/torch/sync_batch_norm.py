@@ -145,7 +145,9 @@ class SyncBatchNorm(_BatchNorm):
             self.num_batches_tracked.add_(1)
             factor = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
         use_batch_stats = self.training or not self.track_running_stats
-        process_set = self._set() if use_batch_stats and basics.is_initialized() else None
+        # Eval never synchronizes (not even to register the per-host process sets, a collective):
+        # with track_running_stats=False it normalizes with this rank's batch statistics.
+        process_set = self._set() if self.training and basics.is_initialized() else None
         if not self.training or process_set is None or len(basics.process_set_members(
                 process_set.process_set_id)) == 1:
             return F.batch_norm(input, self.running_mean, self.running_var, self.weight, self.bias,
