@@ -11,13 +11,10 @@ import numpy as np
 import pytest
 
 from helpers.ranks import run_ranks
+from helpers.values import close as _close
+from helpers.values import int_data as _data
 
 pytestmark = pytest.mark.timeout(90)
-
-
-def _data(seed, rank, shape, dtype="float32"):
-    rng = np.random.default_rng([seed, rank])
-    return rng.integers(-4, 5, size=shape).astype(dtype)
 
 
 def _submit(engine, op, tensor, name, **kw):
@@ -28,11 +25,6 @@ def _submit(engine, op, tensor, name, **kw):
 
 def _sync(engine, handle):
     return engine.synchronize(handle)
-
-
-def _close(a, b, tol=0.0):
-    np.testing.assert_allclose(np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64),
-                               rtol=tol, atol=tol)
 
 
 # --- 2 ranks: idle CPU, matching, ops, dtypes, scale factors, errors, steady state, timeline -------------

@@ -10,18 +10,10 @@ import numpy as np
 import pytest
 
 from helpers.ranks import run_ranks
+from helpers.values import close as _close
+from helpers.values import int_data as _data
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def _data(seed, rank, shape, dtype="float32"):
-    rng = np.random.default_rng([seed, rank])
-    return rng.integers(-4, 5, size=shape).astype(dtype)
-
-
-def _close(a, b, tol=0.0):
-    np.testing.assert_allclose(np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64),
-                               rtol=tol, atol=tol)
 
 
 def _np(t):
