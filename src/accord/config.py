@@ -86,7 +86,7 @@ VARIABLES: dict[str, Variable] = {
         _v("ACCORD_JOB_ID", str, None, "Identifier of the job, for logs and error files."),
         _v("ACCORD_ERROR_FILE", str, None, "Where a failing worker writes its traceback for the launcher."),
         # --- communication and engine tuning ---
-        _v("ACCORD_CPU_BACKEND", str, "auto", "Backend for CPU tensors: auto (shm when every rank is on one host, else gloo), gloo, shm, mpi, or a registered name."),
+        _v("ACCORD_CPU_BACKEND", str.strip, "auto", "Backend for CPU tensors: auto (shm when every rank is on one host, else gloo), gloo, shm, mpi, or a registered name.", "HOROVOD_CPU_OPERATIONS"),
         _v("ACCORD_GPU_BACKEND", str, "nccl", "Backend for CUDA tensors: nccl, or a registered name."),
         _v("ACCORD_FUSION_THRESHOLD", int, 64 * 1024 * 1024, "Bytes per fusion buffer; 0 turns fusion off.", "HOROVOD_FUSION_THRESHOLD"),
         _v("ACCORD_CYCLE_TIME", float, None, "Most milliseconds the engine gathers requests into one cycle after the first arrives (default by CPU backend: 1 on gloo/mpi, 1000 on shm). A caller waiting on a handle always starts the cycle; on gloo/mpi so does a full fusion buffer.", "HOROVOD_CYCLE_TIME"),
@@ -97,7 +97,7 @@ VARIABLES: dict[str, Variable] = {
         _v("ACCORD_STALL_CHECK_TIME_SECONDS", float, 60.0, "Warn when ranks wait this long on a name others lack.", "HOROVOD_STALL_CHECK_TIME_SECONDS"),
         _v("ACCORD_STALL_SHUTDOWN_TIME_SECONDS", float, 0.0, "Raise on every rank after this long stalled (0: never).", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"),
         _v("ACCORD_HIERARCHICAL_ALLREDUCE", parse_bool, False, "Allreduce within each host, then across hosts (CPU tensors; needs the same number of ranks on every host).", "HOROVOD_HIERARCHICAL_ALLREDUCE"),
-        _v("ACCORD_COLLECTIVE_TIMEOUT", float, 60.0, "Seconds a collective may wait for a peer before the rank is declared lost."),
+        _v("ACCORD_COLLECTIVE_TIMEOUT", float, 60.0, "Seconds a collective may wait for a peer before the rank is declared lost.", "HOROVOD_GLOO_TIMEOUT_SECONDS"),
         _v("ACCORD_START_TIMEOUT", float, 30.0, "Seconds for every rank to reach the rendezvous.", "HOROVOD_START_TIMEOUT"),
         _v("ACCORD_ELASTIC_TIMEOUT", float, 60.0, "Seconds elastic ranks wait for live peers to regroup after a failure.", "HOROVOD_ELASTIC_TIMEOUT"),
         _v("ACCORD_LOG_LEVEL", parse_log_level, "warning", "Level of accord's log messages in workers: trace, debug, info, warning, error, fatal.", "HOROVOD_LOG_LEVEL"),

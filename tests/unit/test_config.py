@@ -57,3 +57,16 @@ def test_more_horovod_aliases():
     assert config.get("ACCORD_HIERARCHICAL_ALLREDUCE", {}) is False
     assert config.get("ACCORD_CACHE_CAPACITY", {"HOROVOD_CACHE_CAPACITY": "64"}) == 64
     assert config.get("ACCORD_CACHE_CAPACITY", {}) == 1024
+
+
+def test_horovod_cpu_operations_and_gloo_timeout_aliases(monkeypatch):
+    from accord.comm import backend_name_for
+    from accord.comm.backend import get_backend
+
+    assert config.get("ACCORD_CPU_BACKEND", {"HOROVOD_CPU_OPERATIONS": "gloo"}) == "gloo"
+    assert config.get("ACCORD_COLLECTIVE_TIMEOUT", {"HOROVOD_GLOO_TIMEOUT_SECONDS": "12"}) == 12.0
+    monkeypatch.delenv("ACCORD_CPU_BACKEND", raising=False)
+    monkeypatch.setenv("HOROVOD_CPU_OPERATIONS", "GLOO")  # Horovod's docs write it in capitals
+    assert get_backend(backend_name_for("cpu", single_host=True)).name == "gloo"
+    monkeypatch.setenv("HOROVOD_CPU_OPERATIONS", "AUTO")
+    assert backend_name_for("cpu", single_host=False) == "gloo"

@@ -46,7 +46,7 @@ def backend_name_for(device_type: str, single_host: bool = False) -> str:
             "move the tensors to cpu or cuda, or pass a backend name explicitly "
             f"(known: {', '.join(known_backends())})")) from None
     name = config.get(variable)
-    if name == AUTO:
+    if name.lower() == AUTO:
         return "shm" if device_type == "cpu" and single_host and sys.platform.startswith("linux") else "gloo"
     return name
 

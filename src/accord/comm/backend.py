@@ -110,14 +110,14 @@ def get_backend(name: str) -> Backend:
     Raises:
         BackendError: ``name`` is unknown (the message lists the known ones).
     """
-    try:
-        factory = _REGISTRY[name]
-    except KeyError:
+    # Horovod's HOROVOD_CPU_OPERATIONS takes MPI or GLOO in capitals too.
+    factory = _REGISTRY.get(name) or _REGISTRY.get(name.lower())
+    if factory is None:
         raise BackendError(
             with_hint(
                 f"unknown communication backend {name!r}; known: {', '.join(known_backends()) or 'none'}",
                 "pick one of the known names, or register yours with "
                 "accord.comm.backend.register_backend(name, factory)",
             )
-        ) from None
+        )
     return factory()

@@ -140,7 +140,7 @@ def _cpu_backend() -> str:
     """The CPU backend in use (after init) or configured (before; ``auto`` is then unresolved)."""
     if session.is_initialized():
         return session.backend_name("cpu")
-    return str(config.get("ACCORD_CPU_BACKEND"))
+    return str(config.get("ACCORD_CPU_BACKEND")).lower()
 
 
 def mpi_built() -> bool:
