@@ -167,3 +167,20 @@ def test_newer_float8_and_packed_float4_have_codes_and_float4_is_not_reduced():
     if hasattr(torch, "float8_e8m0fnu"):
         plan = dtypes.plan_reduction(torch.float8_e8m0fnu, Op.MAX, lambda d, o: d == torch.float32)
         assert plan.cast_to == torch.float32
+
+
+def test_fresh_result_tensors_get_huge_page_advice_only_when_large():
+    import sys
+
+    from accord.comm import memory
+
+    big = memory.empty((3 << 20,), torch.float32)  # 12 MB
+    assert big.shape == (3 << 20,) and big.dtype == torch.float32 and big.is_contiguous()
+    small = torch.empty(1024)
+    assert memory.advise_huge_pages(small) is False
+    import os
+    if sys.platform.startswith("linux") and os.path.exists("/sys/kernel/mm/transparent_hugepage"):
+        assert memory.advise_huge_pages(torch.empty(3 << 20)) is True
+    src = torch.arange(12.0).reshape(3, 4).t()  # non-contiguous
+    copy = memory.clone(src)
+    assert copy.is_contiguous() and torch.equal(copy, src) and copy.data_ptr() != src.data_ptr()

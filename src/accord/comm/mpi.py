@@ -19,6 +19,7 @@ from typing import Any, Sequence
 
 import torch
 
+from accord.comm import memory
 from accord.comm.base_communicator import BaseCommunicator, normalize_ranks
 from accord.comm.dtypes import LIBRARY_OPS
 from accord.comm.ops import ReduceOp
@@ -103,7 +104,7 @@ class MpiCommunicator(BaseCommunicator):
             self.comm.Reduce(_np(tensor), None, op=self._ops[op], root=root)
 
     def _reduce_scatter_native(self, tensor: torch.Tensor, op: ReduceOp, rows: list[int]) -> torch.Tensor:
-        out = torch.empty((rows[self.rank], *tensor.shape[1:]), dtype=tensor.dtype)
+        out = memory.empty((rows[self.rank], *tensor.shape[1:]), dtype=tensor.dtype)
         if tensor.numel() == 0:
             return out
         per_row = tensor.numel() // tensor.shape[0]
@@ -115,7 +116,7 @@ class MpiCommunicator(BaseCommunicator):
             self.comm.Bcast([_np(data), self._byte], root=root)
 
     def _allgatherv(self, data: torch.Tensor, counts: list[int]) -> torch.Tensor:
-        out = torch.empty(sum(counts), dtype=torch.uint8)
+        out = memory.empty(sum(counts), dtype=torch.uint8)
         displs = _displacements(counts)
         self.comm.Allgatherv([_np(data), self._byte], [_np(out), counts, displs, self._byte])
         return out
@@ -125,19 +126,19 @@ class MpiCommunicator(BaseCommunicator):
         if self.rank != root:
             self.comm.Gatherv([_np(data), self._byte], None, root=root)
             return None
-        out = torch.empty(sum(counts), dtype=torch.uint8)
+        out = memory.empty(sum(counts), dtype=torch.uint8)
         self.comm.Gatherv([_np(data), self._byte], [_np(out), counts, displs, self._byte], root=root)
         return out
 
     def _scatterv(self, data: torch.Tensor | None, counts: list[int], root: int) -> torch.Tensor:
         displs = _displacements(counts)
-        out = torch.empty(counts[self.rank], dtype=torch.uint8)
+        out = memory.empty(counts[self.rank], dtype=torch.uint8)
         send = [_np(data), counts, displs, self._byte] if self.rank == root else None
         self.comm.Scatterv(send, [_np(out), self._byte], root=root)
         return out
 
     def _alltoallv(self, data: torch.Tensor, send: list[int], recv: list[int]) -> torch.Tensor:
-        out = torch.empty(sum(recv), dtype=torch.uint8)
+        out = memory.empty(sum(recv), dtype=torch.uint8)
         self.comm.Alltoallv([_np(data), send, _displacements(send), self._byte],
                             [_np(out), recv, _displacements(recv), self._byte])
         return out

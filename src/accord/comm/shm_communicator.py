@@ -31,7 +31,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from accord.comm import dtypes, shm_segment
+from accord.comm import dtypes, memory, shm_segment
 from accord.comm.base_communicator import BaseCommunicator
 from accord.comm.dtypes import LIBRARY_OPS
 from accord.comm.ops import ReduceOp
@@ -252,7 +252,7 @@ class ShmCommunicator(BaseCommunicator):
         self._reduce_into([tensor], [tensor], op, root)
 
     def _reduce_scatter_native(self, tensor: torch.Tensor, op: ReduceOp, rows: list[int]) -> torch.Tensor:
-        out = torch.empty((rows[self.rank], *tensor.shape[1:]), dtype=tensor.dtype)
+        out = memory.empty((rows[self.rank], *tensor.shape[1:]), dtype=tensor.dtype)
         flat, mine = tensor.reshape(-1), out.view(-1)
         numel, itemsize = flat.numel(), flat.element_size()
         row = numel // tensor.shape[0] if tensor.shape[0] else 0
@@ -299,7 +299,7 @@ class ShmCommunicator(BaseCommunicator):
         per, me, size = self._layout.chunk, self.rank, self.size
         areas = self._areas(torch.uint8)
         starts = [sum(counts[:i]) for i in range(size)]
-        out = torch.empty(sum(counts), dtype=torch.uint8) if root < 0 or me == root else None
+        out = memory.empty(sum(counts), dtype=torch.uint8) if root < 0 or me == root else None
 
         def copy_in(c: int, b: int) -> None:
             lo = c * per
@@ -329,7 +329,7 @@ class ShmCommunicator(BaseCommunicator):
         per, me, size = self._layout.chunk, self.rank, self.size
         areas = self._areas(torch.uint8)
         starts = [sum(counts[:i]) for i in range(size)]
-        out = torch.empty(counts[me], dtype=torch.uint8)
+        out = memory.empty(counts[me], dtype=torch.uint8)
 
         def copy_in(c: int, b: int) -> None:
             if me != root:
@@ -355,7 +355,7 @@ class ShmCommunicator(BaseCommunicator):
         areas = self._areas(torch.uint8)
         send_at = [sum(send[:j]) for j in range(size)]
         recv_at = [sum(recv[:i]) for i in range(size)]
-        out = torch.empty(sum(recv), dtype=torch.uint8)
+        out = memory.empty(sum(recv), dtype=torch.uint8)
 
         def copy_in(c: int, b: int) -> None:
             lo = c * sub

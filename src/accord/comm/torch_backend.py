@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from accord import config
+from accord.comm import memory
 from accord.comm.base_communicator import BaseCommunicator, normalize_ranks
 from accord.comm.dtypes import LIBRARY_OPS
 from accord.comm.ops import ReduceOp
@@ -64,7 +65,7 @@ class TorchCommunicator(BaseCommunicator):
         dist.reduce(tensor, dst=self.ranks[root], op=_OPS[op], group=self.group)
 
     def _reduce_scatter_native(self, tensor: torch.Tensor, op: ReduceOp, rows: list[int]) -> torch.Tensor:
-        out = torch.empty((rows[self.rank], *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
+        out = memory.empty((rows[self.rank], *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
         if tensor.numel() == 0:
             return out
         if len(set(rows)) == 1:
@@ -83,7 +84,7 @@ class TorchCommunicator(BaseCommunicator):
         width = max(counts)
         if width == 0:
             return data.new_empty(0)
-        out = data.new_empty(width * self.size)
+        out = memory.empty(width * self.size, dtype=data.dtype, device=data.device)
         _all_gather_single(out, _padded(data, width), group=self.group)
         if all(c == width for c in counts):
             return out
@@ -103,7 +104,7 @@ class TorchCommunicator(BaseCommunicator):
 
     def _scatterv(self, data: torch.Tensor | None, counts: list[int], root: int) -> torch.Tensor:
         width = max(counts)
-        out = torch.empty(width, dtype=torch.uint8, device=self.meta_device if data is None else data.device)
+        out = memory.empty(width, dtype=torch.uint8, device=self.meta_device if data is None else data.device)
         if width == 0:
             return out
         parts = None
@@ -118,7 +119,7 @@ class TorchCommunicator(BaseCommunicator):
         return out[: counts[self.rank]]
 
     def _alltoallv(self, data: torch.Tensor, send: list[int], recv: list[int]) -> torch.Tensor:
-        out = data.new_empty(sum(recv))
+        out = memory.empty(sum(recv), dtype=data.dtype, device=data.device)
         if sum(send) or sum(recv):
             dist.all_to_all_single(out, data, output_split_sizes=recv, input_split_sizes=send,
                                    group=self.group)

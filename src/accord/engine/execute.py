@@ -12,6 +12,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from accord.comm import memory
 from accord.comm.base_communicator import split_rows
 from accord.comm.backend import Communicator
 from accord.comm.dtypes import scale_
@@ -147,7 +148,7 @@ class Executor:
 
     def _private(self, r: Request) -> torch.Tensor:
         """A tensor the collective may overwrite (the request's own, or a copy)."""
-        return r.tensor if r.owned else r.tensor.clone()
+        return r.tensor if r.owned else memory.clone(r.tensor)
 
     # --- allreduce (fused) ---------------------------------------------------------------
 
@@ -198,7 +199,7 @@ class Executor:
         """A batch reduced piecewise by a communicator that needs no fusion buffer (shm)."""
         t1 = time.monotonic()
         inputs = [r.tensor for r in batch]
-        outputs = [r.tensor if r.owned else torch.empty_like(r.tensor) for r in batch]
+        outputs = [r.tensor if r.owned else memory.empty_like(r.tensor) for r in batch]
         if pre != 1.0:  # only owned (overwritable) batches come here with a prescale
             torch._foreach_mul_(inputs, pre)
         _comm_call(comm.allreduce_many, inputs, outputs, op, wire)
