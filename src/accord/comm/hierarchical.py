@@ -66,13 +66,6 @@ class HierarchicalCommunicator:
         whole.copy_(self.local.allgather(part))
         self.hierarchical_allreduces += 1
 
-    def close(self) -> None:
-        """Release the three communicators (collective, as each one's close is)."""
-        for comm in (self.cross, self.local, self.flat):
-            close = getattr(comm, "close", None)
-            if close is not None:
-                close()
-
     def __getattr__(self, name: str) -> Any:
         # Every other collective (and capability probes such as supports_allreduce_many, which
         # the flat communicator may lack) is the flat communicator's.

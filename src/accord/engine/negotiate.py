@@ -57,10 +57,6 @@ class ResponseCache:
         i = self._index.get(name)
         return i if i is not None and self._sigs[i] == signature else None
 
-    def entry(self, i: int) -> tuple[str, Signature]:
-        """(name, signature) of entry ``i``."""
-        return self._names[i], self._sigs[i]
-
     def touch(self, ids: Iterable[int], tick: int) -> None:
         """Record that these entries were ready at cycle ``tick`` (for eviction)."""
         for i in ids:
