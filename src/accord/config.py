@@ -163,12 +163,20 @@ def snapshot() -> dict[str, str]:
 
 
 def set_variables(values: Mapping[str, str | None]) -> None:
-    """Set (or, with ``None``, remove) variables in this process's environment."""
+    """Set (or, with ``None``, remove) variables in this process's environment.
+
+    A declared variable's aliases go with it: removing ACCORD_LOCAL_SIZE also removes a
+    HOROVOD_LOCAL_SIZE that a launcher set (else :func:`get` would fall back to its stale
+    value), and setting it also updates aliases already present, which scripts may read.
+    """
     for key, value in values.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+        var = VARIABLES.get(key)
+        names = [key] + [a for a in (var.aliases if var else ()) if a in os.environ]
+        for name in names:
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def describe() -> str:

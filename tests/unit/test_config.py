@@ -70,3 +70,18 @@ def test_horovod_cpu_operations_and_gloo_timeout_aliases(monkeypatch):
     assert get_backend(backend_name_for("cpu", single_host=True)).name == "gloo"
     monkeypatch.setenv("HOROVOD_CPU_OPERATIONS", "AUTO")
     assert backend_name_for("cpu", single_host=False) == "gloo"
+
+
+def test_set_variables_carries_the_aliases_along(monkeypatch):
+    monkeypatch.setenv("HOROVOD_LOCAL_SIZE", "3")
+    monkeypatch.setenv("HOROVOD_RANK", "2")
+    monkeypatch.setenv("ACCORD_LOCAL_SIZE", "3")
+    monkeypatch.setenv("ACCORD_RANK", "2")
+    monkeypatch.delenv("HOROVOD_SIZE", raising=False)
+    config.set_variables({"ACCORD_LOCAL_SIZE": None, "ACCORD_RANK": "1", "ACCORD_SIZE": "2"})
+    env = config.snapshot()
+    assert "ACCORD_LOCAL_SIZE" not in env and "HOROVOD_LOCAL_SIZE" not in env
+    assert config.get("ACCORD_LOCAL_SIZE") is None  # no stale alias to fall back to
+    assert env["ACCORD_RANK"] == env["HOROVOD_RANK"] == "1"  # a present alias is updated
+    assert env["ACCORD_SIZE"] == "2" and "HOROVOD_SIZE" not in env  # absent ones stay absent
+    config.set_variables({"ACCORD_SIZE": None})

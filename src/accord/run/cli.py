@@ -62,6 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--gpus", "--devices", dest="devices",
                    help="devices for each host's workers, e.g. 0,1 (sets CUDA_VISIBLE_DEVICES per worker)")
 
+    g = p.add_argument_group("elastic (hvd.elastic.run; Horovod's horovodrun flags)")
+    g.add_argument("--min-np", type=int, help="keep the job running while at least this many workers "
+                   "are alive: a worker that fails is left out and the others re-form without it")
+    g.add_argument("--max-np", type=int, help="the most workers the job may have (at least -np)")
+    g.add_argument("--host-discovery-script", help="not supported yet: accordrun runs a fixed set of hosts")
+
     g = p.add_argument_group("parameter servers (accord.kvstore, MXNet's launch.py -s)")
     g.add_argument("--num-servers", metavar="N",
                    help="also start N parameter servers on this host (default 0; -np counts workers); "

@@ -56,6 +56,7 @@ class LaunchConfig:
     interface_ip: str | None = None
     verbose: bool = False
     num_servers: int = 0  # parameter servers (--num-servers), started on the launch host
+    min_np: int | None = None  # elastic: failed workers are left out while this many remain
 
     @property
     def remote(self) -> bool:
@@ -123,6 +124,25 @@ def _command(ns: argparse.Namespace, environ: Mapping[str, str], all_local: bool
     return tuple(command)
 
 
+def _elastic(ns: argparse.Namespace, num_proc: int) -> int | None:
+    """--min-np (validated with --max-np); refuses --host-discovery-script."""
+    if ns.host_discovery_script is not None:
+        raise ConfigError(with_hint(
+            "--host-discovery-script is not supported: accordrun runs a fixed set of hosts and "
+            "cannot add workers while the job runs",
+            "list the hosts with -H or --hostfile; with --min-np the job carries on without "
+            "workers that fail"))
+    min_np, max_np = ns.min_np, ns.max_np
+    if min_np is not None and not 1 <= min_np <= num_proc:
+        raise ConfigError(with_hint(f"--min-np must be between 1 and -np ({num_proc}), got {min_np}",
+                                    f"pass --min-np 1..{num_proc}"))
+    if max_np is not None and max_np < max(num_proc, min_np or 0):
+        raise ConfigError(with_hint(f"--max-np {max_np} is below -np {num_proc}"
+                                    + (f" or --min-np {min_np}" if min_np else ""),
+                                    "pass --max-np of at least the number of workers started"))
+    return min_np
+
+
 def config_from_args(ns: argparse.Namespace, environ: Mapping[str, str], cwd: str | None = None) -> LaunchConfig:
     """Validate the parsed command line into a LaunchConfig.
 
@@ -186,6 +206,7 @@ def config_from_args(ns: argparse.Namespace, environ: Mapping[str, str], cwd: st
     # a level: --verbose means at least 1; PS_VERBOSE=2 keeps its 2 for the servers
     verbose = max(1 if ns.verbose else 0, int(config.get("ACCORD_VERBOSE", environ)))
     num_servers = _count(ns.num_servers, "--num-servers")
+    min_np = _elastic(ns, num_proc)
     tuning = Tuning(
         fusion_threshold_mb=ns.fusion_threshold_mb,
         cycle_time_ms=ns.cycle_time_ms,
@@ -222,6 +243,7 @@ def config_from_args(ns: argparse.Namespace, environ: Mapping[str, str], cwd: st
         interface_ip=interface_ip,
         verbose=verbose > 0,
         num_servers=num_servers,
+        min_np=min_np,
     )
 
 
@@ -235,4 +257,5 @@ def describe(cfg: LaunchConfig) -> dict[str, Any]:
         "grace_period": cfg.grace_period,
         "start_timeout": cfg.start_timeout,
         "num_servers": cfg.num_servers,
+        "min_np": cfg.min_np,
     }

@@ -4,7 +4,9 @@ The sequence: start accord's rendezvous store with a fresh 32-byte secret, start
 (:mod:`accord.run.local`), start every worker (locally, or through ssh), watch them. The first
 worker that exits non-zero or dies by a signal stops the job: the others get SIGTERM, a grace
 period, then SIGKILL of their whole process group; the launcher prints the root cause and exits
-with that worker's status. SIGINT/SIGTERM/SIGHUP to the launcher stop the job the same way (the
+with that worker's status. With ``--min-np N`` (elastic jobs, ``hvd.elastic.run``) a failed
+worker is left out instead while at least N workers are alive or have succeeded; the others
+re-form without it, and the job succeeds when they do. SIGINT/SIGTERM/SIGHUP to the launcher stop the job the same way (the
 signal received is the one forwarded; a second one skips the grace period).
 
 With ``--num-servers N`` the launcher also starts N parameter servers on this host before the
@@ -33,7 +35,8 @@ from accord import config
 from accord.errors import LaunchError, with_hint
 from accord.run import error_file, job_store
 from accord.run.assignment import Slot
-from accord.run.failures import Failure, exit_status, format_root_cause, pick_root_cause, signal_name
+from accord.run.failures import (Failure, describe_returncode, exit_status, format_root_cause,
+                                 pick_root_cause, signal_name)
 from accord.run.hosts import is_local
 from accord.run.launch_config import LaunchConfig, describe
 from accord.run.local import Guardian, start_process, stop_groups
@@ -235,6 +238,7 @@ class _Job:
         if cfg.start_timeout is not None and self._store is not None:
             checkin = job_store.CheckinWatch(self._store, [s.rank for s in cfg.slots], cfg.start_timeout)
         failures: list[Failure] = []
+        lost: list[Failure] = []  # elastic (--min-np): failed workers the job went on without
         missing: list[int] = []
         while True:
             if self._signals:
@@ -243,7 +247,12 @@ class _Job:
                 if w.returncode is None:
                     w.returncode = w.proc.poll()
                     if w.returncode not in (None, 0):
-                        failures.append(self._failure(w))
+                        failure = self._failure(w)
+                        if self._can_continue_without(w):
+                            lost.append(failure)
+                        else:
+                            failures.extend(lost + [failure])  # the earliest is the root cause
+                            lost = []
             for s in self._servers:  # any end of a server, even status 0, is too early
                 if s.returncode is None:
                     s.returncode = s.proc.poll()
@@ -273,6 +282,11 @@ class _Job:
             sig = self._signals[0]
             self._say(f"received {signal_name(sig)}; stopped ranks {stopped or 'none (all had ended)'}")
             return 128 + sig
+        if lost:
+            left = sorted(w.slot.rank for w in self._workers if w.returncode == 0)
+            self._say(f"elastic: the job finished on ranks {left} (--min-np {cfg.min_np}) without "
+                      + "; ".join(f"rank {f.rank} on {f.host} ({describe_returncode(f.returncode)})"
+                                  for f in lost))
         if missing:
             hosts = sorted({cfg.slots[r].hostname for r in missing})
             self._say(with_hint(
@@ -283,6 +297,20 @@ class _Job:
             ))
             return 1
         return 0
+
+    def _can_continue_without(self, failed: _Worker) -> bool:
+        """Elastic jobs (--min-np) go on while enough workers are alive or have succeeded: the
+        survivors re-form without the failed one (hvd.elastic.run)."""
+        min_np = self.cfg.min_np
+        if min_np is None:
+            return False
+        healthy = sum(1 for w in self._workers if w is not failed and w.returncode in (None, 0))
+        if healthy < min_np:
+            return False
+        self._say(f"elastic: rank {failed.slot.rank} on {failed.slot.hostname} ended "
+                  f"({describe_returncode(failed.returncode or 0)}); continuing with {healthy} "
+                  f"workers (--min-np {min_np})")
+        return True
 
     def _failure(self, w: _Worker) -> Failure:
         assert w.returncode is not None
