@@ -4,7 +4,8 @@ With ``L`` ranks on each of ``H`` hosts, a flat allreduce sends every byte over 
 every rank. The hierarchical one splits the tensor into ``L`` parts inside each host (a
 reduce-scatter over the host's fast local communicator, shared memory by default), lets local
 rank ``i`` of every host allreduce part ``i`` with its ``H - 1`` peers (the cross communicator,
-one per local rank), and puts the parts back together inside each host (an allgather). Each
+one per local rank), and puts the parts back together inside each host (each local rank
+broadcasts its part). Each
 rank then sends ``1/L`` of the data across hosts, and the ``L`` cross allreduces run side by
 side.
 
@@ -19,6 +20,7 @@ from typing import Any, Sequence
 import torch
 
 from accord.comm.backend import Communicator
+from accord.comm.base_communicator import split_rows
 from accord.comm.ops import ReduceOp
 
 # Ops whose result does not depend on how the ranks are grouped. Integer AVERAGE (the only
@@ -63,7 +65,16 @@ class HierarchicalCommunicator:
         whole = tensor.view(-1)
         part = self.local.reduce_scatter(whole, op)  # lower local ranks get the extra elements
         self.cross.allreduce(part, op)
-        whole.copy_(self.local.allgather(part))
+        # Put the parts back together in place: each local rank broadcasts its part into the
+        # others' tensors (an allgather would need a fresh result, a size agreement and a copy).
+        rows = split_rows(whole.numel(), self.local.size)
+        start = sum(rows[:self.local.rank])
+        whole[start:start + part.numel()].copy_(part)
+        start = 0
+        for owner, count in enumerate(rows):
+            if count:
+                self.local.broadcast(whole[start:start + count], owner)
+            start += count
         self.hierarchical_allreduces += 1
 
     def __getattr__(self, name: str) -> Any:
