@@ -386,6 +386,21 @@ def check_alltoall(c: Checks, dtype: torch.dtype) -> None:
         c.equal(f"alltoall splits {dtype} received", got, np.array([splits[s][me] for s in range(size)]), torch.int64)
 
     c.guarded(f"alltoall splits {dtype}", run_splits)
+    # The last rank neither sends nor receives: it must still take part (Gloo's alltoallv
+    # waits for a message from every peer, even an empty one).
+    last = size - 1
+    idle = [[int(i != last and j != last) for i in range(size)] for j in range(size)]
+    parts = [values(f"a2ai-{dtype}", r, (sum(idle[i]), 2), dtype) for i, r in enumerate(members)]
+
+    def run_idle() -> None:
+        out, got = comm.alltoall(to_tensor(parts[comm.rank], dtype), idle[comm.rank])
+        me = comm.rank
+        want = [parts[s][sum(idle[s][:me]):sum(idle[s][:me + 1])] for s in range(size)]
+        c.equal(f"alltoall idle rank {dtype}", out, np.concatenate(want), dtype)
+        c.equal(f"alltoall idle rank {dtype} received", got, np.array([idle[s][me] for s in range(size)]),
+                torch.int64)
+
+    c.guarded(f"alltoall idle rank {dtype}", run_idle)
 
 
 def check_errors(c: Checks) -> None:

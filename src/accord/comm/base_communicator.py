@@ -255,8 +255,13 @@ class BaseCommunicator:
         check_headers("alltoall", work, headers, problem, self.ranks, self.rank, self._exchange)
         received = [h[4 + self.rank] for h in headers]
         row_bytes = _row_bytes(work)
-        data = self._alltoallv(_as_bytes(work), [s * row_bytes for s in sizes],
-                               [r * row_bytes for r in received])
+        # Skip the library call only when no rank moves anything (the same answer on every
+        # rank): a rank with nothing to send or receive must still take part, or its peers wait.
+        if row_bytes == 0 or not any(any(h[4:4 + self.size]) for h in headers):
+            data = torch.empty(0, dtype=torch.uint8, device=work.device)
+        else:
+            data = self._alltoallv(_as_bytes(work), [s * row_bytes for s in sizes],
+                                   [r * row_bytes for r in received])
         out = data.view(work.dtype).reshape(sum(received), *work.shape[1:])
         return out, torch.tensor(received, dtype=torch.int64)
 

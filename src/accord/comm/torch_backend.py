@@ -120,9 +120,8 @@ class TorchCommunicator(BaseCommunicator):
 
     def _alltoallv(self, data: torch.Tensor, send: list[int], recv: list[int]) -> torch.Tensor:
         out = memory.empty(sum(recv), dtype=data.dtype, device=data.device)
-        if sum(send) or sum(recv):
-            dist.all_to_all_single(out, data, output_split_sizes=recv, input_split_sizes=send,
-                                   group=self.group)
+        # Always called (even with nothing to move here): Gloo waits on every peer's message.
+        dist.all_to_all_single(out, data, output_split_sizes=recv, input_split_sizes=send, group=self.group)
         return out
 
     def _barrier(self) -> None:
