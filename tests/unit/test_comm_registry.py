@@ -89,3 +89,15 @@ def test_import_is_light():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=25)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "False", "False"]
+
+
+def test_a_backend_named_for_tensors_it_cannot_move_is_refused():
+    from accord.comm.backend import get_backend
+    from accord.engine.session import _check_devices
+    from accord.errors import ConfigError
+
+    _check_devices({"cpu": get_backend("gloo"), "cuda": get_backend("nccl")})  # the defaults pass
+    with pytest.raises(ConfigError, match="(?s)ACCORD_CPU_BACKEND names backend 'nccl'.*HINT"):
+        _check_devices({"cpu": get_backend("nccl")})
+    with pytest.raises(ConfigError, match="ACCORD_GPU_BACKEND names backend 'shm'"):
+        _check_devices({"cpu": get_backend("shm"), "cuda": get_backend("shm")})

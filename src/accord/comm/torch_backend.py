@@ -47,10 +47,19 @@ class TorchCommunicator(BaseCommunicator):
         self.ranks = ranks
         self.rank = rank
         self.size = len(ranks)
-        self.meta_device = meta_device
+        self._meta_device = meta_device
         self._set_native([(dt, op) for dt in _NATIVE_DTYPES for op in LIBRARY_OPS])
         # Gloo's list reduce_scatter accepts uneven parts; NCCL's needs equal ones.
         self._uneven_reduce_scatter = backend_name == "gloo"
+
+    @property
+    def meta_device(self) -> torch.device:
+        """Where small metadata tensors (sizes, headers) go: the CPU for Gloo; for NCCL the
+        current CUDA device when the call is made (scripts pick their GPU after init, and the
+        engine runs each CUDA collective under its tensors' device)."""
+        if self._meta_device.type == "cuda":
+            return torch.device("cuda", torch.cuda.current_device())
+        return self._meta_device
 
     def close(self) -> None:
         """Release the process group (collective: every member calls it)."""
@@ -126,7 +135,7 @@ class TorchCommunicator(BaseCommunicator):
 
     def _barrier(self) -> None:
         if self.backend_name == "nccl":
-            dist.barrier(group=self.group, device_ids=[torch.cuda.current_device()])
+            dist.barrier(group=self.group, device_ids=[self.meta_device.index])
         else:
             dist.barrier(group=self.group)
 

@@ -103,7 +103,8 @@ class Engine:
         for request in requests:
             if request.signature.device == "cuda" and request.ready_event is None:
                 request.ready_event = torch.cuda.Event()
-                request.ready_event.record()
+                # the stream that produced the data: the tensor's device's, not the current one
+                request.ready_event.record(torch.cuda.current_stream(request.tensor.device))
         with self._cond:
             if self._stopped or self._stop_requested or self._thread is None:
                 raise self._stopped_error()
@@ -166,6 +167,10 @@ class Engine:
                 raise ValueError(with_hint(f"join() is already waiting on rank {self.rank}",
                                            "call join() from one thread only"))
             handle = self._join.handle = Handle("join")
+            # Resolved here, on the caller's thread: the engine thread's current CUDA device is
+            # always 0 (it never picks one), and stand-ins must go where this rank's GPU is.
+            if device < 0 and torch.cuda.is_available():
+                device = torch.cuda.current_device()
             self._join.device = int(device)
             self._join_requested = True
             self._cond.notify()

@@ -7,6 +7,7 @@ and is raised as :class:`CommunicationFailure` for the engine to stop on.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any, Callable, Sequence
 
@@ -71,6 +72,14 @@ def _scattered_ok(comm: Any, batch: Sequence[Request], wire: torch.dtype, op: Re
     return all(r.tensor.is_contiguous() and not r.tensor.requires_grad for r in batch)
 
 
+def _wait_for_gpu(item: Sequence[Request]) -> None:
+    """Let a CUDA item's results be complete before its handles are: every path (fused copies
+    out, tuples, in place) ends on this thread's stream, which is synchronized once here."""
+    first = item[0].tensor
+    if first is not None and first.is_cuda:
+        torch.cuda.current_stream(first.device).synchronize()
+
+
 def _wire_dtype(batch: Sequence[Request]) -> torch.dtype:
     """What the batch's data travels as (fusion keys make it the same for every member)."""
     first = batch[0]
@@ -92,15 +101,21 @@ class Executor:
         """Execute ``ready`` (this rank's requests, in agreed order)."""
         for item in plan_work(ready, self.fusion_threshold):
             first = item[0]
+            # The current CUDA device is per thread and this thread never chose one: run a CUDA
+            # item under its tensors' device, so metadata and buffers land there, not on cuda:0.
+            device = torch.cuda.device(first.tensor.device) if first.tensor is not None and \
+                first.tensor.is_cuda else contextlib.nullcontext()
             try:
                 comm = self.sets.communicator(first.process_set_id, first.signature.device or "cpu")
                 if comm is None:
                     raise CollectiveError(f"rank is not in process set {first.process_set_id}")
                 self._wait_for_data(item)
-                if first.op is Op.ALLREDUCE:
-                    outcomes = self._allreduce(item, comm)
-                else:
-                    outcomes = [(first, self._one(first, comm), None)]
+                with device:
+                    if first.op is Op.ALLREDUCE:
+                        outcomes = self._allreduce(item, comm)
+                    else:
+                        outcomes = [(first, self._one(first, comm), None)]
+                    _wait_for_gpu(item)
             except CommunicationFailure as failure:
                 failure.requests = list(item)
                 raise
@@ -139,9 +154,7 @@ class Executor:
                 value = r.compression.decompress(result, r.ctx)
             if r.output is None and self.buffers.owns(value):
                 value = value.clone()
-            if value.is_cuda:
-                torch.cuda.current_stream(value.device).synchronize()
-            return value
+            return value  # CUDA: run() waits for the stream once per item (_wait_for_gpu)
         if isinstance(result, tuple) and result and isinstance(result[0], torch.Tensor):
             return (r.compression.decompress(result[0], r.ctx), *result[1:])
         return result

@@ -80,6 +80,7 @@ def init(process_sets: Sequence[Sequence[int]] | None = None,
             size = runtime.topology.size
             single_host = size > 1 and len(set(runtime.topology.hostnames)) == 1
             backends = {d: get_backend(backend_name_for(d, single_host)) for d in _devices()}
+            _check_devices(backends)
             registry = ProcessSetRegistry()
             comms = {d: b.create(list(range(size))) for d, b in backends.items()}
             registry.add(GLOBAL_ID, range(size), comms)
@@ -103,6 +104,18 @@ def init(process_sets: Sequence[Sequence[int]] | None = None,
         # without calling shutdown(), as Horovod scripts often do.
         atexit.register(shutdown)
         return ids
+
+
+def _check_devices(backends: dict[str, Any]) -> None:
+    """Refuse a backend named for tensors it cannot move (e.g. ACCORD_CPU_BACKEND=nccl)."""
+    for device, backend in backends.items():
+        kinds = getattr(backend, "device_types", None)
+        if kinds is not None and device not in kinds:
+            variable = "ACCORD_CPU_BACKEND" if device == "cpu" else "ACCORD_GPU_BACKEND"
+            raise ConfigError(with_hint(
+                f"{variable} names backend {backend.name!r}, which moves {', '.join(sorted(kinds))} "
+                f"tensors, not {device} ones",
+                "use gloo, shm or mpi for CPU tensors and nccl for CUDA tensors"))
 
 
 def _hierarchical(topology: Topology, flat: Any) -> Any:
@@ -233,7 +246,14 @@ def remove_process_set(set_id: int) -> None:
                 f"process set {set_id} {list(ranks)} still has requests in flight: {busy[:5]}",
                 "synchronize their handles before removing the process set"))
         session.table.remove(set_id)
-        session.registry.remove(set_id)
+        # Release the set's groups now (NCCL communicators hold GPU memory; a job that adds and
+        # removes sets would leak it). A barrier first: this rank has nothing in flight on the
+        # set, but a peer may still be finishing its part of the last collective.
+        for comm in session.registry.remove(set_id):
+            comm.barrier()
+            close = getattr(comm, "close", None)
+            if close is not None:
+                close()
 
 
 def process_sets() -> dict[int, tuple[int, ...]]:

@@ -25,11 +25,11 @@ class ProcessSetRegistry:
             self._members[set_id] = tuple(ranks)
             self._comms[set_id] = dict(comms)
 
-    def remove(self, set_id: int) -> None:
-        """Forget set ``set_id`` (KeyError when unknown)."""
+    def remove(self, set_id: int) -> list[Communicator]:
+        """Forget set ``set_id`` (KeyError when unknown); return its communicators to close."""
         with self._lock:
             del self._members[set_id]
-            del self._comms[set_id]
+            return [c for c in self._comms.pop(set_id).values() if c is not None]
 
     def clear(self) -> None:
         """Forget every set and drop the communicators (at shutdown)."""

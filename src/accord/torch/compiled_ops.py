@@ -277,7 +277,8 @@ def alltoall(tensor: Tensor, splits: Optional[Tensor], name: str, process_set_id
 def _alltoall_fake(tensor, splits, name, process_set_id, total_rows):
     dtype = splits.dtype if splits is not None else torch.int32
     out = tensor.new_empty((_rows(total_rows), *tensor.shape[1:]))
-    return out, tensor.new_empty((len(_members(process_set_id)),), dtype=dtype)
+    # the received splits are a CPU tensor, whatever the data's device (as the eager op returns)
+    return out, torch.empty((len(_members(process_set_id)),), dtype=dtype, device="cpu")
 
 
 def _alltoall_setup(ctx, inputs, output) -> None:

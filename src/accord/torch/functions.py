@@ -84,16 +84,22 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
             for key in sorted(state_dict["state"][pid], key=str):
                 value = state_dict["state"][pid][key]
                 if torch.is_tensor(value):
-                    layout["tensors"].append((pid, key, tuple(value.shape), str(value.dtype)))
+                    layout["tensors"].append((pid, key, tuple(value.shape), str(value.dtype),
+                                              value.device.type))
                 else:
                     layout["scalars"][(pid, key)] = value
     layout = broadcast_object(layout, root_rank, process_set=process_set)
     received = []
-    for pid, key, shape, dtype in layout["tensors"]:
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    for pid, key, shape, dtype, device in layout["tensors"]:
         if is_root:
             buf = state_dict["state"][pid][key]
         else:
-            buf = torch.empty(shape, dtype=getattr(torch, dtype.replace("torch.", "")))
+            # On root's kind of device (collectives match devices across ranks): this rank's
+            # parameter's GPU for CUDA state (exp_avg, ...), the CPU for CPU state (Adam's step).
+            where = params[pid].device if device == "cuda" and isinstance(pid, int) and pid < len(params) \
+                else torch.device(device)
+            buf = torch.empty(shape, dtype=getattr(torch, dtype.replace("torch.", "")), device=where)
         received.append((pid, key, buf))
     broadcast_parameters([(f"optimizer_state.{pid}.{key}", buf) for pid, key, buf in received],
                          root_rank, process_set)
