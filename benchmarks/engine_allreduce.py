@@ -22,12 +22,13 @@ Prints a table and writes benchmarks/results/engine_allreduce.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
 import sys
 import time
+
+from recording import record
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "engine_allreduce.json")
 
@@ -129,11 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     from accord.run.spawn import spawn
 
     result = spawn(_worker, args=(args.iters, args.warmup), nprocs=2)[0]
-    result["command"] = "python benchmarks/engine_allreduce.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    result["date"] = time.strftime("%Y-%m-%d %H:%M:%S")
-    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
-    with open(results_path, "w") as fh:
-        json.dump(result, fh, indent=2)
+    record(result, results_path, "engine_allreduce.py", argv)
     width = max(len(k) for k in result["timings"])
     print(f"{'case':<{width}}  median ms   mean ± 1.96σ/√n")
     for name, t in result["timings"].items():

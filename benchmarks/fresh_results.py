@@ -12,12 +12,13 @@ benchmarks/results/fresh_results.json with the command that produced it.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
 import sys
 import time
+
+from recording import record
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "fresh_results.json")
 
@@ -73,11 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     from accord.run.spawn import spawn
 
     result = spawn(_worker, args=(args.iters, args.warmup), nprocs=2)[0]
-    result["command"] = "python benchmarks/fresh_results.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    result["date"] = time.strftime("%Y-%m-%d %H:%M:%S")
-    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
-    with open(RESULTS, "w") as fh:
-        json.dump(result, fh, indent=2)
+    record(result, RESULTS, "fresh_results.py", argv)
     print(f"{'op':<38}  {'plain ms':>9}  {'advised ms':>10}  speed-up")
     for op, row in result["ops"].items():
         print(f"{op:<38}  {row['plain_ms']:>9.2f}  {row['advised_ms']:>10.2f}  {row['speedup']:.2f}x")

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import platform
 import statistics
 import sys
 import time
+
+from recording import record
 
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 MB = 1024 * 1024
@@ -85,12 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     from accord.run.spawn import spawn
 
     result = spawn(_worker, args=(args.iters, args.warmup), nprocs=2)[0]
-    result["command"] = "python benchmarks/fusion_threshold.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    result["date"] = time.strftime("%Y-%m-%d %H:%M:%S")
     path = os.path.join(RESULTS_DIR, f"fusion_threshold_{result['environment']['engine_backend']}.json")
-    os.makedirs(RESULTS_DIR, exist_ok=True)
-    with open(path, "w") as fh:
-        json.dump(result, fh, indent=2)
+    record(result, path, "fusion_threshold.py", argv)
     print(f"{result['environment']['tensors']} tensors, {result['environment']['megabytes']} MB, "
           f"backend {result['environment']['engine_backend']} (default threshold {result['default']})")
     for name, row in result["thresholds"].items():

@@ -16,12 +16,13 @@ benchmarks/results/hierarchical_allreduce.json with the command that produced it
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
 import sys
 import time
+
+from recording import record
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "hierarchical_allreduce.json")
 SIZES = [1024 ** 2, 16 * 1024 ** 2, 64 * 1024 ** 2]
@@ -82,11 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     from accord.run.spawn import spawn
 
     result = spawn(_worker, args=(args.iters, args.warmup), nprocs=4)[0]
-    result["command"] = "python benchmarks/hierarchical_allreduce.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    result["date"] = time.strftime("%Y-%m-%d %H:%M:%S")
-    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
-    with open(RESULTS, "w") as fh:
-        json.dump(result, fh, indent=2)
+    record(result, RESULTS, "hierarchical_allreduce.py", argv)
     print(f"{'size':>10}  {'flat gloo ms':>12}  {'hierarchical ms':>15}  speed-up")
     for size, row in result["sizes"].items():
         print(f"{int(size) // 1024:>8}KB  {row['flat_gloo_ms']:>12.2f}  {row['hierarchical_ms']:>15.2f}  {row['speedup']:.2f}x")

@@ -20,11 +20,12 @@ benchmarks/results/shm_vs_gloo.json with the command that produced it.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
 import time
+
+from recording import record
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "shm_vs_gloo.json")
 SIZES = [4, 1024, 64 * 1024, 1024 ** 2, 16 * 1024 ** 2, 64 * 1024 ** 2]
@@ -117,11 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     from accord.run.spawn import spawn
 
     result = spawn(_worker, args=(args.iters, args.warmup, args.chunk_bytes, args.spin_us), nprocs=2)[0]
-    result["command"] = "python benchmarks/shm_vs_gloo.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    result["date"] = time.strftime("%Y-%m-%d %H:%M:%S")
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as fh:
-        json.dump(result, fh, indent=2)
+    record(result, args.out, "shm_vs_gloo.py", argv)
     print(f"{'size':>6} | {'shm ms':>9} {'GB/s':>6} {'cpu':>7} | {'shm+gloo-sync':>13} {'GB/s':>6} | "
           f"{'gloo ms':>8} {'GB/s':>6} {'cpu':>7} | {'x gloo':>6} {'x sync':>6}")
     for size, row in result["allreduce_float32_sum"].items():

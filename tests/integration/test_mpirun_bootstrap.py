@@ -3,13 +3,10 @@ its address and a fresh secret to the others through MPI."""
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-import sys
 
 import pytest
 
-from accord import config
+from helpers.mpirun import mpi_ready, run_under_mpirun
 
 pytestmark = pytest.mark.mpi
 
@@ -40,33 +37,12 @@ for round_ in range(2):  # the second bootstrap checks shutdown-then-init under 
     rt.close()
 '''
 
-# Launchers' variables that would make bootstrap pick another path than MPI's.
-_FOREIGN = ("ACCORD_", "HOROVOD_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-            "MASTER_ADDR", "MASTER_PORT", "SLURM_", "PMI_", "TORCHELASTIC_")
-
-
-def _mpi_ready() -> bool:
-    if shutil.which("mpirun") is None:
-        return False
-    try:
-        import mpi4py  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 @pytest.mark.timeout(120)
-@pytest.mark.skipif(not _mpi_ready(), reason="needs mpirun and mpi4py")
+@pytest.mark.skipif(not mpi_ready(), reason="needs mpirun and mpi4py")
 def test_mpirun_bootstrap_without_accord_variables(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(_SCRIPT)
-    env = {k: v for k, v in config.snapshot().items() if not k.startswith(_FOREIGN)}
-    env["OMP_NUM_THREADS"] = "1"
-    proc = subprocess.run(
-        ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", sys.executable,
-         str(script), str(tmp_path / "result")],
-        env=env, capture_output=True, text=True, timeout=100,
-    )
+    proc = run_under_mpirun(str(script), 2, str(tmp_path / "result"))
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     text = "".join((tmp_path / f"result.{rank}").read_text() for rank in (0, 1))
     lines = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
