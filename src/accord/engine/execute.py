@@ -153,7 +153,7 @@ class Executor:
             else:
                 value = r.compression.decompress(result, r.ctx)
             if r.output is None and self.buffers.owns(value):
-                value = value.clone()
+                value = memory.clone(value)
             return value  # CUDA: run() waits for the stream once per item (_wait_for_gpu)
         if isinstance(result, tuple) and result and isinstance(result[0], torch.Tensor):
             return (r.compression.decompress(result[0], r.ctx), *result[1:])
