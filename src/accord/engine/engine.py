@@ -26,7 +26,7 @@ from accord.engine.sets import ProcessSetRegistry
 from accord.engine.settings import EngineSettings
 from accord.engine.stall import StallInspector
 from accord.engine.timeline import Timeline
-from accord.engine.validate import validate
+from accord.engine.validate import validate_group
 from accord.errors import (CollectiveError, MismatchError, RankFailedError, ShutdownError,
                            with_hint)
 
@@ -90,16 +90,7 @@ class Engine:
         """Submit ``requests`` (a group) all or none: if one is refused, none is queued, so no
         rank is left with part of a group its peers wait on. Raises as :meth:`enqueue` does,
         and ValueError for a name that appears twice in the group."""
-        for request in requests:
-            validate(request, self.sets, self.rank)
-        if len(requests) > 1:
-            seen: set[str] = set()
-            for request in requests:
-                if request.name in seen:
-                    raise ValueError(with_hint(
-                        f"the name {request.name!r} appears twice in one group on rank {self.rank}",
-                        "give every tensor of a grouped call its own name"))
-                seen.add(request.name)
+        validate_group(requests, self.sets, self.rank)
         for request in requests:
             if request.signature.device == "cuda" and request.ready_event is None:
                 request.ready_event = torch.cuda.Event()

@@ -5,6 +5,8 @@ that need the other ranks' view (shape or dtype mismatches) are found by the neg
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
 from accord.comm.ops import ReduceOp
@@ -51,3 +53,14 @@ def validate(r: Request, sets: ProcessSetRegistry, rank: int) -> None:
                 f"{r.op.value} {r.name!r}: splits {list(r.splits)} must have {len(group)} "
                 f"non-negative entries summing to dim 0 ({r.tensor.shape[0]})",
                 "pass one row count per rank of the process set"))
+
+
+def validate_group(requests: Sequence[Request], sets: ProcessSetRegistry, rank: int) -> None:
+    """:func:`validate` each request of one (grouped) call; also refuse a name used twice in it."""
+    seen: set[str] = set()
+    for r in requests:
+        validate(r, sets, rank)
+        if r.name in seen:
+            raise ValueError(with_hint(f"the name {r.name!r} appears twice in one group on rank {rank}",
+                                       "give every tensor of a grouped call its own name"))
+        seen.add(r.name)
