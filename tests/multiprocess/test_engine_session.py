@@ -35,6 +35,20 @@ def _session_checks(rank, size, tmp):
     assert session.synchronize(h3).tolist() == [0.0, 1.0, 2.0]
     assert session.poll(h1)
 
+    # a group: one handle per tensor, named <name>_<i>of<n>; unnamed groups match by call order
+    a, b = torch.full((2,), float(rank)), torch.full((3,), 2.0 * rank)
+    group = session.submit_group("allreduce", [a, b], "pair", in_place=True)
+    assert [h.name for h in group] == ["pair_1of2", "pair_2of2"]
+    assert [session.synchronize(h).tolist() for h in group] == [[3.0] * 2, [6.0] * 3]
+    unnamed_group = session.submit_group("allgather", [torch.full((1,), float(rank))] * 2)
+    assert [session.synchronize(h).tolist() for h in unnamed_group] == [[0.0, 1.0, 2.0]] * 2
+    # all or none: a name already in flight refuses the whole group, nothing is left queued
+    held = session.submit("allreduce", torch.ones(1), "busy_2of2")
+    with pytest.raises(ValueError, match="already in flight"):
+        session.submit_group("allreduce", [torch.ones(1), torch.ones(1)], "busy")
+    assert not session.engine().in_flight("busy_1of2")
+    assert session.synchronize(held).tolist() == [3.0]
+
     # compressed in-place allreduces are cast by the engine while it moves the data (no wire
     # buffer); the data really travels as bfloat16: 1 + 2**-10 rounds to 1 there
     from accord.engine.compression import Compression

@@ -278,22 +278,44 @@ def submit(op: Op | str, tensor: torch.Tensor | None, name: str | None = None, *
     rank's rows (non-root ranks pass any tensor with the root's dtype and shape after dim 0,
     e.g. ``torch.empty(0, *trailing)``); barrier -> None.
     """
+    return submit_group(op, [tensor], name, in_place=in_place, compression=compression,
+                        reduce_op=reduce_op, root_rank=root_rank, prescale_factor=prescale_factor,
+                        postscale_factor=postscale_factor, process_set_id=process_set_id,
+                        splits=splits, grouped=False)[0]
+
+
+def submit_group(op: Op | str, tensors: Sequence[torch.Tensor | None], name: str | None = None, *,
+                 in_place: bool = False, compression: type[Compressor] | Compressor = NoneCompressor,
+                 reduce_op: ReduceOp = ReduceOp.SUM, root_rank: int = -1,
+                 prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                 process_set_id: int = GLOBAL_ID, splits: Sequence[int] | None = None,
+                 grouped: bool = True) -> list[Handle]:
+    """Submit one collective per tensor as one group, all or none: if one request is refused
+    (invalid, or its name in flight), none is queued. The requests are named
+    ``<name>_<i>of<n>`` (``name`` defaulting to ``"<op>.noname.<n>"``); with ``grouped=False``
+    and one tensor, ``name`` itself. Returns one handle per tensor, in order.
+    """
     session = _current()
     op = Op(op)
-    wire_buffers = None
+    recurs = name is not None  # unnamed requests never recur: no wire buffer kept for them
     if name is None:
         counter = session.unnamed.setdefault(op.value, itertools.count())
         name = f"{op.value}.noname.{next(counter)}"
-    elif compression is not NoneCompressor and not session.engine.in_flight(name):
-        # Named requests recur (gradients, every step): their compressed copies reuse one buffer.
-        # Unnamed ones never recur, and a name in flight is refused by enqueue below: its buffer
-        # is still on the wire and must not be overwritten first.
-        wire_buffers = session.wire_buffers
-    request = build_request(op, tensor, name, in_place=in_place, compression=compression,
-                            reduce_op=reduce_op, root_rank=root_rank, prescale_factor=prescale_factor,
-                            postscale_factor=postscale_factor, process_set_id=process_set_id,
-                            splits=splits, wire_buffers=wire_buffers)
-    return session.engine.enqueue(request)
+    names = [name] if not grouped else [f"{name}_{i + 1}of{len(tensors)}" for i in range(len(tensors))]
+    requests = []
+    for tensor, request_name in zip(tensors, names):
+        wire_buffers = None
+        if recurs and compression is not NoneCompressor and not session.engine.in_flight(request_name):
+            # Named requests recur (gradients, every step): their compressed copies reuse one
+            # buffer. A name in flight is refused by enqueue below: its buffer is still on the
+            # wire and must not be overwritten first.
+            wire_buffers = session.wire_buffers
+        requests.append(build_request(
+            op, tensor, request_name, in_place=in_place, compression=compression,
+            reduce_op=reduce_op, root_rank=root_rank, prescale_factor=prescale_factor,
+            postscale_factor=postscale_factor, process_set_id=process_set_id, splits=splits,
+            wire_buffers=wire_buffers))
+    return session.engine.enqueue_many(requests)
 
 
 def poll(handle: Handle) -> bool:
