@@ -43,11 +43,10 @@ def start_engine(rank, size, extra_sets=(), count_negotiation=False, **overrides
     from accord.engine.settings import EngineSettings
 
     settings = EngineSettings.from_config(**overrides)
-    registry = ProcessSetRegistry()
-    world = make_comm(range(size))
-    registry.add(0, range(size), {"cpu": world})
-    for set_id, ranks in enumerate(extra_sets, start=1):
-        registry.add(set_id, ranks, {"cpu": make_comm(ranks)})
+    registry = ProcessSetRegistry(size)
+    registry.set_communicator(0, "cpu", make_comm(range(size)))
+    for ranks in extra_sets:  # ids 1, 2, ... in this order
+        registry.add(ranks, {"cpu": make_comm(ranks)})
     # A separate communicator for negotiation, so that counting its calls counts only those.
     negotiation = make_comm(range(size))
     if count_negotiation:

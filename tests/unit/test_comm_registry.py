@@ -93,7 +93,7 @@ def test_import_is_light():
 
 def test_a_backend_named_for_tensors_it_cannot_move_is_refused():
     from accord.comm.backend import get_backend
-    from accord.engine.session import _check_devices
+    from accord.engine.startup import check_devices as _check_devices
     from accord.errors import ConfigError
 
     _check_devices({"cpu": get_backend("gloo"), "cuda": get_backend("nccl")})  # the defaults pass

@@ -1,16 +1,17 @@
-"""Process-set table and local/cross rank lists."""
+"""The process-set registry's bookkeeping and local/cross rank lists."""
 from __future__ import annotations
 
 import pytest
 
-from accord.runtime.groups import GLOBAL_ID, ProcessSetTable, cross_ranks, cross_sets, local_ranks, local_sets
+from accord.engine.sets import GLOBAL_ID, ProcessSetRegistry
+from accord.runtime.groups import cross_ranks, cross_sets, local_ranks, local_sets
 from accord.runtime.topology import topology_from_hostnames
 
 pytestmark = pytest.mark.timeout(10)
 
 
 def test_global_set_is_id_zero_and_permanent():
-    table = ProcessSetTable(4)
+    table = ProcessSetRegistry(4)
     assert table.ids() == [GLOBAL_ID] == [0]
     assert table.get(0) == (0, 1, 2, 3)
     with pytest.raises(ValueError, match="cannot be removed") as info:
@@ -19,16 +20,16 @@ def test_global_set_is_id_zero_and_permanent():
 
 
 def test_add_get_remove_and_ids_are_not_reused():
-    table = ProcessSetTable(4)
-    even = table.add([0, 2])
-    odd = table.add((1, 3))
+    table = ProcessSetRegistry(4)
+    even = table.add([0, 2], {})
+    odd = table.add((1, 3), {})
     assert (even, odd) == (1, 2)
     assert table.get(even) == (0, 2) and table.get(odd) == (1, 3)
     assert table.ids() == [0, 1, 2] and len(table) == 3 and even in table
     assert table.find([1, 3]) == odd and table.find([0, 1]) is None
     table.remove(even)
     assert table.ids() == [0, 2] and even not in table
-    assert table.add([0, 2]) == 3  # a fresh id, never the removed one
+    assert table.add([0, 2], {}) == 3  # a fresh id, never the removed one
     with pytest.raises(ValueError, match="no process set with id 1") as info:
         table.get(1)
     assert "known ids: [0, 2, 3]" in str(info.value) and "HINT:" in str(info.value)
@@ -50,22 +51,22 @@ def test_add_get_remove_and_ids_are_not_reused():
     ],
 )
 def test_invalid_sets_raise_value_error_with_hint(ranks, text):
-    table = ProcessSetTable(4)
+    table = ProcessSetRegistry(4)
     with pytest.raises(ValueError) as info:
-        table.add(ranks)
+        table.add(ranks, {})
     assert text in str(info.value) and "HINT:" in str(info.value)
 
 
 def test_duplicate_of_a_user_set_is_refused():
-    table = ProcessSetTable(3)
-    first = table.add([0, 2])
+    table = ProcessSetRegistry(3)
+    first = table.add([0, 2], {})
     with pytest.raises(ValueError, match=f"already registered as id {first}"):
-        table.add([0, 2])
+        table.add([0, 2], {})
 
 
 def test_size_must_be_positive():
     with pytest.raises(ValueError, match="HINT:"):
-        ProcessSetTable(0)
+        ProcessSetRegistry(0)
 
 
 HOSTS = ["a", "b", "a", "c", "b", "a"]
@@ -96,8 +97,8 @@ def test_local_and_cross_sets_from_topology():
 
 def test_sets_register_in_the_table():
     topo = topology_from_hostnames(0, HOSTS)
-    table = ProcessSetTable(len(HOSTS))
-    ids = [table.add(ranks) for ranks in local_sets(topo) + cross_sets(topo) if len(ranks) > 0
+    table = ProcessSetRegistry(len(HOSTS))
+    ids = [table.add(ranks, {}) for ranks in local_sets(topo) + cross_sets(topo) if len(ranks) > 0
            and table.find(ranks) is None]
     assert [table.get(i) for i in ids] == [(0, 2, 5), (1, 4), (3,), (0, 1, 3), (2, 4), (5,)]
 

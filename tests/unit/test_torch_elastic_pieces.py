@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import accord.torch as hvd
-from accord.torch import basics
+from accord.torch import gateway
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -33,11 +33,11 @@ def test_sampler_shuffle_depends_on_seed_and_epoch_only():
 
 
 def test_sampler_splits_remaining_samples_over_ranks(monkeypatch):
-    monkeypatch.setattr(basics, "is_initialized", lambda: True)
-    monkeypatch.setattr(basics, "size", lambda: 3)
+    monkeypatch.setattr(gateway, "is_initialized", lambda: True)
+    monkeypatch.setattr(gateway, "size", lambda: 3)
     shares = []
     for r in range(3):
-        monkeypatch.setattr(basics, "rank", lambda r=r: r)
+        monkeypatch.setattr(gateway, "rank", lambda r=r: r)
         sampler = hvd.elastic.ElasticSampler(list(range(11)), shuffle=False)
         sampler.record_indices([0, 1, 2, 3])  # 7 left -> 3 each, 2 padded
         sampler.reset()

@@ -7,9 +7,10 @@ import torch
 
 import accord.torch as hvd
 from accord.errors import CollectiveError
-from accord.torch import adasum, handles
+from accord.engine.naming import RequestNamer
+from accord.torch import adasum, gateway
 from accord.torch.async_ops import handle_average_backwards_compatibility
-from accord.torch.optimizer import split_list
+from accord.torch.grad_reduction import split_list
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -90,25 +91,27 @@ def test_average_argument_compatibility():
 
 
 def test_names_follow_horovod_and_are_scoped_per_process_set():
-    assert handles.op_name("allreduce", "grad.w") == "allreduce.grad.w"
-    assert handles.op_name("broadcast", "x", set_id=2) == "broadcast.x@ps2"
-    a = handles.op_name("allreduce", None)
-    b = handles.op_name("allreduce", None)
-    c = handles.op_name("allgather", None, set_id=5)
-    n = int(a.rsplit(".", 1)[1])
-    assert (a, b) == (f"allreduce.noname.{n}", f"allreduce.noname.{n + 1}")
-    assert c.startswith("allgather.noname.") and c.endswith("@ps5")
-    assert handles.group_names("allreduce", "g", 3) == ["allreduce.g_1of3", "allreduce.g_2of3",
-                                                        "allreduce.g_3of3"]
+    names = RequestNamer()  # the session's: the facade passes "allreduce.<name>" when named
+    assert names.name("allreduce", "allreduce.grad.w", 0) == "allreduce.grad.w"
+    assert names.name("broadcast", "broadcast.x", 2) == "broadcast.x@ps2"
+    a = names.name("allreduce", None, 0)
+    b = names.name("allgather", None, 0)  # one counter per process set, whatever the op
+    c = names.name("allgather", None, 5)
+    assert (a, b) == ("allreduce.noname.1", "allgather.noname.2")
+    assert c == "allgather.noname.1@ps5"  # other sets' calls do not shift its numbers
+    assert names.group("allreduce", "allreduce.g", 3, 0) == ["allreduce.g_1of3", "allreduce.g_2of3",
+                                                             "allreduce.g_3of3"]
+    assert names.group("allgather", None, 2, 5) == ["allgather.noname.2_1of2@ps5",
+                                                    "allgather.noname.2_2of2@ps5"]
 
 
 def test_check_tensor_rejects_what_horovod_rejects():
     with pytest.raises(ValueError, match="Tensor is required to be contiguous"):
-        handles.check_tensor(torch.ones(3, 4).t(), "allreduce")
+        gateway.check_tensor(torch.ones(3, 4).t(), "allreduce")
     with pytest.raises(ValueError, match="torch.Tensor"):
-        handles.check_tensor([1, 2], "allreduce")
+        gateway.check_tensor([1, 2], "allreduce")
     t = torch.ones(2)
-    assert handles.check_tensor(t, "allreduce") is t
+    assert gateway.check_tensor(t, "allreduce") is t
 
 
 def test_unknown_handles():

@@ -25,15 +25,9 @@ WorldFn = Callable[[], tuple[int, int]]
 
 
 def default_world() -> tuple[int, int]:
-    """``(num_replicas, rank)`` of this process: accord's session, else torch.distributed, else (1, 0)."""
-    try:  # imported lazily: the engine is a higher layer and may not be initialised (or built)
-        from accord.engine import session  # type: ignore[attr-defined]
-
-        if session.is_initialized():
-            topo = session.topology()
-            return topo.size, topo.rank
-    except ImportError:
-        pass
+    """``(num_replicas, rank)`` of this process from torch.distributed's default group, else
+    ``(1, 0)``. accord's ``init()`` starts that group with the job's ranks (or checks that the
+    one the program started matches), so accord jobs and DDP jobs both answer here."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import atexit
 import gc
-import itertools
-import logging
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -25,34 +23,26 @@ import torch
 from accord.comm.ops import ReduceOp
 from accord.engine.compression import Compressor, NoneCompressor
 from accord.engine.engine import Engine
+from accord.engine.naming import RequestNamer
 from accord.engine.request import Handle, Op, build_request
-from accord.engine.sets import ProcessSetRegistry
+from accord.engine.sets import GLOBAL_ID, ProcessSetRegistry
 from accord.engine.settings import EngineSettings
-from accord.errors import ConfigError, with_hint
-from accord.runtime.groups import GLOBAL_ID, ProcessSetTable
+from accord.errors import with_hint
 from accord.runtime.topology import Topology
-
-
-log = logging.getLogger("accord.engine")
 
 
 @dataclass
 class _Session:
     runtime: Any
     engine: Engine
-    table: ProcessSetTable
-    registry: ProcessSetRegistry
+    sets: ProcessSetRegistry
     backends: dict[str, Any]  # device type -> Backend
-    unnamed: dict[str, itertools.count] = field(default_factory=dict)
+    names: RequestNamer = field(default_factory=RequestNamer)
     wire_buffers: dict[str, torch.Tensor] = field(default_factory=dict)  # see build_request
 
 
 _session: _Session | None = None
 _lock = threading.RLock()
-
-
-def _devices() -> list[str]:
-    return ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
 
 
 def init(process_sets: Sequence[Sequence[int]] | None = None,
@@ -70,28 +60,14 @@ def init(process_sets: Sequence[Sequence[int]] | None = None,
     global _session
     with _lock:
         if _session is not None:
-            return [_session.table.find(sorted(r)) for r in process_sets or []]
-        from accord.comm import backend_name_for
-        from accord.comm.backend import get_backend
+            return [_session.sets.find(sorted(r)) for r in process_sets or []]
+        from accord.engine.startup import build_engine
         from accord.runtime.bootstrap import bootstrap
 
         runtime = bootstrap()
         try:
-            size = runtime.topology.size
-            single_host = size > 1 and len(set(runtime.topology.hostnames)) == 1
-            backends = {d: get_backend(backend_name_for(d, single_host)) for d in _devices()}
-            _check_devices(backends)
-            registry = ProcessSetRegistry()
-            comms = {d: b.create(list(range(size))) for d, b in backends.items()}
-            registry.add(GLOBAL_ID, range(size), comms)
-            settings = settings or EngineSettings.from_config(cpu_backend=backends["cpu"].name)
-            _check_settings_agree(settings, comms["cpu"])
-            if settings.hierarchical_allreduce and size > 1:
-                registry.set_communicator(GLOBAL_ID, "cpu", _hierarchical(runtime.topology, comms["cpu"]))
-            # The engine negotiates on the global CPU communicator: its own process group, not
-            # the default one, so collectives a frontend runs directly never interleave with it.
-            engine = Engine(runtime.topology.rank, size, comms["cpu"], registry, settings)
-            session = _Session(runtime, engine, ProcessSetTable(size), registry, backends)
+            backends, sets, engine = build_engine(runtime.topology, settings)
+            session = _Session(runtime, engine, sets, backends)
             ids = [_add(session, ranks) for ranks in process_sets or []]
             engine.start()
         except BaseException:
@@ -104,57 +80,6 @@ def init(process_sets: Sequence[Sequence[int]] | None = None,
         # without calling shutdown(), as Horovod scripts often do.
         atexit.register(shutdown)
         return ids
-
-
-def _check_devices(backends: dict[str, Any]) -> None:
-    """Refuse a backend named for tensors it cannot move (e.g. ACCORD_CPU_BACKEND=nccl)."""
-    for device, backend in backends.items():
-        kinds = getattr(backend, "device_types", None)
-        if kinds is not None and device not in kinds:
-            variable = "ACCORD_CPU_BACKEND" if device == "cpu" else "ACCORD_GPU_BACKEND"
-            raise ConfigError(with_hint(
-                f"{variable} names backend {backend.name!r}, which moves {', '.join(sorted(kinds))} "
-                f"tensors, not {device} ones",
-                "use gloo, shm or mpi for CPU tensors and nccl for CUDA tensors"))
-
-
-def _hierarchical(topology: Topology, flat: Any) -> Any:
-    """The global CPU communicator under ACCORD_HIERARCHICAL_ALLREDUCE: allreduce within each
-    host (the one-host CPU backend, shm by default), then across hosts (the multi-host one,
-    gloo by default). ``flat`` when the layout does not allow it (logged once, on rank 0)."""
-    from accord.comm import backend_name_for
-    from accord.comm.backend import get_backend
-    from accord.comm.hierarchical import HierarchicalCommunicator, hierarchy_problem
-    from accord.runtime.groups import cross_sets, local_sets
-
-    hosts = local_sets(topology)
-    problem = hierarchy_problem(hosts)
-    if problem is not None:
-        if topology.rank == 0:
-            log.warning("ACCORD_HIERARCHICAL_ALLREDUCE is set, but allreduce stays flat: %s", problem)
-        return flat
-    # create() is collective over every rank: all ranks create every host's and every local
-    # rank's communicator, in the same order, and keep the one they belong to.
-    local_backend = get_backend(backend_name_for("cpu", single_host=True))
-    local = [c for c in (local_backend.create(r) for r in hosts) if c is not None]
-    cross_backend = get_backend(backend_name_for("cpu", single_host=False))
-    cross = [c for c in (cross_backend.create(r) for r in cross_sets(topology)) if c is not None]
-    return HierarchicalCommunicator(flat, local[0], cross[0])
-
-
-def _check_settings_agree(settings: EngineSettings, comm: Any) -> None:
-    """Every rank must fuse and time out stalls alike, or their collectives would not line up."""
-    fields = ("fusion_threshold", "cache_capacity", "stall_check_disable", "stall_check_time",
-              "stall_shutdown_time", "hierarchical_allreduce")
-    mine = torch.tensor([float(getattr(settings, f)) for f in fields], dtype=torch.float64)
-    table = comm.allgather(mine.unsqueeze(0)).tolist()
-    for j, name in enumerate(fields):
-        values = [row[j] for row in table]
-        if len(set(values)) > 1:
-            seen = ", ".join(f"rank {r} has {v:g}" for r, v in enumerate(values))
-            raise ConfigError(with_hint(f"engine setting {name} differs between ranks: {seen}",
-                                        "give every rank the same ACCORD_* engine variables "
-                                        "(accordrun passes the launcher's environment to all)"))
 
 
 def shutdown() -> None:
@@ -170,7 +95,7 @@ def shutdown() -> None:
         finally:
             # Release the communicators' process groups now, while the interpreter is whole:
             # left to interpreter teardown, their C++ threads can abort the process at exit.
-            session.registry.clear()
+            session.sets.clear()
             session.backends.clear()
             session.runtime.close()
             del session
@@ -214,11 +139,9 @@ def backend_name(device_type: str = "cpu") -> str:
 
 
 def _add(session: _Session, ranks: Sequence[int]) -> int:
-    ranks = [int(r) for r in ranks]
-    set_id = session.table.add(ranks)  # validates; equal on every rank
-    comms = {d: b.create(ranks) for d, b in session.backends.items()}  # collective on all ranks
-    session.registry.add(set_id, ranks, comms)
-    return set_id
+    ranks = session.sets.check_new(int(r) for r in ranks)  # equal on every rank
+    comms = {d: b.create(list(ranks)) for d, b in session.backends.items()}  # collective on all ranks
+    return session.sets.add(ranks, comms)
 
 
 def add_process_set(ranks: Sequence[int]) -> int:
@@ -239,17 +162,18 @@ def remove_process_set(set_id: int) -> None:
     """
     with _lock:
         session = _current()
-        ranks = session.table.get(set_id)  # ValueError for unknown ids
+        ranks = session.sets.get(set_id)  # ValueError for unknown ids
+        if set_id == GLOBAL_ID:
+            session.sets.remove(set_id)  # raises: the global set stays
         busy = session.engine.inflight_names(set_id)
         if busy:
             raise ValueError(with_hint(
                 f"process set {set_id} {list(ranks)} still has requests in flight: {busy[:5]}",
                 "synchronize their handles before removing the process set"))
-        session.table.remove(set_id)
         # Release the set's groups now (NCCL communicators hold GPU memory; a job that adds and
         # removes sets would leak it). A barrier first: this rank has nothing in flight on the
         # set, but a peer may still be finishing its part of the last collective.
-        for comm in session.registry.remove(set_id):
+        for comm in session.sets.remove(set_id):
             comm.barrier()
             close = getattr(comm, "close", None)
             if close is not None:
@@ -258,8 +182,17 @@ def remove_process_set(set_id: int) -> None:
 
 def process_sets() -> dict[int, tuple[int, ...]]:
     """Every registered process set: id -> global ranks (0 = every rank)."""
-    table = _current().table
-    return {i: table.get(i) for i in table.ids()}
+    return _current().sets.snapshot()
+
+
+def process_set_members(set_id: int) -> tuple[int, ...]:
+    """Global ranks of a registered set. Raises ValueError (with a HINT) for an unknown id."""
+    return _current().sets.get(set_id)
+
+
+def find_process_set(ranks: Sequence[int]) -> int | None:
+    """Id of the registered set with exactly ``ranks`` (in any order), or None."""
+    return _current().sets.find(sorted(ranks))
 
 
 def submit(op: Op | str, tensor: torch.Tensor | None, name: str | None = None, *,
@@ -270,7 +203,8 @@ def submit(op: Op | str, tensor: torch.Tensor | None, name: str | None = None, *
     """Submit one collective to the engine and return its handle (see :func:`synchronize`).
 
     ``name`` matches the request across ranks; without one, ``"<op>.noname.<n>"`` is used, which
-    only matches if every rank makes its unnamed calls in the same order (as in Horovod).
+    only matches if every rank makes its unnamed calls in the same order (as in Horovod); names
+    in a non-global set get ``@ps<id>`` (:mod:`accord.engine.naming`).
     ``root_rank`` is a global rank. ``splits`` gives rows per rank for alltoall / scatter.
 
     Results: allreduce, broadcast, allgather, reducescatter -> tensor; alltoall -> (tensor,
@@ -292,16 +226,17 @@ def submit_group(op: Op | str, tensors: Sequence[torch.Tensor | None], name: str
                  grouped: bool = True) -> list[Handle]:
     """Submit one collective per tensor as one group, all or none: if one request is refused
     (invalid, or its name in flight), none is queued. The requests are named
-    ``<name>_<i>of<n>`` (``name`` defaulting to ``"<op>.noname.<n>"``); with ``grouped=False``
-    and one tensor, ``name`` itself. Returns one handle per tensor, in order.
+    ``<name>_<i>of<n>`` (``name`` defaulting to ``"<op>.noname.<n>"``, see
+    :mod:`accord.engine.naming`); with ``grouped=False`` and one tensor, as :func:`submit`
+    names it. Returns one handle per tensor, in order.
     """
     session = _current()
     op = Op(op)
     recurs = name is not None  # unnamed requests never recur: no wire buffer kept for them
-    if name is None:
-        counter = session.unnamed.setdefault(op.value, itertools.count())
-        name = f"{op.value}.noname.{next(counter)}"
-    names = [name] if not grouped else [f"{name}_{i + 1}of{len(tensors)}" for i in range(len(tensors))]
+    if grouped:
+        names = session.names.group(op.value, name, len(tensors), process_set_id)
+    else:
+        names = [session.names.name(op.value, name, process_set_id)]
     requests = []
     for tensor, request_name in zip(tensors, names):
         wire_buffers = None

@@ -1,50 +1,123 @@
-"""The engine's view of process sets: members and one communicator per device kind."""
+"""Process sets: named subsets of the job's ranks, and one communicator per device kind for each.
+
+This registry is the one owner of process sets. Id 0 is the global set (every rank) and cannot
+be removed. Ids of removed sets are not reused, so a stale id never silently names a different
+set. Every rank must make the same add/remove calls in the same order (as with Horovod's process
+sets) so that ids agree across ranks; the frontends' set objects (``accord.torch.ProcessSet``)
+are views that carry an id and ask here for members.
+"""
 from __future__ import annotations
 
 import threading
-from typing import Mapping, Sequence
+from typing import Iterable, Mapping
 
 from accord.comm.backend import Communicator
 from accord.errors import BackendError, with_hint
 
+GLOBAL_ID = 0
+
 
 class ProcessSetRegistry:
-    """Process set id -> (global ranks, {device type: communicator or None on non-members}).
+    """Set id -> (sorted global ranks, {device type: communicator, or None on non-members}).
 
-    Id 0 is every rank. Thread-safe: user threads add/remove sets while the engine reads.
+    Thread-safe: user threads add and remove sets while the engine thread reads. Example::
+
+        sets = ProcessSetRegistry(4)
+        even = sets.add([0, 2], comms)   # -> 1
+        sets.members(even)               # -> (0, 2)
     """
 
-    def __init__(self) -> None:
+    def __init__(self, size: int) -> None:
+        if size < 1:
+            raise ValueError(with_hint(f"job size must be >= 1, got {size}", "pass the world size"))
+        self.size = size
         self._lock = threading.Lock()
-        self._members: dict[int, tuple[int, ...]] = {}
-        self._comms: dict[int, dict[str, Communicator | None]] = {}
+        self._members: dict[int, tuple[int, ...]] = {GLOBAL_ID: tuple(range(size))}
+        self._comms: dict[int, dict[str, Communicator | None]] = {GLOBAL_ID: {}}
+        self._next_id = 1
 
-    def add(self, set_id: int, ranks: Sequence[int], comms: Mapping[str, Communicator | None]) -> None:
-        """Register (or replace) set ``set_id``."""
+    # --- bookkeeping (pure, no communication) ----------------------------------------------------
+
+    def check_new(self, ranks: Iterable[int]) -> tuple[int, ...]:
+        """Validate the ranks of a set about to be added; return them as a tuple.
+
+        Raises:
+            ValueError: ranks empty, not sorted and unique, not ints, out of [0, size), or the
+                same as an existing set.
+        """
+        ranks = tuple(ranks)
+        self._check(ranks)
+        existing = self.find(ranks)
+        if existing is not None:
+            raise ValueError(with_hint(f"process set {list(ranks)} is already registered as id {existing}",
+                                       f"reuse id {existing}, or remove it first"))
+        return ranks
+
+    def add(self, ranks: Iterable[int], comms: Mapping[str, Communicator | None]) -> int:
+        """Register a set with its communicators; return its new id (see :meth:`check_new`)."""
+        ranks = self.check_new(ranks)
         with self._lock:
-            self._members[set_id] = tuple(ranks)
+            set_id = self._next_id
+            self._next_id += 1
+            self._members[set_id] = ranks
             self._comms[set_id] = dict(comms)
+        return set_id
 
     def remove(self, set_id: int) -> list[Communicator]:
-        """Forget set ``set_id`` (KeyError when unknown); return its communicators to close."""
+        """Forget a set; return its communicators to close.
+
+        Raises:
+            ValueError: id 0 or an unknown id.
+        """
+        if set_id == GLOBAL_ID:
+            raise ValueError(with_hint("the global process set (id 0) cannot be removed",
+                                       "remove only sets you added"))
+        if set_id not in self._members:
+            raise ValueError(self._unknown(set_id))
         with self._lock:
             del self._members[set_id]
             return [c for c in self._comms.pop(set_id).values() if c is not None]
 
     def clear(self) -> None:
-        """Forget every set and drop the communicators (at shutdown)."""
+        """Drop every communicator and every set but the global one's ranks (at shutdown)."""
         with self._lock:
-            self._members.clear()
-            self._comms.clear()
+            self._members = {GLOBAL_ID: self._members[GLOBAL_ID]}
+            self._comms = {GLOBAL_ID: {}}
 
     def ids(self) -> list[int]:
-        """Registered set ids, ascending."""
+        """Registered set ids, ascending (0 first)."""
         with self._lock:
             return sorted(self._members)
 
     def members(self, set_id: int) -> tuple[int, ...]:
-        """Global ranks of set ``set_id`` (KeyError when unknown)."""
+        """Sorted global ranks of set ``set_id`` (KeyError when unknown: the engine's lookup)."""
         return self._members[set_id]
+
+    def get(self, set_id: int) -> tuple[int, ...]:
+        """Sorted global ranks of set ``set_id``. Raises ValueError (with a HINT) when unknown."""
+        try:
+            return self._members[set_id]
+        except KeyError:
+            raise ValueError(self._unknown(set_id)) from None
+
+    def find(self, ranks: Iterable[int]) -> int | None:
+        """The id of the set with exactly these (sorted) ranks, or None."""
+        wanted = tuple(ranks)
+        with self._lock:
+            return next((i for i, r in self._members.items() if r == wanted), None)
+
+    def snapshot(self) -> dict[int, tuple[int, ...]]:
+        """Every registered set: id -> global ranks."""
+        with self._lock:
+            return dict(self._members)
+
+    def __contains__(self, set_id: object) -> bool:
+        return set_id in self._members
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+    # --- communicators ---------------------------------------------------------------------------
 
     def communicator(self, set_id: int, device: str) -> Communicator | None:
         """This rank's communicator for the set on ``device`` (None when not a member).
@@ -62,6 +135,27 @@ class ProcessSetRegistry:
         return comms[device]
 
     def set_communicator(self, set_id: int, device: str, comm: Communicator | None) -> None:
-        """Attach a communicator for another device kind to an existing set."""
+        """Attach (or replace) the communicator of a registered set for one device kind."""
         with self._lock:
             self._comms[set_id][device] = comm
+
+    # --- checks ------------------------------------------------------------------------------------
+
+    def _check(self, ranks: tuple[int, ...]) -> None:
+        problem = None
+        if not ranks:
+            problem = "it is empty"
+        elif not all(isinstance(r, int) and not isinstance(r, bool) for r in ranks):
+            problem = f"not every entry is an int ({[type(r).__name__ for r in ranks]})"
+        elif list(ranks) != sorted(set(ranks)):
+            problem = "ranks must be sorted and unique"
+        elif ranks[0] < 0 or ranks[-1] >= self.size:
+            problem = f"ranks must lie in [0, {self.size})"
+        if problem:
+            raise ValueError(with_hint(f"invalid process set {list(ranks)}: {problem}",
+                                       f"pass sorted, unique global ranks between 0 and {self.size - 1}, "
+                                       "e.g. sorted(set(ranks))"))
+
+    def _unknown(self, set_id: object) -> str:
+        return with_hint(f"no process set with id {set_id!r}; known ids: {self.ids()}",
+                         "use an id returned by add() that has not been removed")

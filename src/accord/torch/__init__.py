@@ -35,7 +35,7 @@ from accord.torch.basics import (ccl_built, cross_rank, cross_size, cuda_built, 
 from accord.torch.compression import Compression, Compressor
 from accord.torch.functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                                     broadcast_parameters)
-from accord.torch.handles import poll, synchronize
+from accord.torch.gateway import poll, synchronize
 # The synchronous collectives come from ``compiled``: eager calls go straight to mpi_ops, and
 # under torch.compile they become accord's custom ops (no graph break).
 from accord.torch.compiled import (allgather, allreduce, allreduce_, allreduce_gradients,

@@ -16,8 +16,8 @@ from typing import Any, Sequence
 
 import torch
 
-from accord.engine.request import Op, Request
-from accord.torch import handles
+from accord.engine.compression import Compressor, NoneCompressor
+from accord.torch import gateway
 
 # Below this squared norm a gradient counts as zero: its coefficient stays 1 (Horovod's guard).
 _TINY_NORMSQ = 1e-8
@@ -52,18 +52,20 @@ def reduce_gathered(gathered: torch.Tensor, like: torch.Tensor, postscale: float
     return out.to(like.dtype).reshape(like.shape)
 
 
-def submit(handle: int, tensors: Sequence[torch.Tensor], inplace: bool, names: Sequence[str],
-           prescale: float, postscale: float, set_id: int, grouped: bool) -> int:
-    """Start Adasum of ``tensors`` under ``handle`` (one allgather per tensor)."""
-    reqs = []
-    for t, name in zip(tensors, names):
+def start(tensors: Sequence[torch.Tensor], inplace: bool, name: str | None, prescale: float,
+          postscale: float, set_id: int, grouped: bool,
+          compression: type[Compressor] | Compressor = NoneCompressor) -> int:
+    """Start Adasum of ``tensors`` (one allgather per tensor); return the facade's handle.
+    ``compression`` applies to what is gathered; the tree is evaluated in float64."""
+    flats = []
+    for i, t in enumerate(tensors):
         if not (t.is_floating_point() or t.is_complex()):
-            raise ValueError(f"Adasum needs floating point tensors, got {t.dtype} for {name!r}")
+            what = f"allreduce.{name}" if name else f"tensor {i}"
+            raise ValueError(f"Adasum needs floating point tensors, got {t.dtype} for {what!r}")
         flat = t.detach().reshape(1, -1)
         if prescale != 1.0:
             flat = flat * prescale
-        reqs.append(Request(name=name, op=Op.ALLGATHER, tensor=flat.contiguous(),
-                            process_set_id=set_id))
+        flats.append(flat.contiguous())
 
     def finish(results: list[Any]) -> Any:
         outs = []
@@ -75,4 +77,5 @@ def submit(handle: int, tensors: Sequence[torch.Tensor], inplace: bool, names: S
             outs.append(value)
         return outs if grouped else outs[0]
 
-    return handles.submit(handle, reqs, finish, keep=tuple(tensors))
+    return gateway.start("allgather", flats, name, set_id, finish, grouped=grouped,
+                         keep=tuple(tensors), prefix="allreduce", compression=compression)

@@ -14,8 +14,10 @@ import torch
 
 from accord.comm.ops import ReduceOp
 from accord.torch import async_ops as A
-from accord.torch.handles import synchronize as _sync
-from accord.torch.optimizer import TOO_MANY_PASSES, ZERO_GRAD_RACE, _DistributedMixin
+from accord.torch import gateway
+from accord.torch.grad_reduction import (TOO_MANY_PASSES, ZERO_GRAD_RACE, _DistributedMixin,
+                                         wrap_optimizer)
+from accord.torch.process_sets import global_process_set
 
 
 class _AdasumMixin(_DistributedMixin):
@@ -27,7 +29,7 @@ class _AdasumMixin(_DistributedMixin):
         self._compression = compression
         self.backward_passes_per_step = backward_passes_per_step
         self._allreduce_delay = {p: backward_passes_per_step for _, p in named}
-        self._handles: dict[torch.Tensor, tuple[Any, Any]] = {}
+        self._handles: dict[torch.Tensor, Any] = {}
         self._requires_update: set[torch.Tensor] = set()
         self._hook_handles: list[Any] = []
         self._starting_models = {p: torch.zeros_like(p, requires_grad=False) for _, p in named}
@@ -50,24 +52,24 @@ class _AdasumMixin(_DistributedMixin):
             super(_DistributedMixin, self).step()
             with torch.no_grad():
                 p.sub_(start)
-            compressed, ctx = self._compression.compress(p.detach())
-            handle = A.allreduce_async_(compressed, name=self._parameter_names.get(p), op=ReduceOp.ADASUM)
+            # in place: p holds the combined delta afterwards (compressed on the wire only)
+            handle = A.allreduce_tensors([p], True, self._parameter_names.get(p), ReduceOp.ADASUM,
+                                         1.0, 1.0, global_process_set, grouped=False,
+                                         compression=self._compression)
         finally:
             for group, params in zip(self.param_groups, stashed):
                 group["params"] = params
-        return handle, (ctx, compressed)
+        return handle
 
     def _adasum_hook(self, p: torch.Tensor):
         def hook(*_ignored: Any) -> None:
-            if p in self._handles and self._handles[p][0] is not None and self._allreduce_delay[p] <= 0:
-                raise AssertionError(TOO_MANY_PASSES)
             if self._allreduce_delay[p] <= 0:
                 raise AssertionError(TOO_MANY_PASSES)
-            handle, ctx = None, None
+            handle = None
             self._allreduce_delay[p] -= 1
             if self._allreduce_delay[p] == 0:
-                handle, ctx = self._delta_async(p)
-            self._handles[p] = (handle, ctx)
+                handle = self._delta_async(p)
+            self._handles[p] = handle
         return hook
 
     def synchronize(self) -> None:
@@ -83,11 +85,10 @@ class _AdasumMixin(_DistributedMixin):
         loss = closure() if closure is not None else None
         for p in self._requires_update - set(self._handles):
             self._handles[p] = self._delta_async(p)
-        for p, (handle, ctx) in list(self._handles.items()):
+        for p, handle in list(self._handles.items()):
             if handle is None:
-                handle, ctx = self._delta_async(p)
-            cctx, _ = ctx
-            delta = self._compression.decompress(_sync(handle), cctx)
+                handle = self._delta_async(p)
+            delta = gateway.synchronize(handle)
             start = self._starting_models[p]
             with torch.no_grad():
                 start.add_(delta.to(start.dtype))
@@ -105,10 +106,6 @@ class _AdasumMixin(_DistributedMixin):
 def make_adasum_optimizer(optimizer: torch.optim.Optimizer, named_parameters, compression,
                           backward_passes_per_step: int) -> torch.optim.Optimizer:
     """Build the Adasum variant of :func:`~accord.torch.DistributedOptimizer`."""
-    base = optimizer.__class__
-    cls = type(base.__name__, (_AdasumMixin, base), {"__module__": __name__})
-    wrapped = cls.__new__(cls)
-    wrapped.__dict__.update({k: v for k, v in optimizer.__dict__.items()
-                             if k not in ("step", "zero_grad")})
+    wrapped = wrap_optimizer(optimizer, _AdasumMixin)
     wrapped._adasum_setup(named_parameters, compression, backward_passes_per_step)
     return wrapped

@@ -1,6 +1,6 @@
 """The asynchronous half of the Horovod collective API: every ``*_async`` function, ``join`` and
-``barrier``. Each returns an integer handle for :func:`~accord.torch.handles.poll` /
-:func:`~accord.torch.handles.synchronize` (except ``join`` and ``barrier``, which block).
+``barrier``. Each returns an integer handle for :func:`~accord.torch.gateway.poll` /
+:func:`~accord.torch.gateway.synchronize` (except ``join`` and ``barrier``, which block).
 
 Semantics follow Horovod 0.28: out-of-place variants leave the input untouched, in-place ones
 (trailing underscore) write the result into it; ``root_rank`` is a global rank; a name given
@@ -14,10 +14,11 @@ from typing import Any, Sequence
 import torch
 
 from accord.comm.ops import ReduceOp
-from accord.engine.request import Op, Request
+from accord.engine.compression import Compressor, NoneCompressor
 from accord.errors import with_hint
-from accord.torch import adasum, basics, handles
-from accord.torch.process_sets import ProcessSet, global_process_set
+from accord.torch import adasum, gateway
+from accord.torch.gateway import check_tensor
+from accord.torch.process_sets import ProcessSet, global_process_set, set_id_of
 
 Average, Sum, Adasum = ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.ADASUM
 Min, Max, Product = ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT
@@ -36,102 +37,47 @@ def handle_average_backwards_compatibility(op: Any, average: Any) -> ReduceOp:
     return Average
 
 
-def _set_id(process_set: ProcessSet) -> int:
-    if process_set.process_set_id is None:
-        raise ValueError(with_hint(f"{process_set} is not registered",
-                                   "pass it to hvd.init(process_sets=[...]) or hvd.add_process_set()"))
-    return process_set.process_set_id
-
-
 def _check_adasum(process_set: ProcessSet) -> None:
     if process_set is not global_process_set and process_set.process_set_id != 0:
         raise NotImplementedError("Adasum does not support non-global process sets yet.")
-    n = basics.size()
+    n = gateway.size()
     if n & (n - 1):
         raise NotImplementedError("Running Adasum with non-power of 2 ranks is not supported yet.")
 
 
+def _first(results: list[Any]) -> Any:
+    return results[0]
+
+
 # --- allreduce ----------------------------------------------------------------------------------
 
-def _allreduce_requests(tensors: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor | None],
-                        names: Sequence[str], op: ReduceOp, prescale: float, postscale: float,
-                        set_id: int, wire_dtype: torch.dtype | None = None) -> list[Request]:
-    return [Request(name=n, op=Op.ALLREDUCE, tensor=t, output=o, reduce_op=op,
-                    prescale_factor=prescale, postscale_factor=postscale, process_set_id=set_id,
-                    owned=o is not None, wire_dtype=wire_dtype)
-            for t, o, n in zip(tensors, outputs, names)]
-
-
-def _allreduce_async(tensors: list[torch.Tensor], inplace: bool, names: list[str], handle: int,
-                     op: ReduceOp, prescale: float, postscale: float, process_set: ProcessSet,
-                     grouped: bool, wire_dtype: torch.dtype | None = None) -> int:
-    set_id = _set_id(process_set)
-    if op == Adasum:
-        _check_adasum(process_set)
-        return adasum.submit(handle, tensors, inplace, names, prescale, postscale, set_id, grouped)
-    # The engine sees detached aliases (same memory): its thread runs with grad mode on and must
-    # neither record autograd history nor trip the in-place check on leaves (parameters).
-    sources = [t.detach() for t in tensors]
-    outputs = sources if inplace else [None] * len(tensors)
-    reqs = _allreduce_requests(sources, outputs, names, op, prescale, postscale, set_id, wire_dtype)
-
-    def finish(results: list[Any]) -> Any:
-        values = list(tensors) if inplace else results
-        return values if grouped else values[0]
-
-    return handles.submit(handle, reqs, finish, keep=tuple(tensors))
-
-
-def _check_group(tensors: Sequence[torch.Tensor], what: str) -> list[torch.Tensor]:
+def allreduce_tensors(tensors: Sequence[torch.Tensor], inplace: bool, name: str | None,
+                      op: ReduceOp, prescale: float, postscale: float, process_set: ProcessSet,
+                      grouped: bool,
+                      compression: type[Compressor] | Compressor = NoneCompressor) -> int:
+    """Start an allreduce of ``tensors`` (one, or a group); the common path of every allreduce
+    form. ``compression`` is applied by the engine (in place: cast while it moves the data)."""
+    what = "grouped_allreduce" if grouped else "allreduce"
     tensors = list(tensors)
-    if not tensors:
+    if grouped and not tensors:
         raise ValueError(with_hint(f"{what} needs at least one tensor", "pass a non-empty list"))
     for t in tensors:
-        handles.check_tensor(t, what)
-    return tensors
+        check_tensor(t, what)
+    set_id = set_id_of(process_set)
+    if op == Adasum:
+        _check_adasum(process_set)
+        return adasum.start(tensors, inplace, name, prescale, postscale, set_id, grouped, compression)
+    # The engine sees detached aliases (same memory): its thread runs with grad mode on and must
+    # neither record autograd history nor trip the in-place check on leaves (parameters).
 
+    def finish(results: list[Any]) -> Any:
+        values = tensors if inplace else results
+        return list(values) if grouped else values[0]
 
-def _allreduce_one(tensor: torch.Tensor, inplace: bool, name: str | None, op: ReduceOp,
-                   prescale: float, postscale: float, process_set: ProcessSet,
-                   wire_dtype: torch.dtype | None = None) -> int:
-    # The public functions resolve ``op`` themselves: the deprecation warning's stacklevel
-    # points at their caller.
-    handles.check_tensor(tensor, "allreduce")
-    h = handles.allocate()
-    names = [handles.op_name("allreduce", name, _set_id(process_set))]
-    return _allreduce_async([tensor], inplace, names, h, op, prescale, postscale, process_set,
-                            grouped=False, wire_dtype=wire_dtype)
-
-
-def _allreduce_group(tensors: Sequence[torch.Tensor], inplace: bool, name: str | None,
-                     op: ReduceOp, prescale: float, postscale: float,
-                     process_set: ProcessSet, wire_dtype: torch.dtype | None = None) -> int:
-    tensors = _check_group(tensors, "grouped_allreduce")
-    h = handles.allocate()
-    names = handles.group_names("allreduce", name, len(tensors), _set_id(process_set))
-    return _allreduce_async(tensors, inplace, names, h, op, prescale, postscale, process_set,
-                            grouped=True, wire_dtype=wire_dtype)
-
-
-def allreduce_cast_async_(tensor: torch.Tensor, wire_dtype: torch.dtype, name: str | None = None,
-                          op: ReduceOp = Average, prescale_factor: float = 1.0,
-                          postscale_factor: float = 1.0,
-                          process_set: ProcessSet = global_process_set) -> int:
-    """accord's extension for compressed gradients: an in-place allreduce whose data travels
-    and is summed as ``wire_dtype`` (float16/bfloat16). The engine casts on its way in and out,
-    in place of three passes over the tensor (compress, send, decompress). ``tensor`` must be
-    floating; ``synchronize()`` returns it, reduced."""
-    return _allreduce_one(tensor, True, name, op, prescale_factor, postscale_factor,
-                          process_set, wire_dtype)
-
-
-def grouped_allreduce_cast_async_(tensors: Sequence[torch.Tensor], wire_dtype: torch.dtype,
-                                  name: str | None = None, op: ReduceOp = Average,
-                                  prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                                  process_set: ProcessSet = global_process_set) -> int:
-    """The grouped form of :func:`allreduce_cast_async_`; ``synchronize()`` returns the list."""
-    return _allreduce_group(tensors, True, name, op, prescale_factor, postscale_factor,
-                            process_set, wire_dtype)
+    return gateway.start("allreduce", [t.detach() for t in tensors], name, set_id, finish,
+                         grouped=grouped, keep=tuple(tensors), in_place=inplace,
+                         compression=compression, reduce_op=op, prescale_factor=prescale,
+                         postscale_factor=postscale)
 
 
 def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
@@ -141,7 +87,8 @@ def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str
     """Start averaging/summing ``tensor`` over the ranks of ``process_set``; the input is not
     modified. Returns a handle for ``poll()``/``synchronize()`` (which returns the result)."""
     op = handle_average_backwards_compatibility(op, average)
-    return _allreduce_one(tensor, False, name, op, prescale_factor, postscale_factor, process_set)
+    return allreduce_tensors([tensor], False, name, op, prescale_factor, postscale_factor,
+                             process_set, grouped=False)
 
 
 def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
@@ -150,7 +97,8 @@ def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: st
                      process_set: ProcessSet = global_process_set) -> int:
     """In-place :func:`allreduce_async`: ``synchronize()`` returns ``tensor``, now reduced."""
     op = handle_average_backwards_compatibility(op, average)
-    return _allreduce_one(tensor, True, name, op, prescale_factor, postscale_factor, process_set)
+    return allreduce_tensors([tensor], True, name, op, prescale_factor, postscale_factor,
+                             process_set, grouped=False)
 
 
 def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | None = None,
@@ -159,8 +107,8 @@ def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | Non
                             process_set: ProcessSet = global_process_set) -> int:
     """Allreduce a list of tensors as one group; ``synchronize()`` returns a list of results."""
     op = handle_average_backwards_compatibility(op, average)
-    return _allreduce_group(tensors, False, name, op, prescale_factor, postscale_factor,
-                            process_set)
+    return allreduce_tensors(tensors, False, name, op, prescale_factor, postscale_factor,
+                             process_set, grouped=True)
 
 
 def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | None = None,
@@ -169,8 +117,8 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | No
                              process_set: ProcessSet = global_process_set) -> int:
     """In-place :func:`grouped_allreduce_async`."""
     op = handle_average_backwards_compatibility(op, average)
-    return _allreduce_group(tensors, True, name, op, prescale_factor, postscale_factor,
-                            process_set)
+    return allreduce_tensors(tensors, True, name, op, prescale_factor, postscale_factor,
+                             process_set, grouped=True)
 
 
 def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: ReduceOp,
@@ -187,10 +135,10 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: ReduceOp,
                                     process_set=process_set)
 
     def wait() -> torch.Tensor:
-        values = handles.synchronize(values_handle)
-        indices = handles.synchronize(indices_handle)
+        values = gateway.synchronize(values_handle)
+        indices = gateway.synchronize(indices_handle)
         if op == Average:
-            values = values / len(basics.process_set_members(_set_id(process_set)))
+            values = values / len(gateway.process_set_members(set_id_of(process_set)))
         return torch.sparse_coo_tensor(indices.transpose(0, 1), values, t.size(), check_invariants=False)
 
     return wait
@@ -199,21 +147,25 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: ReduceOp,
 # --- allgather ----------------------------------------------------------------------------------
 
 def _check_ragged(tensor: torch.Tensor, what: str) -> None:
+    check_tensor(tensor, what)
     if tensor.dim() == 0:
         raise ValueError(with_hint(f"{what} needs a tensor with at least one dimension, got a scalar",
                                    "reshape it, e.g. tensor.reshape(1)"))
 
 
+def _check_group(tensors: Sequence[torch.Tensor], what: str) -> list[torch.Tensor]:
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError(with_hint(f"{what} needs at least one tensor", "pass a non-empty list"))
+    return tensors
+
+
 def allgather_async(tensor: torch.Tensor, name: str | None = None,
                     process_set: ProcessSet = global_process_set) -> int:
     """Start concatenating every rank's ``tensor`` along dim 0 (first dims may differ)."""
-    handles.check_tensor(tensor, "allgather")
     _check_ragged(tensor, "allgather")
-    set_id = _set_id(process_set)
-    h = handles.allocate()
-    req = Request(name=handles.op_name("allgather", name, set_id), op=Op.ALLGATHER,
-                  tensor=tensor.detach(), process_set_id=set_id)
-    return handles.submit(h, [req], lambda results: results[0], keep=(tensor,))
+    return gateway.start("allgather", [tensor.detach()], name, set_id_of(process_set), _first,
+                         keep=(tensor,))
 
 
 def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = None,
@@ -222,29 +174,21 @@ def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = 
     tensors = _check_group(tensors, "grouped_allgather")
     for t in tensors:
         _check_ragged(t, "grouped_allgather")
-    h = handles.allocate()
-    set_id = _set_id(process_set)
-    reqs = [Request(name=n, op=Op.ALLGATHER, tensor=t.detach(), process_set_id=set_id)
-            for t, n in zip(tensors, handles.group_names("allgather", name, len(tensors), set_id))]
-    return handles.submit(h, reqs, lambda results: list(results), keep=tuple(tensors))
+    return gateway.start("allgather", [t.detach() for t in tensors], name, set_id_of(process_set),
+                         list, grouped=True, keep=tuple(tensors))
 
 
 # --- broadcast ----------------------------------------------------------------------------------
 
 def _broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None,
                      process_set: ProcessSet, inplace: bool) -> int:
-    handles.check_tensor(tensor, "broadcast")
+    check_tensor(tensor, "broadcast")
     if not isinstance(root_rank, int) or isinstance(root_rank, bool):
         raise ValueError(with_hint(f"root_rank must be an int, got {root_rank!r}",
                                    "pass the global rank that holds the value"))
-    set_id = _set_id(process_set)
-    h = handles.allocate()
-    source = tensor.detach()
-    req = Request(name=handles.op_name("broadcast", name, set_id), op=Op.BROADCAST, tensor=source,
-                  output=source if inplace else None, root_rank=root_rank,
-                  process_set_id=set_id, owned=inplace)
-    finish = (lambda results: tensor) if inplace else (lambda results: results[0])
-    return handles.submit(h, [req], finish, keep=(tensor,))
+    finish = (lambda results: tensor) if inplace else _first
+    return gateway.start("broadcast", [tensor.detach()], name, set_id_of(process_set), finish,
+                         keep=(tensor,), in_place=inplace, root_rank=root_rank)
 
 
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None,
@@ -277,6 +221,20 @@ def _splits_list(splits: Any) -> list[int] | None:
     return values
 
 
+def _check_splits(split_values: list[int], rows: int, members: int) -> None:
+    if len(split_values) != members:
+        raise ValueError(with_hint(
+            f"alltoall splits has {len(split_values)} entries but the process set has "
+            f"{members} ranks", "pass one row count per rank of the process set"))
+    if sum(split_values) != rows:
+        raise ValueError(with_hint(
+            f"alltoall splits {split_values} sum to {sum(split_values)}, but the tensor's first "
+            f"dimension is {rows}", "the splits must add up to tensor.shape[0]"))
+    if min(split_values, default=0) < 0:
+        raise ValueError(with_hint(f"alltoall splits {split_values} has a negative entry",
+                                   "row counts must be >= 0"))
+
+
 def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
                    process_set: ProcessSet = global_process_set) -> int:
     """Start sending ``splits[i]`` rows of ``tensor`` to rank i of the set (even split when None).
@@ -284,40 +242,26 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = 
     ``synchronize()`` returns ``(output, received_splits)``; ``received_splits`` is an int32
     tensor (or the dtype of a ``splits`` tensor).
     """
-    handles.check_tensor(tensor, "alltoall")
     _check_ragged(tensor, "alltoall")
     split_values = _splits_list(splits)
-    set_id = _set_id(process_set)
-    basics.require_initialized()  # the split checks below need the set's members
-    members = basics.process_set_members(set_id)
-    if split_values is not None and len(split_values) != len(members):
-        raise ValueError(with_hint(
-            f"alltoall splits has {len(split_values)} entries but the process set has "
-            f"{len(members)} ranks", "pass one row count per rank of the process set"))
-    if split_values is not None and sum(split_values) != tensor.shape[0]:
-        raise ValueError(with_hint(
-            f"alltoall splits {split_values} sum to {sum(split_values)}, but the tensor's first "
-            f"dimension is {tensor.shape[0]}", "the splits must add up to tensor.shape[0]"))
-    if split_values is not None and min(split_values, default=0) < 0:
-        raise ValueError(with_hint(f"alltoall splits {split_values} has a negative entry",
-                                   "row counts must be >= 0"))
+    set_id = set_id_of(process_set)
+    gateway.require_initialized()  # the split checks below need the set's members
+    if split_values is not None:
+        _check_splits(split_values, tensor.shape[0], len(gateway.process_set_members(set_id)))
     out_dtype = splits.dtype if isinstance(splits, torch.Tensor) else torch.int32
-    h = handles.allocate()
-    req = Request(name=handles.op_name("alltoall", name, set_id), op=Op.ALLTOALL, tensor=tensor.detach(),
-                  process_set_id=set_id,
-                  splits=tuple(split_values) if split_values is not None else None)
 
     def finish(results: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
         output, received = results[0]
         return output, torch.tensor(list(received), dtype=out_dtype)
 
-    return handles.submit(h, [req], finish, keep=(tensor,))
+    return gateway.start("alltoall", [tensor.detach()], name, set_id, finish, keep=(tensor,),
+                         splits=split_values)
 
 
 # --- reducescatter ------------------------------------------------------------------------------
 
 def _check_reducescatter(tensor: torch.Tensor, op: ReduceOp, what: str) -> None:
-    handles.check_tensor(tensor, what)
+    check_tensor(tensor, what)
     if tensor.dim() == 0:
         raise ValueError(with_hint(f"{what} cannot scatter a scalar tensor",
                                    "pass a tensor with at least one dimension"))
@@ -326,18 +270,27 @@ def _check_reducescatter(tensor: torch.Tensor, op: ReduceOp, what: str) -> None:
                                    "use op=hvd.Sum or op=hvd.Average"))
 
 
+def reducescatter_tensors(tensors: Sequence[torch.Tensor], name: str | None, op: ReduceOp,
+                          process_set: ProcessSet, prescale: float, postscale: float, grouped: bool,
+                          compression: type[Compressor] | Compressor = NoneCompressor) -> int:
+    """Start a reducescatter of ``tensors`` (one, or a group); ``compression`` by the engine."""
+    what = "grouped_reducescatter" if grouped else "reducescatter"
+    op = ReduceOp(op)
+    tensors = _check_group(tensors, what) if grouped else list(tensors)
+    for t in tensors:
+        _check_reducescatter(t, op, what)
+    return gateway.start("reducescatter", [t.detach() for t in tensors], name,
+                         set_id_of(process_set), list if grouped else _first, grouped=grouped,
+                         keep=tuple(tensors), reduce_op=op, prescale_factor=prescale,
+                         postscale_factor=postscale, compression=compression)
+
+
 def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: ReduceOp = Average,
                         process_set: ProcessSet = global_process_set,
                         prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> int:
     """Start reducing ``tensor`` over the set and scattering dim 0 (lower ranks get extra rows)."""
-    op = ReduceOp(op)
-    _check_reducescatter(tensor, op, "reducescatter")
-    set_id = _set_id(process_set)
-    h = handles.allocate()
-    req = Request(name=handles.op_name("reducescatter", name, set_id), op=Op.REDUCESCATTER,
-                  tensor=tensor.detach(), reduce_op=op, prescale_factor=prescale_factor,
-                  postscale_factor=postscale_factor, process_set_id=set_id)
-    return handles.submit(h, [req], lambda results: results[0], keep=(tensor,))
+    return reducescatter_tensors([tensor], name, op, process_set, prescale_factor,
+                                 postscale_factor, grouped=False)
 
 
 def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | None = None,
@@ -345,28 +298,16 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | Non
                                 process_set: ProcessSet = global_process_set,
                                 prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> int:
     """Reducescatter a list of tensors as one group; ``synchronize()`` returns a list."""
-    op = ReduceOp(op)
-    tensors = _check_group(tensors, "grouped_reducescatter")
-    for t in tensors:
-        _check_reducescatter(t, op, "grouped_reducescatter")
-    h = handles.allocate()
-    set_id = _set_id(process_set)
-    reqs = [Request(name=n, op=Op.REDUCESCATTER, tensor=t.detach(), reduce_op=op,
-                    prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-                    process_set_id=set_id)
-            for t, n in zip(tensors, handles.group_names("reducescatter", name, len(tensors), set_id))]
-    return handles.submit(h, reqs, lambda results: list(results), keep=tuple(tensors))
+    return reducescatter_tensors(tensors, name, op, process_set, prescale_factor,
+                                 postscale_factor, grouped=True)
 
 
 # --- barrier and join ---------------------------------------------------------------------------
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Block until every rank of ``process_set`` has reached the barrier."""
-    set_id = _set_id(process_set)
-    h = handles.allocate()
-    req = Request(name=handles.op_name("barrier", None, set_id), op=Op.BARRIER,
-                  process_set_id=set_id)
-    handles.synchronize(handles.submit(h, [req], lambda results: None))
+    handle = gateway.start("barrier", [None], None, set_id_of(process_set), lambda results: None)
+    gateway.synchronize(handle)
 
 
 def join(device: int = -1) -> int:
@@ -375,4 +316,4 @@ def join(device: int = -1) -> int:
     While joined, this rank takes part in the collectives the others still submit with zeros
     (Average still divides by the full size). Returns the rank that joined last.
     """
-    return basics.join(device)
+    return gateway.join(device)

@@ -1,6 +1,7 @@
 """Horovod's basics: ``init``/``shutdown``, who-am-I queries, build flags, timeline.
 
-Everything here delegates to :mod:`accord.engine.session`; the queries raise Horovod's
+``init``/``shutdown`` sit above the rest of the facade (they register the ``ProcessSet`` views
+and reset :mod:`accord.torch.gateway`'s handles); the queries raise Horovod's
 ``ValueError('Horovod has not been initialized; use hvd.init().')`` before ``init()``.
 """
 from __future__ import annotations
@@ -13,20 +14,18 @@ import torch
 
 from accord import config
 from accord.engine import session
-from accord.engine.request import Handle, Request
 from accord.errors import with_hint
+from accord.torch import gateway
+from accord.torch import process_sets as ps_module
+from accord.torch.gateway import NOT_INITIALIZED, is_initialized, rank, size
 
-NOT_INITIALIZED = "Horovod has not been initialized; use hvd.init()."
+__all__ = ["NOT_INITIALIZED", "init", "shutdown", "is_initialized", "size", "rank", "local_size",
+           "local_rank", "cross_size", "cross_rank", "is_homogeneous", "mpi_built", "mpi_enabled",
+           "mpi_threads_supported", "gloo_built", "gloo_enabled", "nccl_built", "cuda_built",
+           "rocm_built", "ddl_built", "ccl_built", "start_timeline", "stop_timeline"]
 
-# Set by hvd.elastic.run: the job may grow, so optimizers hook gradients even with one rank.
-elastic_mode = False
 _atexit_registered = False
-
-
-def _topology():
-    if not session.is_initialized():
-        raise ValueError(NOT_INITIALIZED)
-    return session.topology()
+_topology = gateway.topology
 
 
 def init(comm: Any = None, process_sets: Any = None) -> None:
@@ -41,8 +40,6 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         ValueError: a duplicate process set. NotImplementedError: ``comm`` names a subset.
         RendezvousError: the ranks could not meet.
     """
-    from accord.torch import handles, process_sets as ps_module
-
     if isinstance(process_sets, str):
         if process_sets.lower() != "dynamic":
             raise ValueError(with_hint(f"process_sets={process_sets!r} is not understood",
@@ -55,7 +52,7 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     if not _atexit_registered:  # like Horovod: leave the job cleanly when the script ends
         atexit.register(shutdown)
         _atexit_registered = True
-    handles.reset()
+    gateway.reset()
     session.init()
     try:
         _check_comm(comm)
@@ -85,23 +82,11 @@ def _check_comm(comm: Any) -> None:
 
 def shutdown() -> None:
     """Stop the engine and leave the job; ``init()`` works again afterwards. Idempotent."""
-    from accord.torch import handles, process_sets as ps_module
-
     try:
         session.shutdown()
     finally:
         ps_module._invalidate_all()
-        handles.reset()
-
-
-def is_initialized() -> bool:
-    """True between ``init()`` and ``shutdown()``."""
-    return session.is_initialized()
-
-
-def size() -> int:
-    """Number of ranks in the job."""
-    return _topology().size
+        gateway.reset()
 
 
 def local_size() -> int:
@@ -112,11 +97,6 @@ def local_size() -> int:
 def cross_size() -> int:
     """Number of hosts that run a rank with this rank's local rank."""
     return _topology().cross_size
-
-
-def rank() -> int:
-    """This process's global rank."""
-    return _topology().rank
 
 
 def local_rank() -> int:
@@ -220,91 +200,3 @@ def stop_timeline() -> None:
     if not session.is_initialized():
         raise ValueError(NOT_INITIALIZED)
     session.stop_timeline()
-
-
-# --- what the rest of accord.torch uses ---------------------------------------------------------
-
-def enqueue(request: Request) -> Handle:
-    """Submit a request to the engine.
-
-    Raises:
-        HorovodInternalError: accord is not initialized (as Horovod raises from its ops).
-    """
-    return enqueue_group((request,))[0]
-
-
-def require_initialized() -> None:
-    """Raise what Horovod's collectives raise before init.
-
-    Raises:
-        HorovodInternalError: accord is not initialized.
-    """
-    if not session.is_initialized():
-        from accord.errors import CollectiveError
-
-        raise CollectiveError(NOT_INITIALIZED)
-
-
-def enqueue_group(requests: Sequence[Request]) -> list[Handle]:
-    """Submit the requests of one (grouped) call: all of them, or none if one is refused.
-
-    Raises:
-        HorovodInternalError: accord is not initialized (as Horovod raises from its ops).
-        ValueError: a request is invalid or its name is in flight (nothing was submitted).
-    """
-    require_initialized()
-    return session.engine().enqueue_many(requests)
-
-
-def poll(handle: Handle) -> bool:
-    """Whether an engine handle has completed (nudging the engine to start its cycle if not)."""
-    return session.poll(handle)
-
-
-def wait(handle: Handle) -> Any:
-    """Wait for an engine handle; return its result or raise its error."""
-    return session.synchronize(handle)
-
-
-def process_set_members(set_id: int) -> tuple[int, ...]:
-    """Global ranks of a registered process set."""
-    if not session.is_initialized():
-        raise ValueError(NOT_INITIALIZED)
-    try:
-        return session.process_sets()[set_id]
-    except KeyError:
-        raise ValueError("Process set does not exist or has not been registered.") from None
-
-
-def find_process_set(ranks: Sequence[int]) -> int | None:
-    """Id of the registered set with exactly ``ranks`` (sorted), or None."""
-    wanted = tuple(sorted(ranks))
-    for set_id, members in session.process_sets().items():
-        if members == wanted:
-            return set_id
-    return None
-
-
-def add_process_set_ranks(ranks: Sequence[int]) -> int:
-    """Register a set (collective) and return its id."""
-    if not session.is_initialized():
-        raise ValueError(NOT_INITIALIZED)
-    return session.add_process_set(sorted(ranks))
-
-
-def remove_process_set_id(set_id: int) -> bool:
-    """Unregister a set (collective); False when it was not registered."""
-    if not session.is_initialized():
-        raise ValueError(NOT_INITIALIZED)
-    if set_id not in session.process_sets():
-        return False
-    session.remove_process_set(set_id)
-    return True
-
-
-def join(device: int = -1) -> int:
-    """Horovod's join (see :func:`accord.torch.join`): block until every rank has joined,
-    serving the others' collectives meanwhile; return the rank that joined last."""
-    if not session.is_initialized():
-        raise ValueError(NOT_INITIALIZED)
-    return session.engine().join(device)

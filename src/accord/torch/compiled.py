@@ -54,8 +54,8 @@ from accord.errors import with_hint
 from accord.torch import async_ops as A
 from accord.torch import compiled_ops as ops
 from accord.torch import mpi_ops as eager
-from accord.torch.handles import synchronize
-from accord.torch.process_sets import ProcessSet, global_process_set
+from accord.torch.gateway import synchronize
+from accord.torch.process_sets import ProcessSet, global_process_set, set_id_of
 
 
 def _compiling() -> bool:
@@ -93,7 +93,7 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
                                postscale_factor, process_set)
     compressed, cctx = compression.compress(tensor)
     out = ops.allreduce(compressed, name or "", _op(op, average), float(prescale_factor),
-                        float(postscale_factor), A._set_id(process_set))
+                        float(postscale_factor), set_id_of(process_set))
     return compression.decompress(out, cctx)
 
 
@@ -107,7 +107,7 @@ def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | No
                                 process_set)
     with torch.no_grad():
         out = ops.allreduce(tensor, name or "", _op(op, average), float(prescale_factor),
-                            float(postscale_factor), A._set_id(process_set))
+                            float(postscale_factor), set_id_of(process_set))
         tensor.copy_(out)
     return tensor
 
@@ -125,7 +125,7 @@ def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = No
     pairs = [compression.compress(t) for t in tensors]
     outs = ops.grouped_allreduce([t for t, _ in pairs], name or "", _op(op, average),
                                  float(prescale_factor), float(postscale_factor),
-                                 A._set_id(process_set))
+                                 set_id_of(process_set))
     return [compression.decompress(t, c) for t, (_, c) in zip(outs, pairs)]
 
 
@@ -140,7 +140,7 @@ def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = N
     tensors = list(tensors)
     with torch.no_grad():
         outs = ops.grouped_allreduce(tensors, name or "", _op(op, average), float(prescale_factor),
-                                     float(postscale_factor), A._set_id(process_set))
+                                     float(postscale_factor), set_id_of(process_set))
         for t, out in zip(tensors, outs):
             t.copy_(out)
     return tensors
@@ -155,7 +155,7 @@ def allgather(tensor: torch.Tensor, name: str | None = None,
     """
     if not _compiling():
         return eager.allgather(tensor, name, process_set)
-    return ops.allgather(tensor, name or "", A._set_id(process_set), -1)
+    return ops.allgather(tensor, name or "", set_id_of(process_set), -1)
 
 
 def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
@@ -163,7 +163,7 @@ def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
     """Return global rank ``root_rank``'s ``tensor`` on every rank of the set."""
     if not _compiling():
         return eager.broadcast(tensor, root_rank, name, process_set)
-    return ops.broadcast(tensor, root_rank, name or "", A._set_id(process_set))
+    return ops.broadcast(tensor, root_rank, name or "", set_id_of(process_set))
 
 
 def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
@@ -172,7 +172,7 @@ def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
     if not _compiling():
         return eager.broadcast_(tensor, root_rank, name, process_set)
     with torch.no_grad():
-        tensor.copy_(ops.broadcast(tensor, root_rank, name or "", A._set_id(process_set)))
+        tensor.copy_(ops.broadcast(tensor, root_rank, name or "", set_id_of(process_set)))
     return tensor
 
 
@@ -186,7 +186,7 @@ def alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
     if not _compiling():
         return eager.alltoall(tensor, splits, name, process_set)
     out, received = ops.alltoall(tensor, _splits_tensor(splits), name or "",
-                                 A._set_id(process_set), -1)
+                                 set_id_of(process_set), -1)
     return out if splits is None else (out, received)
 
 
@@ -200,7 +200,7 @@ def reducescatter(tensor: torch.Tensor, name: str | None = None,
                                    postscale_factor)
     compressed, cctx = compression.compress(tensor)
     out = ops.reducescatter(compressed, name or "", int(op), float(prescale_factor),
-                            float(postscale_factor), A._set_id(process_set))
+                            float(postscale_factor), set_id_of(process_set))
     return compression.decompress(out, cctx)
 
 
@@ -239,16 +239,14 @@ def allreduce_gradients(parameters: Iterable[torch.Tensor], op: ReduceOp = Reduc
     pre, post = 1.0, 1.0
     if op == ReduceOp.AVERAGE:  # as DistributedOptimizer: 1/f before the sum, f/size after
         pre, post = 1.0 / gradient_predivide_factor, float(gradient_predivide_factor)
-    pairs = [compression.compress(g) for g in grads]
-    wire = [t for t, _ in pairs]
     with torch.no_grad():
-        if _compiling():
-            outs = ops.grouped_allreduce(wire, name, int(op), pre, post, A._set_id(process_set))
-        else:  # in place: without compression the gradients themselves are reduced, no copy
-            outs = synchronize(A.grouped_allreduce_async_(wire, name=name, op=op,
-                                                          prescale_factor=pre,
-                                                          postscale_factor=post,
-                                                          process_set=process_set))
+        if not _compiling():  # in place, the engine casting for the wire: no copy here
+            synchronize(A.allreduce_tensors(grads, True, name, op, pre, post, process_set,
+                                            grouped=True, compression=compression))
+            return
+        pairs = [compression.compress(g) for g in grads]
+        outs = ops.grouped_allreduce([t for t, _ in pairs], name, int(op), pre, post,
+                                     set_id_of(process_set))
         for g, out, (_, cctx) in zip(grads, outs, pairs):
             value = compression.decompress(out, cctx)
             if value is not g:

@@ -35,9 +35,9 @@ from torch import Tensor
 
 from accord.comm.ops import ReduceOp
 from accord.torch import async_ops as A
-from accord.torch import basics
-from accord.torch.handles import synchronize
-from accord.torch.process_sets import ProcessSet, global_process_set
+from accord.torch import gateway
+from accord.torch.gateway import synchronize
+from accord.torch.process_sets import ProcessSet, global_process_set, set_id_of
 
 AVERAGE, SUM = int(ReduceOp.AVERAGE), int(ReduceOp.SUM)
 
@@ -48,13 +48,13 @@ def process_set_for(set_id: int) -> ProcessSet:
     """A ProcessSet carrying ``set_id`` (the registered object's identity is not needed here)."""
     if set_id == 0:
         return global_process_set
-    ps = ProcessSet(list(basics.process_set_members(set_id)))
+    ps = ProcessSet(list(gateway.process_set_members(set_id)))
     ps.process_set_id = set_id
     return ps
 
 
 def _members(set_id: int) -> Tuple[int, ...]:
-    return basics.process_set_members(set_id)
+    return gateway.process_set_members(set_id)
 
 
 def _dense(tensor: Tensor) -> Tensor:
@@ -185,7 +185,7 @@ def allgather_grad(grad: Tensor, rows: int, process_set_id: int) -> Tensor:
     ps = process_set_for(process_set_id)
     reduced = synchronize(A.allreduce_async(_dense(grad), op=ReduceOp.AVERAGE, process_set=ps))
     counts = synchronize(A.allgather_async(torch.tensor([rows], dtype=torch.int64), process_set=ps))
-    offset = int(counts[:_members(process_set_id).index(basics.rank())].sum())
+    offset = int(counts[:_members(process_set_id).index(gateway.rank())].sum())
     return _fresh(reduced.narrow(0, offset, rows), grad)
 
 
@@ -218,7 +218,7 @@ def _broadcast_setup(ctx, inputs, output) -> None:
 
 def _broadcast_backward(ctx, grad):
     reduced = allreduce(grad, "", AVERAGE, 1.0, 1.0, ctx.set_id)
-    if basics.rank() != ctx.root:  # decided per rank; the collective itself runs everywhere
+    if gateway.rank() != ctx.root:  # decided per rank; the collective itself runs everywhere
         reduced = reduced * 0
     return reduced, None, None, None
 
@@ -242,7 +242,7 @@ def reducescatter(tensor: Tensor, name: str, op: int, prescale_factor: float,
 @reducescatter.register_fake
 def _reducescatter_fake(tensor, name, op, prescale_factor, postscale_factor, process_set_id):
     members = _members(process_set_id)
-    rows = scatter_rows(tensor.shape[0], members.index(basics.rank()), len(members))
+    rows = scatter_rows(tensor.shape[0], members.index(gateway.rank()), len(members))
     return tensor.new_empty((rows, *tensor.shape[1:]))
 
 

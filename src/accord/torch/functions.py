@@ -22,8 +22,8 @@ from accord.engine import session
 from accord.errors import CollectiveError as HorovodInternalError
 from accord.store.secret import seal, unseal
 from accord.torch import async_ops as A
-from accord.torch import basics
-from accord.torch.handles import synchronize
+from accord.torch import gateway
+from accord.torch.gateway import synchronize
 from accord.torch.process_sets import ProcessSet, global_process_set
 
 try:  # cloudpickle also serializes lambdas and local classes, like Horovod's
@@ -73,7 +73,7 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
         if model is not None:
             model.zero_grad(set_to_none=True)
     state_dict = optimizer.state_dict()
-    is_root = basics.rank() == root_rank
+    is_root = gateway.rank() == root_rank
     # Root's layout decides: ranks whose state covers other parameters (e.g. root never saw a
     # gradient for some) still agree on every name, so nothing can stall.
     layout = None
@@ -158,7 +158,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
 
     Example: ``state = hvd.broadcast_object(state if hvd.rank() == 0 else None, root_rank=0)``.
     """
-    is_root = basics.rank() == root_rank
+    is_root = gateway.rank() == root_rank
     payload = _dumps(obj) if is_root else torch.empty(0, dtype=torch.uint8)
     length = torch.tensor([payload.numel()], dtype=torch.int64)
     sz_name = f"{name}.sz" if name else None

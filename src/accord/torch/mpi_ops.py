@@ -21,10 +21,10 @@ import torch
 from accord.comm.ops import ReduceOp
 from accord.engine.compression import Compressor, NoneCompressor
 from accord.torch import async_ops as A
-from accord.torch import basics
-from accord.torch.handles import poll, synchronize  # noqa: F401 (Horovod's module layout)
+from accord.torch import gateway
+from accord.torch.gateway import poll, synchronize  # noqa: F401 (Horovod's module layout)
 from accord.torch.process_sets import (ProcessSet, add_process_set,  # noqa: F401
-                                       global_process_set, remove_process_set)
+                                       global_process_set, remove_process_set, set_id_of)
 
 # Horovod's ``horovod.torch.mpi_ops`` also holds the async ops and the basics; scripts that import
 # them from there keep working.
@@ -43,11 +43,11 @@ from accord.errors import CollectiveError as HorovodInternalError  # noqa: F401,
 
 
 def _set_size(process_set: ProcessSet) -> int:
-    return len(basics.process_set_members(A._set_id(process_set)))
+    return len(gateway.process_set_members(set_id_of(process_set)))
 
 
 def _set_rank(process_set: ProcessSet) -> int:
-    return basics.process_set_members(A._set_id(process_set)).index(basics.rank())
+    return gateway.process_set_members(set_id_of(process_set)).index(gateway.rank())
 
 
 # --- allreduce ----------------------------------------------------------------------------------
@@ -56,16 +56,16 @@ class HorovodAllreduce(torch.autograd.Function):
     """Differentiable allreduce."""
 
     @staticmethod
-    def forward(ctx, tensor, average, name, op, prescale_factor, postscale_factor, process_set):
-        ctx.average, ctx.op = average, op
+    def forward(ctx, tensor, op, name, prescale_factor, postscale_factor, process_set, compression):
+        ctx.op, ctx.compression, ctx.process_set = op, compression, process_set
         ctx.prescale_factor, ctx.postscale_factor = prescale_factor, postscale_factor
-        ctx.process_set = process_set
-        return synchronize(A.allreduce_async(tensor, average, name, op, prescale_factor,
-                                             postscale_factor, process_set))
+        return synchronize(A.allreduce_tensors([tensor], False, name, op, prescale_factor,
+                                               postscale_factor, process_set, grouped=False,
+                                               compression=compression))
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad = allreduce(grad_output.contiguous(), average=ctx.average, op=ctx.op,
+        grad = allreduce(grad_output.contiguous(), compression=ctx.compression, op=ctx.op,
                          prescale_factor=ctx.prescale_factor,
                          postscale_factor=ctx.postscale_factor, process_set=ctx.process_set)
         return grad, None, None, None, None, None, None
@@ -76,14 +76,15 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
               op: ReduceOp | None = None, prescale_factor: float = 1.0,
               postscale_factor: float = 1.0,
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
-    """Average (default) or reduce ``tensor`` over the set; returns a new tensor.
+    """Average (default) or reduce ``tensor`` over the set; returns a new tensor. The engine
+    applies ``compression`` on the wire (the result has ``tensor``'s dtype); the gradient is
+    reduced the same way.
 
     Example: ``avg = hvd.allreduce(torch.tensor([rank]), op=hvd.Average)``.
     """
-    compressed, cctx = compression.compress(tensor)
-    reduced = HorovodAllreduce.apply(compressed, average, name, op, prescale_factor,
-                                     postscale_factor, process_set)
-    return compression.decompress(reduced, cctx)
+    op = A.handle_average_backwards_compatibility(op, average)
+    return HorovodAllreduce.apply(tensor, op, name, prescale_factor, postscale_factor,
+                                  process_set, compression)
 
 
 def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
@@ -99,16 +100,16 @@ class HorovodGroupedAllreduce(torch.autograd.Function):
     """Differentiable grouped allreduce."""
 
     @staticmethod
-    def forward(ctx, average, name, op, prescale_factor, postscale_factor, process_set, *tensors):
-        ctx.average, ctx.op = average, op
+    def forward(ctx, op, name, prescale_factor, postscale_factor, process_set, compression, *tensors):
+        ctx.op, ctx.compression, ctx.process_set = op, compression, process_set
         ctx.prescale_factor, ctx.postscale_factor = prescale_factor, postscale_factor
-        ctx.process_set = process_set
-        return tuple(synchronize(A.grouped_allreduce_async(
-            list(tensors), average, name, op, prescale_factor, postscale_factor, process_set)))
+        return tuple(synchronize(A.allreduce_tensors(
+            tensors, False, name, op, prescale_factor, postscale_factor, process_set,
+            grouped=True, compression=compression)))
 
     @staticmethod
     def backward(ctx, *grad_output):
-        grads = grouped_allreduce([g.contiguous() for g in grad_output], average=ctx.average,
+        grads = grouped_allreduce([g.contiguous() for g in grad_output], compression=ctx.compression,
                                   op=ctx.op, prescale_factor=ctx.prescale_factor,
                                   postscale_factor=ctx.postscale_factor,
                                   process_set=ctx.process_set)
@@ -121,11 +122,11 @@ def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = No
                       op: ReduceOp | None = None, prescale_factor: float = 1.0,
                       postscale_factor: float = 1.0,
                       process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
-    """Allreduce a list of tensors together; returns a list of new tensors."""
-    pairs = [compression.compress(t) for t in tensors]
-    reduced = HorovodGroupedAllreduce.apply(average, name, op, prescale_factor, postscale_factor,
-                                            process_set, *[t for t, _ in pairs])
-    return [compression.decompress(t, c) for t, (_, c) in zip(reduced, pairs)]
+    """Allreduce a list of tensors together; returns a list of new tensors (``compression`` as
+    in :func:`allreduce`)."""
+    op = A.handle_average_backwards_compatibility(op, average)
+    return list(HorovodGroupedAllreduce.apply(op, name, prescale_factor, postscale_factor,
+                                              process_set, compression, *tensors))
 
 
 def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = None,
@@ -204,7 +205,7 @@ class HorovodBroadcast(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         grad = allreduce(grad_output.contiguous(), op=A.Average, process_set=ctx.process_set)
-        if basics.rank() != ctx.root_rank:
+        if gateway.rank() != ctx.root_rank:
             grad = grad * 0
         return grad, None, None, None
 
@@ -257,16 +258,17 @@ class HorovodReducescatter(torch.autograd.Function):
     """Differentiable reducescatter."""
 
     @staticmethod
-    def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):
+    def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor, compression):
         ctx.op, ctx.process_set = op, process_set
         ctx.scale = prescale_factor * postscale_factor
-        return synchronize(A.reducescatter_async(tensor, name, op, process_set, prescale_factor,
-                                                 postscale_factor))
+        return synchronize(A.reducescatter_tensors([tensor], name, op, process_set, prescale_factor,
+                                                   postscale_factor, grouped=False,
+                                                   compression=compression))
 
     @staticmethod
     def backward(ctx, grad_output):
         grad = grad_output.contiguous() * _reducescatter_grad_factor(ctx.op, ctx.scale, ctx.process_set)
-        return allgather(grad, process_set=ctx.process_set), None, None, None, None, None
+        return allgather(grad, process_set=ctx.process_set), None, None, None, None, None, None
 
 
 def _reducescatter_grad_factor(op: ReduceOp, scale: float, process_set: ProcessSet) -> float:
@@ -280,27 +282,27 @@ def reducescatter(tensor: torch.Tensor, name: str | None = None,
                   op: ReduceOp = A.Average, process_set: ProcessSet = global_process_set,
                   prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> torch.Tensor:
     """Reduce (Sum or Average) over the set, then keep this rank's share of dim 0."""
-    compressed, cctx = compression.compress(tensor)
-    out = HorovodReducescatter.apply(compressed, name, op, process_set, prescale_factor,
-                                     postscale_factor)
-    return compression.decompress(out, cctx)
+    return HorovodReducescatter.apply(tensor, name, op, process_set, prescale_factor,
+                                      postscale_factor, compression)
 
 
 class HorovodGroupedReducescatter(torch.autograd.Function):
     """Differentiable grouped reducescatter."""
 
     @staticmethod
-    def forward(ctx, name, op, process_set, prescale_factor, postscale_factor, *tensors):
+    def forward(ctx, name, op, process_set, prescale_factor, postscale_factor, compression, *tensors):
         ctx.op, ctx.process_set = op, process_set
         ctx.scale = prescale_factor * postscale_factor
-        return tuple(synchronize(A.grouped_reducescatter_async(
-            list(tensors), name, op, process_set, prescale_factor, postscale_factor)))
+        return tuple(synchronize(A.reducescatter_tensors(
+            tensors, name, op, process_set, prescale_factor, postscale_factor, grouped=True,
+            compression=compression)))
 
     @staticmethod
     def backward(ctx, *grad_output):
         factor = _reducescatter_grad_factor(ctx.op, ctx.scale, ctx.process_set)
         grads = [g.contiguous() * factor for g in grad_output]
-        return (None, None, None, None, None, *grouped_allgather(grads, process_set=ctx.process_set))
+        return (None, None, None, None, None, None,
+                *grouped_allgather(grads, process_set=ctx.process_set))
 
 
 def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: str | None = None,
@@ -309,7 +311,5 @@ def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: str | None = No
                           prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> list[torch.Tensor]:
     """Reducescatter a list of tensors together; returns a list."""
-    pairs = [compression.compress(t) for t in tensors]
-    outs = HorovodGroupedReducescatter.apply(name, op, process_set, prescale_factor,
-                                             postscale_factor, *[t for t, _ in pairs])
-    return [compression.decompress(t, c) for t, (_, c) in zip(outs, pairs)]
+    return list(HorovodGroupedReducescatter.apply(name, op, process_set, prescale_factor,
+                                                  postscale_factor, compression, *tensors))

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from accord.torch import basics
+from accord.errors import with_hint
+from accord.torch import gateway
 
 
 class ProcessSet:
@@ -47,7 +48,7 @@ class ProcessSet:
         """Number of ranks in the set, or None while it is not registered."""
         if self.process_set_id is None:
             return None
-        return len(basics.process_set_members(self.process_set_id))
+        return len(gateway.process_set_members(self.process_set_id))
 
     def rank(self) -> int | None:
         """This process's rank within the set, or None while it is not registered.
@@ -57,8 +58,8 @@ class ProcessSet:
         """
         if self.process_set_id is None:
             return None
-        members = basics.process_set_members(self.process_set_id)
-        me = basics.rank()
+        members = gateway.process_set_members(self.process_set_id)
+        me = gateway.rank()
         if me not in members:
             raise ValueError("Process is not part of provided process set.")
         return members.index(me)
@@ -68,13 +69,26 @@ class ProcessSet:
         (as in Horovod: an unregistered set has no members yet, whatever ranks it names)."""
         if self.process_set_id is None:
             return None
-        return basics.rank() in basics.process_set_members(self.process_set_id)
+        return gateway.rank() in gateway.process_set_members(self.process_set_id)
 
     def __str__(self) -> str:
         return (f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks}, "
                 f"mpi_comm={self.mpi_comm})")
 
     __repr__ = __str__
+
+
+def set_id_of(process_set: ProcessSet) -> int:
+    """The registered id of ``process_set``.
+
+    Raises:
+        ValueError: the set is not registered (never passed to init or add_process_set, or
+            removed since).
+    """
+    if process_set.process_set_id is None:
+        raise ValueError(with_hint(f"{process_set} is not registered",
+                                   "pass it to hvd.init(process_sets=[...]) or hvd.add_process_set()"))
+    return process_set.process_set_id
 
 
 def _is_iterable(value: Any) -> bool:
@@ -102,15 +116,15 @@ global_process_set.process_set_id = 0
 def _register_at_init(process_sets: Sequence[ProcessSet]) -> None:
     """Give every set passed to ``init`` its id; the global set gets its ranks (init-time only)."""
     global_process_set.process_set_id = 0
-    global_process_set.ranks = list(range(basics.size()))
+    global_process_set.ranks = list(range(gateway.size()))
     seen: set[int] = {0}
     for index, ps in enumerate(process_sets):
         if ps.ranks is None and ps.mpi_comm is not None:
             ps.ranks = _ranks_of_comm(ps.mpi_comm)
         assert ps.ranks is not None
-        set_id = basics.find_process_set(ps.ranks)
+        set_id = gateway.find_process_set(ps.ranks)
         if set_id is None:
-            set_id = basics.add_process_set_ranks(ps.ranks)
+            set_id = gateway.add_process_set_ranks(ps.ranks)
         if set_id in seen:
             ps._invalidate()
             raise ValueError(f"Horovod could not be initialized because process_sets entry number "
@@ -146,10 +160,10 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
             "Dynamically adding process sets defined by an MPI communicator is not implemented. "
             "Please build the process set via a list of ranks.")
     assert process_set.ranks is not None
-    basics.size()  # raises the not-initialized ValueError first
-    if basics.find_process_set(process_set.ranks) is not None:
+    gateway.size()  # raises the not-initialized ValueError first
+    if gateway.find_process_set(process_set.ranks) is not None:
         raise ValueError(f"Attempted to add a duplicate process set: {process_set}")
-    process_set.process_set_id = basics.add_process_set_ranks(process_set.ranks)
+    process_set.process_set_id = gateway.add_process_set_ranks(process_set.ranks)
     _registered[process_set.process_set_id] = process_set
     return process_set
 
@@ -164,4 +178,4 @@ def remove_process_set(process_set: ProcessSet) -> bool:
         return False
     process_set._invalidate()
     _registered.pop(set_id, None)
-    return basics.remove_process_set_id(set_id)
+    return gateway.remove_process_set_id(set_id)

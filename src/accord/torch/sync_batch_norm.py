@@ -21,8 +21,8 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from accord.errors import with_hint
 from accord.torch import async_ops as A
-from accord.torch import basics
-from accord.torch.handles import synchronize
+from accord.torch import gateway
+from accord.torch.gateway import synchronize
 from accord.torch.process_sets import ProcessSet, global_process_set
 
 
@@ -46,9 +46,9 @@ def _local_process_set() -> ProcessSet:
         return global_process_set
     mine = None
     for ranks in local_sets(topo):
-        set_id = basics.find_process_set(ranks)
+        set_id = gateway.find_process_set(ranks)
         if set_id is None:
-            set_id = basics.add_process_set_ranks(ranks)
+            set_id = gateway.add_process_set_ranks(ranks)
         if topo.rank in ranks:
             mine = PS(ranks)
             mine.process_set_id = set_id
@@ -147,8 +147,8 @@ class SyncBatchNorm(_BatchNorm):
         use_batch_stats = self.training or not self.track_running_stats
         # Eval never synchronizes (not even to register the per-host process sets, a collective):
         # with track_running_stats=False it normalizes with this rank's batch statistics.
-        process_set = self._set() if self.training and basics.is_initialized() else None
-        if not self.training or process_set is None or len(basics.process_set_members(
+        process_set = self._set() if self.training and gateway.is_initialized() else None
+        if not self.training or process_set is None or len(gateway.process_set_members(
                 process_set.process_set_id)) == 1:
             return F.batch_norm(input, self.running_mean, self.running_var, self.weight, self.bias,
                                 use_batch_stats, factor, self.eps)

@@ -23,7 +23,7 @@ import functools
 from typing import Any, Callable
 
 from accord.errors import CollectiveError as HorovodInternalError
-from accord.torch import basics
+from accord.torch import basics, gateway
 from accord.torch.elastic.reform import Membership
 from accord.torch.elastic.sampler import ElasticSampler
 from accord.torch.elastic.state import (HostsUpdatedInterrupt, ObjectState, State,
@@ -40,7 +40,7 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
         if not basics.is_initialized():
             basics.init()
-        basics.elastic_mode = True
+        gateway.set_elastic(True)
         membership = Membership()
         skip_sync = False
         try:
@@ -58,7 +58,7 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
                 state.on_reset()
         finally:
             membership.stop()
-            basics.elastic_mode = False
+            gateway.set_elastic(False)
 
     return wrapper
 

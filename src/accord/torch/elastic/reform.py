@@ -20,7 +20,7 @@ import time
 
 from accord import config
 from accord.errors import RankFailedError, with_hint
-from accord.torch import basics
+from accord.torch import gateway
 
 log = logging.getLogger("accord.elastic")
 
@@ -33,8 +33,8 @@ class Membership:
     """Who is in the job across resets: stable member ids (first ranks) in current rank order."""
 
     def __init__(self) -> None:
-        self.member_id = basics.rank()
-        self.members = list(range(basics.size()))
+        self.member_id = gateway.rank()
+        self.members = list(range(gateway.size()))
         self.epoch = 0
         self._store = _job_store()
         self._stop = threading.Event()

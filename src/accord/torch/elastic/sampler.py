@@ -13,7 +13,7 @@ from typing import Any, Iterator, Sized
 
 import torch
 
-from accord.torch import basics
+from accord.torch import gateway
 
 
 class ElasticSampler(torch.utils.data.Sampler):
@@ -68,9 +68,9 @@ class ElasticSampler(torch.utils.data.Sampler):
 
     def reset(self) -> None:
         """Re-split the unprocessed samples over the current ranks (1 rank before init)."""
-        initialized = basics.is_initialized()
-        self.num_replicas = basics.size() if initialized else 1
-        self.rank = basics.rank() if initialized else 0
+        initialized = gateway.is_initialized()
+        self.num_replicas = gateway.size() if initialized else 1
+        self.rank = gateway.rank() if initialized else 0
         remaining = [i for i in range(len(self.dataset)) if i not in self.processed_indices]
         if self.shuffle:
             random.Random(self.seed + self.epoch).shuffle(remaining)

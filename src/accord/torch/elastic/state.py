@@ -15,7 +15,7 @@ from typing import Any, Callable
 import torch
 
 from accord.torch import functions
-from accord.torch.basics import rank
+from accord.torch.gateway import rank
 from accord.torch.elastic.sampler import ElasticSampler
 
 

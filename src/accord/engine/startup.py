@@ -1,0 +1,98 @@
+"""What ``session.init()`` builds once the ranks have met: the backends, the global set's
+communicators, agreed engine settings and the engine itself."""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from accord.engine.engine import Engine
+from accord.engine.sets import GLOBAL_ID, ProcessSetRegistry
+from accord.engine.settings import EngineSettings
+from accord.errors import ConfigError, with_hint
+from accord.runtime.topology import Topology
+
+log = logging.getLogger("accord.engine")
+
+
+def device_types() -> list[str]:
+    """The tensor device kinds this process can hand the engine."""
+    return ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
+
+
+def build_engine(topology: Topology, settings: EngineSettings | None
+                 ) -> tuple[dict[str, Any], ProcessSetRegistry, Engine]:
+    """Backends by device kind, the set registry (global set wired) and the (unstarted) engine.
+
+    Collective over every rank: each creates the same communicators in the same order.
+    """
+    from accord.comm import backend_name_for
+    from accord.comm.backend import get_backend
+
+    size = topology.size
+    single_host = size > 1 and len(set(topology.hostnames)) == 1
+    backends = {d: get_backend(backend_name_for(d, single_host)) for d in device_types()}
+    check_devices(backends)
+    registry = ProcessSetRegistry(size)
+    for device, backend in backends.items():
+        registry.set_communicator(GLOBAL_ID, device, backend.create(list(range(size))))
+    cpu = registry.communicator(GLOBAL_ID, "cpu")
+    settings = settings or EngineSettings.from_config(cpu_backend=backends["cpu"].name)
+    check_settings_agree(settings, cpu)
+    if settings.hierarchical_allreduce and size > 1:
+        registry.set_communicator(GLOBAL_ID, "cpu", hierarchical(topology, cpu))
+    # The engine negotiates on the global CPU communicator: its own process group, not the
+    # default one, so collectives a frontend runs directly never interleave with it.
+    return backends, registry, Engine(topology.rank, size, cpu, registry, settings)
+
+
+def check_devices(backends: dict[str, Any]) -> None:
+    """Refuse a backend named for tensors it cannot move (e.g. ACCORD_CPU_BACKEND=nccl)."""
+    for device, backend in backends.items():
+        kinds = getattr(backend, "device_types", None)
+        if kinds is not None and device not in kinds:
+            variable = "ACCORD_CPU_BACKEND" if device == "cpu" else "ACCORD_GPU_BACKEND"
+            raise ConfigError(with_hint(
+                f"{variable} names backend {backend.name!r}, which moves {', '.join(sorted(kinds))} "
+                f"tensors, not {device} ones",
+                "use gloo, shm or mpi for CPU tensors and nccl for CUDA tensors"))
+
+
+def hierarchical(topology: Topology, flat: Any) -> Any:
+    """The global CPU communicator under ACCORD_HIERARCHICAL_ALLREDUCE: allreduce within each
+    host (the one-host CPU backend, shm by default), then across hosts (the multi-host one,
+    gloo by default). ``flat`` when the layout does not allow it (logged once, on rank 0)."""
+    from accord.comm import backend_name_for
+    from accord.comm.backend import get_backend
+    from accord.comm.hierarchical import HierarchicalCommunicator, hierarchy_problem
+    from accord.runtime.groups import cross_sets, local_sets
+
+    hosts = local_sets(topology)
+    problem = hierarchy_problem(hosts)
+    if problem is not None:
+        if topology.rank == 0:
+            log.warning("ACCORD_HIERARCHICAL_ALLREDUCE is set, but allreduce stays flat: %s", problem)
+        return flat
+    # create() is collective over every rank: all ranks create every host's and every local
+    # rank's communicator, in the same order, and keep the one they belong to.
+    local_backend = get_backend(backend_name_for("cpu", single_host=True))
+    local = [c for c in (local_backend.create(r) for r in hosts) if c is not None]
+    cross_backend = get_backend(backend_name_for("cpu", single_host=False))
+    cross = [c for c in (cross_backend.create(r) for r in cross_sets(topology)) if c is not None]
+    return HierarchicalCommunicator(flat, local[0], cross[0])
+
+
+def check_settings_agree(settings: EngineSettings, comm: Any) -> None:
+    """Every rank must fuse and time out stalls alike, or their collectives would not line up."""
+    fields = ("fusion_threshold", "cache_capacity", "stall_check_disable", "stall_check_time",
+              "stall_shutdown_time", "hierarchical_allreduce")
+    mine = torch.tensor([float(getattr(settings, f)) for f in fields], dtype=torch.float64)
+    table = comm.allgather(mine.unsqueeze(0)).tolist()
+    for j, name in enumerate(fields):
+        values = [row[j] for row in table]
+        if len(set(values)) > 1:
+            seen = ", ".join(f"rank {r} has {v:g}" for r, v in enumerate(values))
+            raise ConfigError(with_hint(f"engine setting {name} differs between ranks: {seen}",
+                                        "give every rank the same ACCORD_* engine variables "
+                                        "(accordrun passes the launcher's environment to all)"))

@@ -1,0 +1,206 @@
+"""accord.torch's one way into the engine: Horovod-style integer handles over the session door.
+
+Every collective of the facade goes through :func:`start`, which names the requests the
+Horovod way (``allreduce.<name>``; unnamed ones are numbered by the session, see
+:mod:`accord.engine.naming`), submits them through :func:`accord.engine.session.submit_group`
+(all or none) and hands out a small integer. A handle may stand for several engine requests
+(grouped ops) plus a ``finish`` function that turns their results into what the caller gets
+back. The who-am-I queries live here too, because the facade's other modules need them
+below ``init``/``shutdown`` (:mod:`accord.torch.basics`).
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+
+from accord.engine import session
+from accord.engine.request import Handle as EngineHandle
+from accord.errors import AccordError, CollectiveError, with_hint
+from accord.runtime.topology import Topology
+
+NOT_INITIALIZED = "Horovod has not been initialized; use hvd.init()."
+
+Finish = Callable[[list[Any]], Any]
+
+
+@dataclass
+class _Pending:
+    handles: list[EngineHandle]
+    finish: Finish
+    keep: tuple  # tensors that must stay alive until the handle is synchronized
+
+
+_lock = threading.Lock()
+_counter = itertools.count(1)
+_table: dict[int, _Pending] = {}
+_elastic = False
+
+
+# --- who am I ------------------------------------------------------------------------------------
+
+def topology() -> Topology:
+    """This rank's place in the job. Raises Horovod's not-initialized ValueError before init."""
+    if not session.is_initialized():
+        raise ValueError(NOT_INITIALIZED)
+    return session.topology()
+
+
+def is_initialized() -> bool:
+    """True between ``init()`` and ``shutdown()``."""
+    return session.is_initialized()
+
+
+def size() -> int:
+    """Number of ranks in the job."""
+    return topology().size
+
+
+def rank() -> int:
+    """This process's global rank."""
+    return topology().rank
+
+
+def require_initialized() -> None:
+    """Raise what Horovod's collectives raise before init (HorovodInternalError)."""
+    if not session.is_initialized():
+        raise CollectiveError(NOT_INITIALIZED)
+
+
+def set_elastic(active: bool) -> None:
+    """Inside ``hvd.elastic.run`` the job may grow: optimizers hook gradients even alone."""
+    global _elastic
+    _elastic = active
+
+
+def elastic() -> bool:
+    """True inside ``hvd.elastic.run``."""
+    return _elastic
+
+
+# --- submitting and waiting ----------------------------------------------------------------------
+
+def check_tensor(tensor: Any, what: str) -> torch.Tensor:
+    """Reject what Horovod rejects before submitting: non-tensors and non-contiguous tensors."""
+    if not isinstance(tensor, torch.Tensor):
+        raise ValueError(with_hint(f"{what} expects a torch.Tensor, got {type(tensor).__name__}",
+                                   "pass a tensor (torch.as_tensor(value))"))
+    if tensor.is_sparse:
+        raise ValueError(with_hint(f"{what} does not take sparse tensors",
+                                   "use sparse_allreduce_async, or .to_dense() first"))
+    if not tensor.is_contiguous():
+        raise ValueError(with_hint("Tensor is required to be contiguous.",
+                                   f"call .contiguous() on the tensor before {what} "
+                                   f"(shape {list(tensor.shape)}, strides {list(tensor.stride())})"))
+    return tensor
+
+
+def start(op: str, tensors: Sequence[torch.Tensor | None], name: str | None, process_set_id: int,
+          finish: Finish, *, grouped: bool = False, keep: tuple = (), prefix: str | None = None,
+          **request: Any) -> int:
+    """Submit one (grouped) call and return its integer handle.
+
+    ``name`` is the user's: the requests are named ``<prefix>.<name>`` (``prefix`` defaults to
+    ``op``); ``finish(results)`` builds the caller's value from the engine results. ``request``
+    goes to :func:`accord.engine.session.submit_group` (``in_place``, ``compression``, ...).
+
+    Raises:
+        HorovodInternalError: accord is not initialized.
+        ValueError: a request is invalid or its name is in flight (nothing was submitted).
+    """
+    require_initialized()
+    full = None if name is None else f"{prefix or op}.{name}"
+    engine_handles = session.submit_group(op, tensors, full, process_set_id=process_set_id,
+                                          grouped=grouped, **request)
+    with _lock:
+        handle = next(_counter)
+        _table[handle] = _Pending(engine_handles, finish, keep)
+    return handle
+
+
+def poll(handle: int) -> bool:
+    """True when the operation behind ``handle`` has completed; ``synchronize`` then won't block.
+
+    Raises:
+        ValueError: ``handle`` was never created or was already synchronized.
+    """
+    with _lock:
+        pending = _table.get(handle)
+    if pending is None:
+        raise ValueError(f"Handle {handle} was not created or has been cleared.")
+    return all(session.poll(h) for h in pending.handles)
+
+
+def synchronize(handle: Any) -> Any:
+    """Wait for ``handle`` and return its result (None for an unknown handle, as in Horovod).
+
+    Raises:
+        HorovodInternalError (accord.errors.CollectiveError): the collective failed, including
+            mismatches detected across ranks and lost ranks.
+    """
+    if callable(handle):  # sparse_allreduce_async returns a function, as in Horovod
+        return handle()
+    with _lock:
+        pending = _table.pop(handle, None)
+    if pending is None:
+        return None
+    try:
+        results = [session.synchronize(h) for h in pending.handles]
+    except (AccordError, ValueError, TypeError):
+        raise
+    except RuntimeError as exc:  # anything else from a collective: Horovod's internal error
+        raise CollectiveError(with_hint(f"collective failed: {exc}",
+                                        "see the cause above; other ranks' logs may name the "
+                                        "rank that failed first")) from exc
+    return pending.finish(results)
+
+
+def reset() -> None:
+    """Forget every handle (init and shutdown do this, like Horovod's ``_handle_map = {}``)."""
+    with _lock:
+        _table.clear()
+
+
+# --- process sets (the registry is the session's; these are the facade's views) ------------------
+
+def process_set_members(set_id: int) -> tuple[int, ...]:
+    """Global ranks of a registered process set (Horovod's ValueError otherwise)."""
+    if not session.is_initialized():
+        raise ValueError(NOT_INITIALIZED)
+    try:
+        return session.process_set_members(set_id)
+    except ValueError:
+        raise ValueError("Process set does not exist or has not been registered.") from None
+
+
+def find_process_set(ranks: Sequence[int]) -> int | None:
+    """Id of the registered set with exactly ``ranks``, or None."""
+    return session.find_process_set(ranks)
+
+
+def add_process_set_ranks(ranks: Sequence[int]) -> int:
+    """Register a set (collective) and return its id."""
+    if not session.is_initialized():
+        raise ValueError(NOT_INITIALIZED)
+    return session.add_process_set(sorted(ranks))
+
+
+def remove_process_set_id(set_id: int) -> bool:
+    """Unregister a set (collective); False when it was not registered."""
+    if not session.is_initialized():
+        raise ValueError(NOT_INITIALIZED)
+    if set_id not in session.process_sets():
+        return False
+    session.remove_process_set(set_id)
+    return True
+
+
+def join(device: int = -1) -> int:
+    """Horovod's join (see :func:`accord.torch.join`): block until every rank has joined,
+    serving the others' collectives meanwhile; return the rank that joined last."""
+    if not session.is_initialized():
+        raise ValueError(NOT_INITIALIZED)
+    return session.engine().join(device)
