@@ -19,7 +19,8 @@ from accord.run.servers import (
     server_env,
     server_label,
 )
-from accord.run.worker_env import JobEnv, Tuning, forwarded_env, tuning_env
+from accord.run.tuning import Tuning, tuning_env
+from accord.run.worker_env import JobEnv, forwarded_env
 
 ENV = {"PATH": "/usr/bin:/bin"}
 JOB = JobEnv(job_id="j1", master_addr="127.0.0.1", master_port=29500, store_addr="10.0.0.1", store_port=4000)

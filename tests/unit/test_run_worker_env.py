@@ -4,14 +4,13 @@ import pytest
 from accord import config
 from accord.run.assignment import assign_slots
 from accord.run.hosts import HostSlots
+from accord.run.tuning import Tuning, tuning_env
 from accord.run.worker_env import (
     CHECKIN_KEY,
     JobEnv,
-    Tuning,
     forwarded_env,
     local_environment,
     omp_threads,
-    tuning_env,
     worker_env,
 )
 
@@ -63,8 +62,8 @@ def test_devices_one_per_local_rank_and_error_file():
 
 def test_tuning_flags_map_to_variables():
     env = tuning_env(Tuning(
-        fusion_threshold_mb=0.5, cycle_time_ms=5, timeline_filename="/t.json", stall_check_warning_s=30,
-        stall_check_shutdown_s=90, stall_check_disable=True, hierarchical_allreduce=True,
+        fusion_threshold_mb=0.5, cycle_time_ms=5, timeline_filename="/t.json", stall_check_warning_time_seconds=30,
+        stall_check_shutdown_time_seconds=90, no_stall_check=True, hierarchical_allreduce=True,
         log_level="debug", network_interface="eth0", verbose=True, start_timeout=12.5,
     ))
     assert env == {
@@ -94,3 +93,27 @@ def test_remote_env_forwards_chosen_variables_never_the_secret():
 
 def test_checkin_key_format():
     assert CHECKIN_KEY.format(rank=3) == "accord/checkin/3"
+
+
+def test_spawn_and_accordrun_take_their_tuning_from_one_table():
+    import argparse
+
+    from accord.errors import ConfigError
+    from accord.run import tuning
+    from accord.run.cli import build_parser
+
+    # every row is a Tuning field and an accord.spawn keyword; the tuning group's rows are flags
+    assert [f for f in Tuning.__dataclass_fields__] == [o.name for o in tuning.OPTIONS]
+    parser = build_parser()
+    flags = {a.dest: a.option_strings for a in parser._actions}
+    for option in tuning.OPTIONS:
+        config.get(option.variable, {})  # every variable is one accord.config declares
+        if option.cli:
+            assert flags[option.name] == [option.flag]
+    assert tuning.make_tuning({"cycle_time_ms": 2}, "spawn") == Tuning(cycle_time_ms=2)
+    with pytest.raises(ConfigError, match=r"(?s)spawn got unknown tuning options \['cycle_ms'\].*HINT"):
+        tuning.make_tuning({"cycle_ms": 2}, "spawn")
+    for bad in (float("nan"), float("inf"), -1.0, 0.0):
+        with pytest.raises(ConfigError, match="--cycle-time-ms must be"):
+            tuning.make_tuning({"cycle_time_ms": bad}, "spawn")
+    assert isinstance(parser, argparse.ArgumentParser)

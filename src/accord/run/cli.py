@@ -14,6 +14,7 @@ import accord
 from accord import config
 from accord.errors import ConfigError, LaunchError
 from accord.run.launch_config import DEFAULT_GRACE, LOG_LEVELS, config_from_args
+from accord.run import tuning
 from accord.run.ssh import STRICT_POLICIES
 
 EXAMPLES = """\
@@ -100,14 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="say what the launcher does (also PS_VERBOSE=1; PS_VERBOSE=2 also logs "
                         "every parameter-server message)")
 
-    g = p.add_argument_group("tuning (passed to the workers' engine)")
-    g.add_argument("--fusion-threshold-mb", type=float, help="fusion buffer size in MiB (0: no fusion)")
-    g.add_argument("--cycle-time-ms", type=float, help="engine cycle time in milliseconds")
-    g.add_argument("--timeline-filename", help="write a chrome://tracing timeline here")
-    g.add_argument("--stall-check-warning-time-seconds", type=float, help="warn after this long stalled")
-    g.add_argument("--stall-check-shutdown-time-seconds", type=float, help="fail after this long stalled")
-    g.add_argument("--no-stall-check", action="store_true", help="turn the stall inspector off")
-    g.add_argument("--hierarchical-allreduce", action="store_true", help="allreduce within hosts, then across")
+    tuning.add_arguments(p.add_argument_group("tuning (passed to the workers' engine)"))
 
     p.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
     return p

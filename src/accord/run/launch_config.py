@@ -26,7 +26,8 @@ from accord.run.hosts import (
     parse_rank_list,
 )
 from accord.run.ssh import SshOptions
-from accord.run.worker_env import Tuning
+from accord.run import tuning as tuning_table
+from accord.run.tuning import Tuning, check_number
 
 LOG_LEVELS = tuple(config.LOG_LEVELS)
 DEFAULT_GRACE = 5.0
@@ -49,7 +50,7 @@ class LaunchConfig:
     prefix: bool = True
     prefix_timestamp: bool = False
     ranks_filter: frozenset[int] | None = None
-    tuning: Tuning = Tuning()
+    tuning: Any = Tuning()
     store_port: int = 0
     master_addr: str | None = None
     master_port: int = 0
@@ -65,11 +66,7 @@ class LaunchConfig:
 
 
 def _positive(value: float | None, flag: str, allow_zero: bool = False) -> None:
-    if value is None:
-        return
-    if value < 0 or (value == 0 and not allow_zero):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ConfigError(with_hint(f"{flag} must be {bound}, got {value:g}", f"pass {flag} with a value {bound}"))
+    check_number(value, flag, ">=0" if allow_zero else ">0")
 
 
 def _port(value: int | None, flag: str) -> int:
@@ -179,15 +176,7 @@ def config_from_args(ns: argparse.Namespace, environ: Mapping[str, str], cwd: st
     if ranks_filter is not None and max(ranks_filter) >= num_proc:
         raise ConfigError(with_hint(f"--ranks-filter names rank {max(ranks_filter)} but the job has {num_proc} ranks",
                                     f"use ranks 0..{num_proc - 1}"))
-    for value, flag, zero_ok in (
-        (ns.start_timeout, "--start-timeout", False),
-        (ns.grace_period, "--grace-period", True),
-        (ns.fusion_threshold_mb, "--fusion-threshold-mb", True),
-        (ns.cycle_time_ms, "--cycle-time-ms", False),
-        (ns.stall_check_warning_time_seconds, "--stall-check-warning-time-seconds", False),
-        (ns.stall_check_shutdown_time_seconds, "--stall-check-shutdown-time-seconds", True),
-    ):
-        _positive(value, flag, zero_ok)
+    _positive(ns.grace_period, "--grace-period", allow_zero=True)
     if ns.ssh_identity_file is not None and not os.path.isfile(ns.ssh_identity_file):
         raise ConfigError(with_hint(f"-i/--ssh-identity-file {ns.ssh_identity_file!r} does not exist",
                                     "pass the path of your private key, e.g. ~/.ssh/id_ed25519"))
@@ -207,19 +196,12 @@ def config_from_args(ns: argparse.Namespace, environ: Mapping[str, str], cwd: st
     verbose = max(1 if ns.verbose else 0, int(config.get("ACCORD_VERBOSE", environ)))
     num_servers = _count(ns.num_servers, "--num-servers")
     min_np = _elastic(ns, num_proc)
-    tuning = Tuning(
-        fusion_threshold_mb=ns.fusion_threshold_mb,
-        cycle_time_ms=ns.cycle_time_ms,
-        timeline_filename=os.path.abspath(ns.timeline_filename) if ns.timeline_filename else None,
-        stall_check_warning_s=ns.stall_check_warning_time_seconds,
-        stall_check_shutdown_s=ns.stall_check_shutdown_time_seconds,
-        stall_check_disable=ns.no_stall_check,
-        hierarchical_allreduce=ns.hierarchical_allreduce,
-        log_level=log_level,
-        network_interface=interface,
-        verbose=verbose,
-        start_timeout=ns.start_timeout,
-    )
+    given = {o.name: getattr(ns, o.name) for o in tuning_table.OPTIONS if o.cli}
+    if ns.timeline_filename:
+        given["timeline_filename"] = os.path.abspath(ns.timeline_filename)
+    tuning = tuning_table.make_tuning({**given, "log_level": log_level, "network_interface": interface,
+                                       "verbose": verbose, "start_timeout": ns.start_timeout},
+                                      "accordrun")
     ssh_port = _port(ns.ssh_port, "-p/--ssh-port") or None
     return LaunchConfig(
         command=_command(ns, environ, all_local),

@@ -30,11 +30,12 @@ nothing here is added: workers get exactly the environment they got before.
 from __future__ import annotations
 
 import sys
-from typing import Mapping
+from typing import Any, Mapping
 
 from accord import config
 from accord.errors import LaunchError, with_hint
-from accord.run.worker_env import JobEnv, Tuning, tuning_env
+from accord.run.tuning import Tuning, tuning_env
+from accord.run.worker_env import JobEnv
 
 SERVER_MODULE = "accord.kvstore.server"
 ROLES = ("worker", "server")
@@ -92,7 +93,7 @@ def server_env(
     num_servers: int,
     num_workers: int,
     *,
-    tuning: Tuning | None = None,
+    tuning: Any = None,
     user_env: Mapping[str, str] | None = None,
     node_host: str | None = None,
 ) -> dict[str, str]:

@@ -42,21 +42,10 @@ from accord.run.assignment import assign_slots
 from accord.run.failures import describe_returncode, exit_status
 from accord.run.hosts import HostSlots
 from accord.run.local import Guardian, stop_groups
-from accord.run.worker_env import SECRET_VAR, JobEnv, Tuning, worker_env
+from accord.run.tuning import BY_NAME as TUNING_OPTIONS
+from accord.run.tuning import make_tuning
+from accord.run.worker_env import SECRET_VAR, JobEnv, worker_env
 
-_TUNING_OPTIONS = {
-    "fusion_threshold_mb": "fusion_threshold_mb",
-    "cycle_time_ms": "cycle_time_ms",
-    "timeline_filename": "timeline_filename",
-    "stall_check_warning_time_seconds": "stall_check_warning_s",
-    "stall_check_shutdown_time_seconds": "stall_check_shutdown_s",
-    "no_stall_check": "stall_check_disable",
-    "hierarchical_allreduce": "hierarchical_allreduce",
-    "log_level": "log_level",
-    "network_interface": "network_interface",
-    "verbose": "verbose",
-    "start_timeout": "start_timeout",
-}
 _OTHER_OPTIONS = ("grace_period", "env", "devices")
 
 
@@ -114,12 +103,12 @@ def _default_nprocs() -> int:
     return os.cpu_count() or 1
 
 
-def _split_options(options: Mapping[str, Any]) -> tuple[Tuning, float, dict[str, str], tuple[str, ...] | None]:
-    unknown = sorted(set(options) - set(_TUNING_OPTIONS) - set(_OTHER_OPTIONS))
+def _split_options(options: Mapping[str, Any]) -> tuple[Any, float, dict[str, str], tuple[str, ...] | None]:
+    unknown = sorted(set(options) - set(TUNING_OPTIONS) - set(_OTHER_OPTIONS))
     if unknown:
         raise ConfigError(with_hint(f"accord.spawn got unknown options {unknown}",
-                                    f"use some of {sorted([*_TUNING_OPTIONS, *_OTHER_OPTIONS])}"))
-    tuning = Tuning(**{_TUNING_OPTIONS[k]: v for k, v in options.items() if k in _TUNING_OPTIONS})
+                                    f"use some of {sorted([*TUNING_OPTIONS, *_OTHER_OPTIONS])}"))
+    tuning = make_tuning({k: v for k, v in options.items() if k in TUNING_OPTIONS}, "accord.spawn")
     grace = float(options.get("grace_period", 5.0))
     extra = {str(k): str(v) for k, v in dict(options.get("env") or {}).items()}
     devices = options.get("devices")

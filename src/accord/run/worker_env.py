@@ -46,11 +46,12 @@ Resources:
   once on stderr). ``cores`` is the launch host's CPU count (also used for remote hosts).
 - ``CUDA_VISIBLE_DEVICES`` = the local rank's device from ``--gpus/--devices`` (one per worker).
 
-Tuning flags map to ``ACCORD_FUSION_THRESHOLD`` (bytes), ``ACCORD_CYCLE_TIME`` (ms),
-``ACCORD_TIMELINE``, ``ACCORD_STALL_CHECK_TIME_SECONDS``, ``ACCORD_STALL_SHUTDOWN_TIME_SECONDS``,
+Tuning flags map to the variables of :data:`accord.run.tuning.OPTIONS` (the one table of them):
+``ACCORD_FUSION_THRESHOLD`` (bytes), ``ACCORD_CYCLE_TIME`` (ms), ``ACCORD_TIMELINE``,
+``ACCORD_STALL_CHECK_TIME_SECONDS``, ``ACCORD_STALL_SHUTDOWN_TIME_SECONDS``,
 ``ACCORD_STALL_CHECK_DISABLE``, ``ACCORD_HIERARCHICAL_ALLREDUCE``, ``ACCORD_LOG_LEVEL``,
-``ACCORD_INTERFACE`` and ``ACCORD_VERBOSE`` (a level: ``--verbose`` gives 1, ``PS_VERBOSE=2``
-stays 2; see :mod:`accord.config`).
+``ACCORD_INTERFACE``, ``ACCORD_VERBOSE`` (a level: ``--verbose`` gives 1, ``PS_VERBOSE=2``
+stays 2; see :mod:`accord.config`) and ``ACCORD_START_TIMEOUT``.
 
 Parameter-server jobs (``--num-servers N`` > 0) add MXNet's ``DMLC_ROLE=worker``,
 ``DMLC_NUM_WORKER``, ``DMLC_NUM_SERVER``, ``DMLC_PS_ROOT_URI``, ``DMLC_PS_ROOT_PORT`` and their
@@ -60,9 +61,10 @@ own environment.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Mapping
 
 from accord.run.assignment import Slot
+from accord.run.tuning import Tuning, tuning_env
 
 CHECKIN_KEY = "accord/checkin/{rank}"
 SECRET_VAR = "ACCORD_JOB_SECRET"
@@ -76,23 +78,6 @@ FORWARD_NAMES = ("PYTHONPATH", "PYTHONUNBUFFERED", "LD_LIBRARY_PATH")
 
 
 @dataclass(frozen=True)
-class Tuning:
-    """Engine settings given on the command line; ``None`` = leave the worker's default."""
-
-    fusion_threshold_mb: float | None = None
-    cycle_time_ms: float | None = None
-    timeline_filename: str | None = None
-    stall_check_warning_s: float | None = None
-    stall_check_shutdown_s: float | None = None
-    stall_check_disable: bool = False
-    hierarchical_allreduce: bool = False
-    log_level: str | None = None
-    network_interface: str | None = None
-    verbose: int = 0  # level, as PS_VERBOSE: 0 quiet, 1, 2 (a bool counts as 0/1)
-    start_timeout: float | None = None
-
-
-@dataclass(frozen=True)
 class JobEnv:
     """What every worker of one job shares."""
 
@@ -101,39 +86,6 @@ class JobEnv:
     master_port: int
     store_addr: str | None = None
     store_port: int | None = None
-
-
-def _num(value: float) -> str:
-    """Render 5.0 as "5" and 0.5 as "0.5" (both parse as the variable's type)."""
-    return str(int(value)) if float(value).is_integer() else repr(float(value))
-
-
-def tuning_env(t: Tuning) -> dict[str, str]:
-    """Map tuning flags to accord's variables (only the ones given)."""
-    env: dict[str, str] = {}
-    if t.fusion_threshold_mb is not None:
-        env["ACCORD_FUSION_THRESHOLD"] = str(int(round(t.fusion_threshold_mb * 1024 * 1024)))
-    if t.cycle_time_ms is not None:
-        env["ACCORD_CYCLE_TIME"] = _num(t.cycle_time_ms)
-    if t.timeline_filename is not None:
-        env["ACCORD_TIMELINE"] = t.timeline_filename
-    if t.stall_check_warning_s is not None:
-        env["ACCORD_STALL_CHECK_TIME_SECONDS"] = _num(t.stall_check_warning_s)
-    if t.stall_check_shutdown_s is not None:
-        env["ACCORD_STALL_SHUTDOWN_TIME_SECONDS"] = _num(t.stall_check_shutdown_s)
-    if t.stall_check_disable:
-        env["ACCORD_STALL_CHECK_DISABLE"] = "1"
-    if t.hierarchical_allreduce:
-        env["ACCORD_HIERARCHICAL_ALLREDUCE"] = "1"
-    if t.log_level is not None:
-        env["ACCORD_LOG_LEVEL"] = t.log_level
-    if t.network_interface is not None:
-        env["ACCORD_INTERFACE"] = t.network_interface
-    if t.verbose:
-        env["ACCORD_VERBOSE"] = str(int(t.verbose))
-    if t.start_timeout is not None:
-        env["ACCORD_START_TIMEOUT"] = _num(t.start_timeout)
-    return env
 
 
 def omp_threads(cpu_count: int, local_size: int) -> int:
@@ -174,7 +126,7 @@ def worker_env(
     slot: Slot,
     job: JobEnv,
     *,
-    tuning: Tuning | None = None,
+    tuning: Any = None,
     user_env: Mapping[str, str] | None = None,
     cpu_count: int = 1,
     devices: tuple[str, ...] | None = None,
