@@ -57,11 +57,6 @@ class StoreClient(dist.Store):
             pass
 
     @property
-    def timeout_seconds(self) -> float:
-        """Default seconds for blocking requests."""
-        return self._timeout_s
-
-    @property
     def connection_count(self) -> int:
         """How many connections to the store this client holds open."""
         with self._lock:
