@@ -183,7 +183,7 @@ def _train_checks(rank):
             opt.zero_grad()
             torch.nn.functional.mse_loss(net(x), y).backward()
             # every parameter's allreduce was started by its hook during backward
-            assert sum(h is not None for h, _ in opt._handles.values()) == 4
+            assert sum(h is not None for h in opt._handles.values()) == 4
             opt.step()
         out[mode] = weights(model)
         opt.remove_hooks()
