@@ -5,7 +5,6 @@ from accord import config
 from accord.run.assignment import assign_slots
 from accord.run.hosts import HostSlots
 from accord.run.worker_env import (
-    CHECKIN_KEY,
     JobEnv,
     Tuning,
     forwarded_env,
@@ -91,6 +90,3 @@ def test_remote_env_forwards_chosen_variables_never_the_secret():
     assert forwarded_env(base, added) == {"PYTHONPATH": "/src", "NCCL_DEBUG": "INFO",
                                           "HOROVOD_CYCLE_TIME": "2", "ACCORD_RANK": "1"}
 
-
-def test_checkin_key_format():
-    assert CHECKIN_KEY.format(rank=3) == "accord/checkin/3"
