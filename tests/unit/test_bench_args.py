@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from accord.bench import cli, launch, options
+from accord.bench import cli, launch, options, placement
 from accord.errors import ConfigError
 
 pytestmark = pytest.mark.timeout(30)
@@ -104,15 +104,15 @@ def test_parsers():
 
 
 def test_placement_detects_an_outside_launcher(monkeypatch):
-    where = launch.placement(3)
+    where = placement.placement(3)
     assert (where.external, where.size, where.rank, where.local_size) == (False, 3, 0, 3)
     for key, value in {"ACCORD_RANK": "1", "ACCORD_SIZE": "4", "ACCORD_LOCAL_RANK": "1",
                        "ACCORD_LOCAL_SIZE": "2", "ACCORD_STORE_ADDR": "127.0.0.1",
                        "ACCORD_STORE_PORT": "1"}.items():
         monkeypatch.setenv(key, value)
-    where = launch.placement(3)
+    where = placement.placement(3)
     assert (where.external, where.source, where.rank, where.size, where.local_size) == (True, "accord", 1, 4, 2)
-    assert launch.default_threads(2) >= 1
+    assert placement.default_threads(2) >= 1
 
 
 def test_non_zero_ranks_stay_quiet_on_errors(capsys, no_workers, monkeypatch):
@@ -127,8 +127,8 @@ def test_the_cli_parent_does_not_import_torch():
     import subprocess
     import sys
 
-    code = ("import sys; from accord.bench import cli, launch, options; cli.build_parser(); "
-            "options.resolve_backends('auto', 'cpu', launch.placement(2)); "
+    code = ("import sys; from accord.bench import cli, options, placement; cli.build_parser(); "
+            "options.resolve_backends('auto', 'cpu', placement.placement(2)); "
             "assert 'torch' not in sys.modules, 'torch was imported'")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=20)
     assert proc.returncode == 0, proc.stderr

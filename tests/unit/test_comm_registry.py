@@ -6,7 +6,7 @@ import pytest
 
 from accord import comm
 from accord.comm import backend as registry
-from accord.errors import BackendError
+from accord.errors import BackendError, ConfigError
 
 
 def test_builtin_backends_registered():
@@ -23,20 +23,89 @@ def test_unknown_backend_lists_known_names():
     assert "\nHINT: " in text
 
 
-def test_register_custom_backend():
-    class Fake:
-        name = "fake"
+class Fake(comm.Backend):
+    name = "fake"
+    device_types = frozenset({"cpu"})
+
+    def create(self, ranks):
+        return None
+
+
+@pytest.fixture
+def saved_registry():
+    saved = dict(registry._REGISTRY)
+    yield registry._REGISTRY
+    registry._REGISTRY.clear()
+    registry._REGISTRY.update(saved)
+
+
+def test_register_custom_backend(saved_registry):
+    comm.register_backend("fake-test", Fake)
+    assert "fake-test" in comm.known_backends()
+    assert isinstance(comm.get_backend("fake-test"), Fake)
+    comm.register_backend("fake-test", Fake)  # the same factory again: nothing changes
+
+
+def test_duplicate_backend_name_is_refused_unless_override(saved_registry):
+    with pytest.raises(ConfigError, match=r"(?s)communication backend 'gloo' is already registered.*"
+                                          r"HINT: .*override=True"):
+        comm.register_backend("gloo", Fake)
+    assert comm.get_backend("gloo").name == "gloo"  # untouched
+    comm.register_backend("gloo", Fake, override=True)
+    assert isinstance(comm.get_backend("gloo"), Fake)
+
+
+def test_a_backend_missing_a_method_fails_when_it_is_built(saved_registry):
+    class NoCreate(comm.Backend):
+        name = "nocreate"
+        device_types = frozenset({"cpu"})
+
+    with pytest.raises(TypeError, match="create"):
+        NoCreate()
+    with pytest.raises(TypeError, match=r"(?s)NoCreate does not implement create.*HINT"):
+        comm.register_backend("nocreate", NoCreate)
+    # A factory function is only called when the backend is asked for: it fails there.
+    comm.register_backend("nocreate", lambda: NoCreate())
+    with pytest.raises(TypeError, match="create"):
+        comm.get_backend("nocreate")
+
+
+def test_a_factory_must_build_a_backend(saved_registry):
+    class DuckTyped:  # has the methods, but is not an accord.comm.Backend
+        name = "duck"
         device_types = frozenset({"cpu"})
 
         def create(self, ranks):
             return None
 
-    comm.register_backend("fake-test", Fake)
-    try:
-        assert "fake-test" in comm.known_backends()
-        assert isinstance(comm.get_backend("fake-test"), Fake)
-    finally:
-        registry._REGISTRY.pop("fake-test")
+    class Nameless(comm.Backend):
+        def create(self, ranks):
+            return None
+
+    comm.register_backend("duck", DuckTyped)
+    comm.register_backend("nameless", Nameless)
+    with pytest.raises(BackendError, match=r"(?s)DuckTyped, which is not a complete.*HINT: subclass"):
+        comm.get_backend("duck")
+    with pytest.raises(BackendError, match=r"missing: name, device_types"):
+        comm.get_backend("nameless")
+
+
+def test_a_communicator_missing_a_method_fails_when_it_is_built():
+    from accord.comm.base_communicator import BaseCommunicator
+
+    class NoBarrier(comm.Communicator):
+        def allreduce(self, tensor, op): ...
+        def broadcast(self, tensor, root): ...
+        def allgather(self, tensor): ...
+        def gather(self, tensor, root): ...
+        def scatter(self, chunks, root): ...
+        def reduce(self, tensor, op, root): ...
+        def reduce_scatter(self, tensor, op): ...
+        def alltoall(self, tensor, splits): ...
+
+    with pytest.raises(TypeError, match="barrier"):
+        NoBarrier()
+    assert issubclass(BaseCommunicator, comm.Communicator)
 
 
 def test_backend_name_defaults(monkeypatch):

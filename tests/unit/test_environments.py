@@ -162,19 +162,40 @@ def test_expand_tasks_per_node():
         expand_tasks_per_node("2(3)")
 
 
+def detect_fake(environ):
+    """A detector for a made-up launcher that sets FAKE_RANK."""
+    if "FAKE_RANK" not in environ:
+        return None
+    return envs.JobEnvironment(source="fake", rank=int(environ["FAKE_RANK"]), size=2,
+                               rendezvous=envs.RANK0_STORE)
+
+
 def test_register_detector_in_a_chosen_place():
     saved = list(envs.DETECTORS)
-
-    def detect_fake(environ):
-        if "FAKE_RANK" not in environ:
-            return None
-        return envs.JobEnvironment(source="fake", rank=int(environ["FAKE_RANK"]), size=2,
-                                   rendezvous=envs.RANK0_STORE)
-
     try:
         envs.register_detector("fake", detect_fake, before="openmpi")
         assert [n for n, _ in envs.DETECTORS][:3] == ["accord", "torchrun", "fake"]
         assert detect({**OMPI, "FAKE_RANK": "1"}).source == "fake"
         assert detect({**TORCHRUN, "FAKE_RANK": "1"}).source == "torchrun"
+    finally:
+        envs.DETECTORS[:] = saved
+
+
+def test_register_detector_refuses_a_taken_name_unless_override():
+    saved = list(envs.DETECTORS)
+    try:
+        with pytest.raises(ConfigError, match=r"(?s)cluster environment 'slurm' already has a detector.*"
+                                              r"HINT: .*override=True"):
+            envs.register_detector("slurm", detect_fake)
+        with pytest.raises(ConfigError, match=r"(?s)unknown cluster environment 'pbs'; known: accord, "
+                                              r"torchrun, openmpi, mpich, slurm.*HINT"):
+            envs.register_detector("fake", detect_fake, before="pbs")
+        assert envs.DETECTORS == saved  # nothing was added by the refused calls
+        envs.register_detector("slurm", detect_fake, override=True)  # replaced in its place
+        assert [n for n, _ in envs.DETECTORS] == [n for n, _ in saved]
+        assert detect({**OMPI, "FAKE_RANK": "1"}).source == "openmpi"
+        envs.register_detector("slurm", detect_fake, before="openmpi", override=True)  # and moved
+        assert [n for n, _ in envs.DETECTORS] == ["accord", "torchrun", "slurm", "openmpi", "mpich"]
+        assert detect({**OMPI, "FAKE_RANK": "1"}).source == "fake"
     finally:
         envs.DETECTORS[:] = saved

@@ -208,7 +208,7 @@ def test_compile_gives_the_same_training():
     eager.fit((x, y), batch_size=8, epochs=1, verbose=0)
     compiled.fit((x, y), batch_size=8, epochs=1, verbose=0)
     _assert_same(_weights(compiled), _weights(eager))
-    assert compiled._forward is not compiled.network  # the forward pass goes through torch.compile
+    assert compiled._state.forward is not compiled.network  # the forward pass goes through torch.compile
 
 
 def test_fit_logs_in_paddle_style(capsys):

@@ -64,11 +64,37 @@ def test_register_plugs_in_new_types(registry):
 
     assert isinstance(kvs.create("mystore"), MyStore)
     assert isinstance(kvs.create("Other_Name"), Other)
-    with pytest.warns(UserWarning, match="replaced"):
-        kvs.register("mystore")(Other)
-    assert isinstance(kvs.create("mystore"), Other)
+    kvs.register(MyStore)  # the same class again: nothing changes
     with pytest.raises(TypeError):
         kvs.register(3)
+
+
+def test_register_refuses_a_taken_name_unless_override(registry):
+    @kvs.register
+    class MyStore(kvs.KVStoreBase):
+        def __init__(self):
+            super().__init__("mystore")
+
+    class Other(kvs.KVStoreBase):
+        def __init__(self):
+            super().__init__("other")
+
+    for taken in ("MyStore", "local", "local_update_cpu"):  # registered, built-in, alias
+        with pytest.raises(ValueError, match=rf"(?s)kvstore type '{taken.lower()}' is already registered"
+                                             r".*HINT: .*override=True"):
+            kvs.register(taken)(Other)
+    assert isinstance(kvs.create("mystore"), MyStore)
+    assert kvs.create("local").type == "local" and kvs.create("local_update_cpu").type == "local"
+
+    @kvs.register("local_update_cpu", override=True)
+    @kvs.register(override=True)
+    class Replacement(kvs.KVStoreBase):
+        def __init__(self):
+            super().__init__("replacement")
+
+    assert isinstance(kvs.create("replacement"), Replacement)
+    assert isinstance(kvs.create("local_update_cpu"), Replacement)  # a registered name beats an alias
+    assert kvs.create("local").type == "local"
 
 
 def test_properties_and_capabilities():

@@ -110,6 +110,28 @@ def test_registry_config_and_errors():
         opt.register_optimizer(int)
 
 
+def test_register_optimizer_refuses_a_taken_name_unless_override():
+    class MySGD(opt.Optimizer):
+        name = "SGD"  # names are case-insensitive: this is sgd's
+
+        def create_state(self, weight):
+            return []
+
+        def update(self, weight, grad, state, count):
+            weight -= grad
+
+    with pytest.raises(ValueError, match=r"(?s)optimizer 'sgd' is already registered.*HINT: .*override=True"):
+        opt.register_optimizer(MySGD)
+    assert type(opt.create("sgd")) is opt.SGD
+    try:
+        assert opt.register_optimizer(override=True)(MySGD) is MySGD
+        assert type(opt.create("sgd")) is MySGD
+    finally:
+        opt._REGISTRY["sgd"] = opt.SGD
+    with pytest.raises(ValueError, match=r"(?s)unknown optimizer 'lamb'; known: adam, sgd.*HINT"):
+        opt.create("lamb")
+
+
 def test_state_files_round_trip_without_pickle(tmp_path):
     updater = opt.Updater(opt.create("sgd", learning_rate=0.1, momentum=0.5))
     weights = {3: np.ones(4, np.float32), "w": torch.ones(2, 2)}

@@ -81,6 +81,10 @@ def test_registry():
     register_model("Tiny", lambda num_classes=4: MLP(2, [], num_classes))
     try:
         assert get_model("tiny")(torch.zeros(1, 2)).shape == (1, 4)
+        with pytest.raises(ValueError, match=r"(?s)model 'tiny' is already registered.*HINT: .*override=True"):
+            register_model("TINY", lambda num_classes=3: MLP(2, [], num_classes))
+        register_model("TINY", lambda num_classes=3: MLP(2, [], num_classes), override=True)
+        assert get_model("tiny")(torch.zeros(1, 2)).shape == (1, 3)
     finally:
         from accord import models
 

@@ -6,7 +6,6 @@ from accord.run.assignment import assign_slots
 from accord.run.hosts import HostSlots
 from accord.run.tuning import Tuning, tuning_env
 from accord.run.worker_env import (
-    CHECKIN_KEY,
     JobEnv,
     forwarded_env,
     local_environment,
@@ -89,10 +88,6 @@ def test_remote_env_forwards_chosen_variables_never_the_secret():
     added = {"ACCORD_RANK": "1", "ACCORD_ERROR_FILE": "/local/path", "ACCORD_JOB_SECRET": "leak"}
     assert forwarded_env(base, added) == {"PYTHONPATH": "/src", "NCCL_DEBUG": "INFO",
                                           "HOROVOD_CYCLE_TIME": "2", "ACCORD_RANK": "1"}
-
-
-def test_checkin_key_format():
-    assert CHECKIN_KEY.format(rank=3) == "accord/checkin/3"
 
 
 def test_spawn_and_accordrun_take_their_tuning_from_one_table():

@@ -16,6 +16,7 @@ import sys
 from typing import Any, Sequence
 
 from accord.bench import launch, options, report
+from accord.bench.placement import Placement, default_threads, placement
 from accord.bench.environment import load_average
 from accord.errors import AccordError, ConfigError, WorkerFailedError, with_hint
 
@@ -95,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _make_options(args: argparse.Namespace, where: launch.Placement) -> Any:
+def _make_options(args: argparse.Namespace, where: Placement) -> Any:
     if args.command == "collectives":
         opts: Any = options.collectives_options(args, where)
     else:
@@ -126,10 +127,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     requested = args.nproc_per_node
-    where = launch.placement(2 if requested is None else requested)
+    where = placement(2 if requested is None else requested)
     speak = where.rank == 0
     if args.threads is None:
-        args.threads = launch.default_threads(where.local_size)
+        args.threads = default_threads(where.local_size)
     try:
         opts = _make_options(args, where)
     except ConfigError as exc:

@@ -13,6 +13,8 @@ import sys
 import time
 from typing import Any
 
+from accord.version import __version__
+
 
 def _cpu_model() -> str:
     try:
@@ -47,10 +49,8 @@ def describe(*, world_size: int, threads: int, backend: str, device: str) -> dic
         backend: the communication backend(s) measured, e.g. "gloo".
         device: "cpu" or "cuda".
     """
-    import accord
-
     info: dict[str, Any] = {
-        "accord": accord.__version__,
+        "accord": __version__,
         "python": platform.python_version(),
         "torch": _version("torch"),
         "numpy": _version("numpy"),

@@ -14,7 +14,7 @@ from typing import Any
 
 from accord import config
 from accord.bench import stats
-from accord.bench.launch import Placement
+from accord.bench.placement import Placement
 from accord.errors import ConfigError, with_hint
 
 # Engine spellings; stats.bus_factor accepts them as aliases.

@@ -1,9 +1,11 @@
-"""The Backend protocol and registry.
+"""The Backend and Communicator interfaces, and the backend registry.
 
 A *backend* (gloo, nccl, mpi, a vendor library) turns a list of global ranks into a
 :class:`Communicator`: an object that runs collectives among exactly those ranks. The engine
-and the frontends only ever talk to communicators, so a new library plugs in by registering a
-factory: ``register_backend("cncl", CnclBackend)``.
+and the frontends only ever talk to communicators, so a new library plugs in by subclassing
+:class:`Backend` and registering a factory: ``register_backend("cncl", CnclBackend)``. Both are
+abstract base classes: a class that lacks one of their methods cannot be instantiated, so a
+backend missing a method fails when it is built, not when that method is first called.
 
 Conventions every communicator follows (tests hold each backend to them):
 - Tensors are torch tensors on a device the backend supports; reductions run in place.
@@ -14,50 +16,61 @@ Conventions every communicator follows (tests hold each backend to them):
 """
 from __future__ import annotations
 
+import inspect
+from abc import ABC, abstractmethod
 from typing import Callable, Protocol, Sequence, runtime_checkable
 
 from accord.comm.ops import ReduceOp
 from accord.errors import BackendError, with_hint
+from accord.registry import Registry
 
 
-@runtime_checkable
-class Communicator(Protocol):
+class Communicator(ABC):
     """Collectives among one fixed, ordered set of global ranks."""
 
     ranks: tuple[int, ...]  # global ranks, in communicator-rank order
     rank: int  # this process's index in ``ranks``
     size: int
 
+    @abstractmethod
     def allreduce(self, tensor, op: ReduceOp) -> None:
         """Reduce ``tensor`` across ranks in place."""
 
+    @abstractmethod
     def broadcast(self, tensor, root: int) -> None:
         """Overwrite ``tensor`` with root's, in place."""
 
+    @abstractmethod
     def allgather(self, tensor):
         """Concatenate every rank's tensor along dim 0; first dims may differ."""
 
+    @abstractmethod
     def gather(self, tensor, root: int):
         """Like allgather, but only ``root`` gets the result (others get None)."""
 
+    @abstractmethod
     def scatter(self, chunks, root: int):
         """Root passes one tensor per rank (dim 0 may differ, the rest must match); each rank gets its own.
 
         Non-root ranks pass None: root announces dtype and shapes.
         """
 
+    @abstractmethod
     def reduce(self, tensor, op: ReduceOp, root: int) -> None:
         """Reduce into root's ``tensor`` in place; other ranks' tensors are left unspecified."""
 
+    @abstractmethod
     def reduce_scatter(self, tensor, op: ReduceOp):
         """Reduce, then split dim 0 across ranks (lower ranks get the extra rows)."""
 
+    @abstractmethod
     def alltoall(self, tensor, splits: Sequence[int] | None):
         """Send ``splits[i]`` rows to rank i (even split when None); return (output, received_splits).
 
         ``received_splits`` is a CPU int64 tensor: rows received from each rank, in rank order.
         """
 
+    @abstractmethod
     def barrier(self) -> None:
         """Return once every rank has entered."""
 
@@ -79,45 +92,64 @@ class ScatteredAllreduce(Protocol):
         (default: the inputs' dtype); floating inputs and outputs of another dtype are cast."""
 
 
-class Backend(Protocol):
-    """A communication library. ``create`` is collective over every rank of the job."""
+class Backend(ABC):
+    """A communication library. ``create`` is collective over every rank of the job.
+
+    Subclasses set ``name`` and ``device_types`` (class or instance attributes).
+    """
 
     name: str
     device_types: frozenset[str]  # e.g. {"cpu"} or {"cuda"}
 
+    @abstractmethod
     def create(self, ranks: Sequence[int]) -> Communicator | None:
         """Make a communicator over ``ranks`` (returns None on ranks outside it)."""
 
 
 BackendFactory = Callable[[], Backend]
 
-_REGISTRY: dict[str, BackendFactory] = {}
+_REGISTRY: Registry[BackendFactory] = Registry(
+    "communication backend", "accord.comm.register_backend(name, factory)", BackendError)
 
 
-def register_backend(name: str, factory: BackendFactory) -> None:
-    """Make ``name`` selectable (ACCORD_CPU_BACKEND / ACCORD_GPU_BACKEND, or explicitly)."""
-    _REGISTRY[name] = factory
+def register_backend(name: str, factory: BackendFactory, *, override: bool = False) -> None:
+    """Make ``name`` selectable (ACCORD_CPU_BACKEND / ACCORD_GPU_BACKEND, or explicitly).
+
+    ``factory()`` returns a :class:`Backend` instance (a Backend subclass is itself a factory).
+
+    Raises:
+        ConfigError: ``name`` is already registered to another factory and ``override`` is False.
+        TypeError: ``factory`` is a Backend class that leaves abstract methods unimplemented.
+    """
+    if isinstance(factory, type) and inspect.isabstract(factory):
+        missing = ", ".join(sorted(factory.__abstractmethods__))
+        raise TypeError(with_hint(f"backend class {factory.__qualname__} does not implement {missing}",
+                                  f"define {missing} in {factory.__qualname__} (see accord.comm.Backend)"))
+    _REGISTRY.add(name, factory, override=override)
 
 
 def known_backends() -> list[str]:
     """Names of every registered backend."""
-    return sorted(_REGISTRY)
+    return _REGISTRY.names()
 
 
 def get_backend(name: str) -> Backend:
     """Instantiate a registered backend by name.
 
     Raises:
-        BackendError: ``name`` is unknown (the message lists the known ones).
+        BackendError: ``name`` is unknown (the message lists the known ones), or its factory
+            did not build a complete :class:`Backend`.
+        TypeError: the backend class lacks a method of :class:`Backend` (raised when it is built).
     """
     # Horovod's HOROVOD_CPU_OPERATIONS takes MPI or GLOO in capitals too.
-    factory = _REGISTRY.get(name) or _REGISTRY.get(name.lower())
-    if factory is None:
-        raise BackendError(
-            with_hint(
-                f"unknown communication backend {name!r}; known: {', '.join(known_backends()) or 'none'}",
-                "pick one of the known names, or register yours with "
-                "accord.comm.backend.register_backend(name, factory)",
-            )
-        )
-    return factory()
+    key = name if name in _REGISTRY else name.lower()
+    if key not in _REGISTRY:
+        raise _REGISTRY.unknown(name)
+    backend = _REGISTRY[key]()
+    missing = [a for a in ("name", "device_types") if not hasattr(backend, a)]
+    if not isinstance(backend, Backend) or missing:
+        raise BackendError(with_hint(
+            f"backend {name!r} was built as a {type(backend).__qualname__}, which is not a complete "
+            f"accord.comm.Backend" + (f" (missing: {', '.join(missing)})" if missing else ""),
+            "subclass accord.comm.Backend, set name and device_types, and implement create(ranks)"))
+    return backend

@@ -16,6 +16,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from accord.comm import dtypes
+from accord.comm.backend import Communicator
 from accord.comm.agreement import (
     alltoall_splits, check_headers, check_root, header, normalize_ranks, scatter_problem,
 )
@@ -59,7 +60,7 @@ def _collective(fn: Callable) -> Callable:
     return wrapper
 
 
-class BaseCommunicator:
+class BaseCommunicator(Communicator):
     """Collectives among ``ranks``; see :class:`accord.comm.backend.Communicator` for the contract.
 
     Subclasses set ``ranks``, ``rank``, ``size``, ``backend_name``, ``meta_device`` and call

@@ -42,7 +42,7 @@ def hierarchy_problem(local_sets: Sequence[Sequence[int]]) -> str | None:
     return None
 
 
-class HierarchicalCommunicator:
+class HierarchicalCommunicator(Communicator):
     """The flat communicator's collectives, with allreduce done host-first (see the module)."""
 
     # Batches must come to allreduce() as one buffer: the flat communicator's piecewise path,
@@ -77,7 +77,32 @@ class HierarchicalCommunicator:
             start += count
         self.hierarchical_allreduces += 1
 
+    # Every other collective is the flat communicator's.
+    def broadcast(self, tensor: torch.Tensor, root: int) -> None:
+        self.flat.broadcast(tensor, root)
+
+    def allgather(self, tensor: torch.Tensor) -> torch.Tensor:
+        return self.flat.allgather(tensor)
+
+    def gather(self, tensor: torch.Tensor, root: int) -> torch.Tensor | None:
+        return self.flat.gather(tensor, root)
+
+    def scatter(self, chunks: Sequence[torch.Tensor] | None, root: int) -> torch.Tensor:
+        return self.flat.scatter(chunks, root)
+
+    def reduce(self, tensor: torch.Tensor, op: ReduceOp, root: int) -> None:
+        self.flat.reduce(tensor, op, root)
+
+    def reduce_scatter(self, tensor: torch.Tensor, op: ReduceOp) -> torch.Tensor:
+        return self.flat.reduce_scatter(tensor, op)
+
+    def alltoall(self, tensor: torch.Tensor, splits: Sequence[int] | None) -> Any:
+        return self.flat.alltoall(tensor, splits)
+
+    def barrier(self) -> None:
+        self.flat.barrier()
+
     def __getattr__(self, name: str) -> Any:
-        # Every other collective (and capability probes such as supports_allreduce_many, which
-        # the flat communicator may lack) is the flat communicator's.
+        # Anything else (attributes such as meta_device, capability probes the flat
+        # communicator may lack) is the flat communicator's.
         return getattr(self.__dict__["flat"], name)

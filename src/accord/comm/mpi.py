@@ -20,6 +20,7 @@ from typing import Any, Sequence
 import torch
 
 from accord.comm import memory
+from accord.comm.backend import Backend
 from accord.comm.base_communicator import BaseCommunicator, normalize_ranks
 from accord.comm.dtypes import LIBRARY_OPS
 from accord.comm.ops import ReduceOp
@@ -147,7 +148,7 @@ class MpiCommunicator(BaseCommunicator):
         self.comm.Barrier()
 
 
-class MpiBackend:
+class MpiBackend(Backend):
     """A Backend whose communicators are splits of MPI_COMM_WORLD."""
 
     name = "mpi"

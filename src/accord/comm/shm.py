@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 from accord import config
 from accord.comm import shm_segment
+from accord.comm.backend import Backend
 from accord.comm.base_communicator import normalize_ranks
 from accord.comm.shm_communicator import ShmCommunicator
 from accord.comm.shm_segment import Layout
@@ -62,7 +63,7 @@ class _Offer:
     error: str = ""
 
 
-class ShmBackend:
+class ShmBackend(Backend):
     """A Backend whose communicators share memory; every member must run on one host.
 
     Args:

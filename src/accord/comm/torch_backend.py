@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from accord import config
 from accord.comm import memory
+from accord.comm.backend import Backend
 from accord.comm.base_communicator import BaseCommunicator, normalize_ranks
 from accord.comm.dtypes import LIBRARY_OPS
 from accord.comm.ops import ReduceOp
@@ -148,7 +149,7 @@ def _padded(data: torch.Tensor, width: int) -> torch.Tensor:
     return out
 
 
-class TorchBackend:
+class TorchBackend(Backend):
     """A Backend whose communicators are torch.distributed groups of one library (gloo or nccl)."""
 
     def __init__(self, name: str) -> None:

@@ -13,8 +13,8 @@ state is broadcast, training data is sharded (``batch_size`` is per rank), metri
 over ranks, only rank 0 prints, and checkpoints are written by rank 0.
 
 The loops live next door: :mod:`~accord.hapi.training` (fit), :mod:`~accord.hapi.evaluation`
-(evaluate, predict), :mod:`~accord.hapi.checkpoint` (save, load); this class holds the state
-and runs one batch.
+(evaluate, predict), :mod:`~accord.hapi.steps` (one batch), :mod:`~accord.hapi.checkpoint`
+(save, load); they work on the :class:`~accord.hapi.state.ModelState` this class owns.
 """
 from __future__ import annotations
 
@@ -28,8 +28,9 @@ from accord.errors import with_hint
 from accord.hapi import data, evaluation, steps
 from accord.hapi.callbacks import Callback, config_callbacks
 from accord.hapi.checkpoint import load_on_every_rank, save_checkpoint
-from accord.hapi.metrics import Meters, Metric
+from accord.hapi.metrics import Metric
 from accord.hapi.precision import amp_settings
+from accord.hapi.state import ModelState
 from accord.hapi.training import fit as run_fit
 from accord.hapi.world import World, resolve_world
 
@@ -47,22 +48,39 @@ class Model:
     """
 
     def __init__(self, network: nn.Module, device: str | torch.device | None = None) -> None:
-        self.world: World = resolve_world()
-        self.device = torch.device(device) if device is not None else self.world.default_device()
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
-        self.network = network.to(self.device)
-        self._forward: Any = self.network
-        self._optimizer: torch.optim.Optimizer | None = None
+        world: World = resolve_world()
+        place = torch.device(device) if device is not None else world.default_device()
+        if place.type == "cuda":
+            torch.cuda.set_device(place)
+        network = network.to(place)
+        self._state = ModelState(world, place, network, forward=network)
         self._wrapped: torch.optim.Optimizer | None = None  # the DistributedOptimizer we made
-        self._loss: Any = None
-        self._meters = Meters()
-        self._amp_dtype: torch.dtype | None = None
-        self._scaler: Any = None
-        self._synced = False
-        self.stop_training = False
 
     # --- who and where ------------------------------------------------------------------------
+
+    @property
+    def world(self) -> World:
+        """The ranks training together."""
+        return self._state.world
+
+    @property
+    def device(self) -> torch.device:
+        """Where the network and batches live."""
+        return self._state.device
+
+    @property
+    def network(self) -> nn.Module:
+        """The module being trained."""
+        return self._state.network
+
+    @property
+    def stop_training(self) -> bool:
+        """Set it (e.g. from a callback, on any rank) to stop ``fit`` on every rank."""
+        return self._state.stop_training
+
+    @stop_training.setter
+    def stop_training(self, value: bool) -> None:
+        self._state.stop_training = value
 
     @property
     def rank(self) -> int:
@@ -77,7 +95,7 @@ class Model:
     @property
     def optimizer(self) -> torch.optim.Optimizer | None:
         """The optimizer in use (a ``DistributedOptimizer`` when there are several ranks)."""
-        return self._optimizer
+        return self._state.optimizer
 
     def parameters(self) -> Any:
         """The network's parameters (to build the optimizer with)."""
@@ -106,8 +124,9 @@ class Model:
             if not isinstance(m, Metric):
                 raise TypeError(with_hint(f"metrics must be accord.hapi.Metric instances, got {type(m).__name__}",
                                           "subclass accord.hapi.Metric (state/result give exact cross-rank values)"))
-        self._amp_dtype, use_scaler = amp_settings(amp_level, self.device)
-        self._scaler = torch.amp.GradScaler("cuda") if use_scaler else None
+        state = self._state
+        state.amp_dtype, use_scaler = amp_settings(amp_level, self.device)
+        state.scaler = torch.amp.GradScaler("cuda") if use_scaler else None
         if self._wrapped is not None and self._wrapped is not optimizer:
             # A DistributedOptimizer we made earlier still hooks every parameter: unhook it, or
             # each backward would submit its gradients twice.
@@ -118,49 +137,34 @@ class Model:
 
             optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=self.network.named_parameters())
             self._wrapped = optimizer
-        self._optimizer, self._loss = optimizer, loss
-        self._meters.configure(loss is not None, metrics)
+        state.optimizer, state.loss = optimizer, loss
+        state.meters.configure(loss is not None, metrics)
         self.world.broadcast_state(self.network, optimizer)
-        self._synced = True
+        state.synced = True
         if compile:
-            self._forward = torch.compile(self.network, **(compile if isinstance(compile, dict) else {}))
+            state.forward = torch.compile(self.network, **(compile if isinstance(compile, dict) else {}))
         else:
-            self._forward = self.network
-
-    def _sync_once(self) -> None:
-        if not self._synced:
-            self.world.broadcast_state(self.network, None)
-            self._synced = True
+            state.forward = self.network
 
     # --- one batch (see accord.hapi.steps) -----------------------------------------------------
 
     def train_batch(self, inputs: Sequence[Any], label: Any) -> float:
         """One optimization step on ``inputs``/``label``; returns this rank's batch loss."""
-        return steps.train_step(self, inputs, label)
+        return steps.train_step(self._state, inputs, label)
 
     def eval_batch(self, inputs: Sequence[Any], label: Any) -> float | None:
         """Forward ``inputs`` without gradients and accumulate loss/metrics; returns the batch loss."""
-        return steps.eval_step(self, inputs, label)
+        return steps.eval_step(self._state, inputs, label)
 
     def predict_batch(self, inputs: Sequence[Any]) -> list[torch.Tensor]:
         """The network's outputs for ``inputs`` (a list, one tensor per output)."""
-        return steps.predict_step(self, inputs)
+        return steps.predict_step(self._state, inputs)
 
     # --- metrics over the job -------------------------------------------------------------------
 
     def metrics_names(self) -> list[str]:
         """Names of the logged values: ``loss`` then each metric's names."""
-        return self._meters.names()
-
-    def _logs(self, name: str | None) -> dict[str, Any]:
-        """Loss and metrics so far; summed over ranks with one allreduce unless ``name`` is None.
-
-        The same allreduce carries ``stop_training``: afterwards it is set on every rank if any
-        rank asked to stop (so a callback that runs on rank 0 only cannot leave ranks waiting).
-        """
-        reduce = None if name is None else (lambda v: self.world.allreduce_sum(v, name=name))
-        logs, self.stop_training = self._meters.logs(self.stop_training, reduce)
-        return logs
+        return self._state.metrics_names()
 
     # --- loops (see accord.hapi.training and accord.hapi.evaluation) ---------------------------
 
@@ -194,9 +198,9 @@ class Model:
             ValueError: ``work_load_list`` does not fit the job (one weight per rank, a
                 non-empty share each) or the optimizer.
         """
-        return run_fit(self, train_data, eval_data, batch_size, epochs, eval_freq, log_freq,
-                            save_dir, save_freq, verbose, drop_last, shuffle, num_workers, callbacks,
-                            seed, work_load_list)
+        return run_fit(self._state, self, train_data, eval_data, batch_size, epochs, eval_freq,
+                       log_freq, save_dir, save_freq, verbose, drop_last, shuffle, num_workers,
+                       callbacks, seed, work_load_list)
 
     def evaluate(self, eval_data: Any, batch_size: int = 1, log_freq: int = 10, verbose: int = 2,
                  num_workers: int = 0, callbacks: Sequence[Callback] | None = None) -> dict[str, Any]:
@@ -209,7 +213,7 @@ class Model:
                                   "eval_data", num_workers)
         cbks = config_callbacks(callbacks, self, {"steps": len(loader), "metrics": self.metrics_names()},
                                 log_freq, verbose)
-        return evaluation.eval_loop(self, loader, cbks, log_freq)
+        return evaluation.eval_loop(self._state, self.eval_batch, loader, cbks, log_freq)
 
     def predict(self, test_data: Any, batch_size: int = 1, num_workers: int = 0,
                 stack_outputs: bool = True, verbose: int = 1,
@@ -222,11 +226,12 @@ class Model:
             One array for a single-output network, else a list with one array per output; with
             ``stack_outputs=False`` each array is instead a list of ``batch_size`` pieces.
         """
-        self._sync_once()
+        self._state.sync_once()
         loader = data.eval_loader(test_data, batch_size, self.world.size, self.world.rank,
                                   "test_data", num_workers)
         cbks = config_callbacks(callbacks, self, {"steps": len(loader), "metrics": []}, 10, verbose)
-        return evaluation.predict_loop(self, loader, cbks, batch_size, stack_outputs)
+        return evaluation.predict_loop(self.world, self.predict_batch, loader, cbks, batch_size,
+                                       stack_outputs)
 
     # --- checkpoints ----------------------------------------------------------------------------
 
@@ -235,7 +240,8 @@ class Model:
         (optimizer and loss-scaler state). Only rank 0 writes; elsewhere this does nothing, so
         it may also be called from code that runs on rank 0 alone."""
         if self.rank == 0:
-            save_checkpoint(path, self.network, self._optimizer if training else None, self._scaler)
+            save_checkpoint(path, self.network, self.optimizer if training else None,
+                            self._state.scaler)
 
     def load(self, path: str, skip_mismatch: bool = False, reset_optimizer: bool = False) -> None:
         """Load what :meth:`save` wrote (``path`` or ``path.pt``) on every rank.
@@ -252,5 +258,5 @@ class Model:
                 RuntimeError naming rank 0's error).
         """
         load_on_every_rank(self.world, path, self.network, self.device,
-                           None if reset_optimizer else self._optimizer, self._scaler, skip_mismatch)
-        self._synced = True
+                           None if reset_optimizer else self.optimizer, self._state.scaler, skip_mismatch)
+        self._state.synced = True

@@ -4,7 +4,7 @@ evaluation step or a prediction.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -12,9 +12,7 @@ from torch import nn
 
 from accord.errors import with_hint
 from accord.hapi.precision import autocast
-
-if TYPE_CHECKING:
-    from accord.hapi.model import Model
+from accord.hapi.state import ModelState
 
 __all__ = ["backward_and_step", "eval_step", "first_output", "is_distributed_optimizer",
            "predict_step", "rows_of", "split_batch", "to_device", "to_label", "to_numpy", "train_step"]
@@ -91,56 +89,56 @@ def backward_and_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer, scal
     scaler.update()
 
 
-def _loss_of(model: Model, outputs: Any, label: Any) -> torch.Tensor:
-    loss = model._loss(outputs, label)
+def _loss_of(state: ModelState, outputs: Any, label: Any) -> torch.Tensor:
+    loss = state.loss(outputs, label)
     return loss.mean() if loss.dim() else loss
 
 
-def train_step(model: Model, inputs: Sequence[Any], label: Any, loss_scale: float | None = None) -> float:
+def train_step(state: ModelState, inputs: Sequence[Any], label: Any, loss_scale: float | None = None) -> float:
     """``Model.train_batch``; the gradient comes from ``loss * loss_scale`` when a scale is given
     (weighted shares: see :mod:`accord.hapi.training`), while metrics see the unscaled loss.
 
     Raises:
         RuntimeError: the model has no optimizer or loss. ValueError: the batch has no label.
     """
-    optimizer = model._optimizer
-    if optimizer is None or model._loss is None:
+    optimizer = state.optimizer
+    if optimizer is None or state.loss is None:
         raise RuntimeError(with_hint("training needs an optimizer and a loss",
                                      "call model.prepare(optimizer, loss, metrics) first"))
     if label is None:
         raise ValueError(with_hint("training batches have no label (a single element per sample)",
                                    "pass (X, y) arrays, or a Dataset whose items are (inputs..., label)"))
-    model.network.train()
-    inputs = [to_device(x, model.device, model.network) for x in inputs]
-    label = to_label(label, model.device, model.network)
+    state.network.train()
+    inputs = [to_device(x, state.device, state.network) for x in inputs]
+    label = to_label(label, state.device, state.network)
     optimizer.zero_grad(set_to_none=True)
-    with autocast(model._amp_dtype, model.device):
-        outputs = model._forward(*inputs)
-        loss = _loss_of(model, outputs, label)
-    backward_and_step(loss if loss_scale is None else loss * loss_scale, optimizer, model._scaler)
-    model._meters.track(first_output(outputs), loss, label, rows_of(label))
+    with autocast(state.amp_dtype, state.device):
+        outputs = state.forward(*inputs)
+        loss = _loss_of(state, outputs, label)
+    backward_and_step(loss if loss_scale is None else loss * loss_scale, optimizer, state.scaler)
+    state.meters.track(first_output(outputs), loss, label, rows_of(label))
     return float(loss.detach())
 
 
 @torch.no_grad()
-def eval_step(model: Model, inputs: Sequence[Any], label: Any) -> float | None:
+def eval_step(state: ModelState, inputs: Sequence[Any], label: Any) -> float | None:
     """``Model.eval_batch``: forward without gradients, accumulate loss and metrics."""
-    model.network.eval()
-    inputs = [to_device(x, model.device, model.network) for x in inputs]
-    label = to_label(label, model.device, model.network)
-    with autocast(model._amp_dtype, model.device):
-        outputs = model._forward(*inputs)
-        loss = _loss_of(model, outputs, label) if model._loss is not None and label is not None else None
+    state.network.eval()
+    inputs = [to_device(x, state.device, state.network) for x in inputs]
+    label = to_label(label, state.device, state.network)
+    with autocast(state.amp_dtype, state.device):
+        outputs = state.forward(*inputs)
+        loss = _loss_of(state, outputs, label) if state.loss is not None and label is not None else None
     rows = int(label.shape[0]) if torch.is_tensor(label) else int(inputs[0].shape[0])
     if label is not None:
-        model._meters.track(first_output(outputs), loss, label, rows)
+        state.meters.track(first_output(outputs), loss, label, rows)
     return None if loss is None else float(loss)
 
 
 @torch.no_grad()
-def predict_step(model: Model, inputs: Sequence[Any]) -> list[torch.Tensor]:
+def predict_step(state: ModelState, inputs: Sequence[Any]) -> list[torch.Tensor]:
     """``Model.predict_batch``: the outputs as a list, one tensor per output."""
-    model.network.eval()
-    with autocast(model._amp_dtype, model.device):
-        outputs = model._forward(*[to_device(x, model.device, model.network) for x in inputs])
+    state.network.eval()
+    with autocast(state.amp_dtype, state.device):
+        outputs = state.forward(*[to_device(x, state.device, state.network) for x in inputs])
     return list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -27,11 +27,9 @@ from accord.errors import with_hint
 from accord.hapi import data
 from accord.hapi.callbacks import Callback, CallbackList, LRScheduler, config_callbacks
 from accord.hapi.evaluation import eval_loop
+from accord.hapi.state import ModelState
 from accord.hapi.steps import is_distributed_optimizer, rows_of, split_batch, train_step
 from accord.hapi.workload import StepPlan, weighted_plan
-
-if TYPE_CHECKING:
-    from accord.hapi.model import Model
 
 __all__ = ["EpochShape", "TRAIN_METRICS", "agree_stop", "fit", "train_epoch"]
 
@@ -66,7 +64,7 @@ def _gradient_op(optimizer: Any) -> ReduceOp | None:
     return None if op is None else ReduceOp(op)
 
 
-def epoch_shape(model: Model, loader: Any, batch_size: int, drop_last: bool,
+def epoch_shape(state: ModelState, loader: Any, batch_size: int, drop_last: bool,
                 work_load_list: Sequence[float] | None) -> EpochShape:
     """The shape of an epoch over ``loader`` (built with the same ``work_load_list``).
 
@@ -75,119 +73,123 @@ def epoch_shape(model: Model, loader: Any, batch_size: int, drop_last: bool,
     """
     if work_load_list is None:
         return EpochShape(len(loader), len(loader))
-    op = _gradient_op(model.optimizer)
+    op = _gradient_op(state.optimizer)
     if op not in (ReduceOp.AVERAGE, ReduceOp.SUM):
         raise ValueError(with_hint(
             f"fit(work_load_list={list(work_load_list)}) needs gradients combined by Average or Sum, "
-            f"but the optimizer uses {op.name if op is not None else type(model.optimizer).__name__}",
+            f"but the optimizer uses {op.name if op is not None else type(state.optimizer).__name__}",
             "use accord.torch.DistributedOptimizer with op=Average (the default) or op=Sum, or "
             "drop work_load_list"))
     plan = weighted_plan(len(loader.dataset), work_load_list, batch_size, drop_last)
-    if plan.steps[model.world.rank] != len(loader):  # the sampler and the plan must agree
+    if plan.steps[state.world.rank] != len(loader):  # the sampler and the plan must agree
         raise RuntimeError(with_hint(
-            f"rank {model.world.rank} has {len(loader)} batches but the step plan says "
-            f"{plan.steps[model.world.rank]} (plan: {plan.steps})",
+            f"rank {state.world.rank} has {len(loader)} batches but the step plan says "
+            f"{plan.steps[state.world.rank]} (plan: {plan.steps})",
             "this is a bug in accord.hapi; please report it with the dataset size and weights"))
     return EpochShape(plan.max_steps, plan.min_steps, plan)
 
 
-def _loss_scale(model: Model, shape: EpochShape, step: int, rows: int) -> float | None:
+def _loss_scale(state: ModelState, shape: EpochShape, step: int, rows: int) -> float | None:
     """The factor on this rank's mean loss that turns the gradient allreduce into the mean over
     ``step``'s global batch (None with equal shares: no scaling at all)."""
     plan = shape.plan
     if plan is None:
         return None
-    rank = model.world.rank
+    rank = state.world.rank
     if rows != plan.rows[rank][step]:
         raise RuntimeError(with_hint(
             f"rank {rank}, step {step}: the batch has {rows} rows but the step plan expects "
             f"{plan.rows[rank][step]}", "the training Dataset must not change length during fit"))
     share = plan.share(rank, step)
     # Average divides the sum by the size: undo that, so the sum of shares (1) remains.
-    return share * model.world.size if _gradient_op(model.optimizer) is ReduceOp.AVERAGE else share
+    return share * state.world.size if _gradient_op(state.optimizer) is ReduceOp.AVERAGE else share
 
 
-def _take_state_of(model: Model, cbks: CallbackList, root: int) -> None:
+def _take_state_of(state: ModelState, cbks: CallbackList, root: int) -> None:
     """Make every rank's training state rank ``root``'s (after a join with uneven steps)."""
-    world = model.world
-    optimizer = model.optimizer
-    world.broadcast_state(model.network, optimizer, model._scaler, root=root)
+    world = state.world
+    optimizer = state.optimizer
+    world.broadcast_state(state.network, optimizer, state.scaler, root=root)
     # Learning rates live in param_groups (not optimizer state) and step-wise schedulers count
     # steps: the ranks that ran fewer steps are behind on both.
     schedulers = [cb.scheduler for cb in cbks.callbacks if isinstance(cb, LRScheduler) and cb.by_step]
     groups = [] if optimizer is None else [
         {k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
-    state = world.broadcast_object({"groups": groups, "schedulers": [s.state_dict() for s in schedulers]},
-                                   "accord.hapi.step_state", root)
+    mine = {"groups": groups, "schedulers": [s.state_dict() for s in schedulers]}
+    root_state = world.broadcast_object(mine, "accord.hapi.step_state", root)
     if world.rank == root:
         return
     if optimizer is not None:
-        for group, options in zip(optimizer.param_groups, state["groups"]):
+        for group, options in zip(optimizer.param_groups, root_state["groups"]):
             group.update(options)
-    for scheduler, saved in zip(schedulers, state["schedulers"]):
+    for scheduler, saved in zip(schedulers, root_state["schedulers"]):
         scheduler.load_state_dict(saved)
 
 
-def train_epoch(model: Model, loader: Any, cbks: CallbackList, log_freq: int,
+def train_epoch(state: ModelState, loader: Any, cbks: CallbackList, log_freq: int,
                 shape: EpochShape) -> dict[str, Any]:
     """One epoch on this rank; returns the global logs (``step``, ``samples``, loss, metrics)."""
-    model._meters.reset()
+    state.meters.reset()
     logs: dict[str, Any] = {}
     reduced = False
     for step, batch in enumerate(loader):
         cbks.on_train_batch_begin(step, {})
         inputs, label = split_batch(batch)
-        train_step(model, inputs, label, _loss_scale(model, shape, step, rows_of(label, inputs)))
+        train_step(state, inputs, label, _loss_scale(state, shape, step, rows_of(label, inputs)))
         logs = {"step": step + 1}
         # Only at steps every rank runs do all ranks reach this allreduce, in the same order,
         # and see the same agreed stop flag: they then leave the loop at the same step.
         reduced = step < shape.common and ((step + 1) % log_freq == 0 or step + 1 == shape.steps)
         agreed_stop = False  # read before the callbacks: a stop they ask for is not agreed yet
         if reduced:
-            logs.update(model._logs(TRAIN_METRICS))
-            agreed_stop = model.stop_training
+            logs.update(state.logs(TRAIN_METRICS))
+            agreed_stop = state.stop_training
         cbks.on_train_batch_end(step, logs)
         if agreed_stop:
             return logs  # every rank ran the same steps: nobody joins, nothing to copy
     if shape.uneven:
-        model.world.join()
-        _take_state_of(model, cbks, shape.plan.root if shape.plan is not None else 0)
+        state.world.join()
+        _take_state_of(state, cbks, shape.plan.root if shape.plan is not None else 0)
     elif reduced:
         return logs
-    return {"step": shape.steps, **model._logs(TRAIN_METRICS)}
+    return {"step": shape.steps, **state.logs(TRAIN_METRICS)}
 
 
-def agree_stop(model: Model) -> bool:
+def agree_stop(state: ModelState) -> bool:
     """Stop on every rank if a callback asked for it on any rank."""
-    if model.world.distributed:
-        flag = torch.tensor([float(model.stop_training)], dtype=torch.float64)
-        model.stop_training = bool(model.world.allreduce_sum(flag, "accord.hapi.stop")[0] > 0)
-    return model.stop_training
+    if state.world.distributed:
+        flag = torch.tensor([float(state.stop_training)], dtype=torch.float64)
+        state.stop_training = bool(state.world.allreduce_sum(flag, "accord.hapi.stop")[0] > 0)
+    return state.stop_training
 
 
-def fit(model: Model, train_data: Any, eval_data: Any, batch_size: int, epochs: int, eval_freq: int,
-        log_freq: int, save_dir: str | None, save_freq: int, verbose: int, drop_last: bool,
-        shuffle: bool, num_workers: int, callbacks: Sequence[Callback] | None, seed: int,
-        work_load_list: Sequence[float] | None) -> dict[str, list[float]]:
-    """``Model.fit`` (see there for the arguments and the returned history)."""
-    world = model.world
+def fit(state: ModelState, model: Any, train_data: Any, eval_data: Any, batch_size: int, epochs: int,
+        eval_freq: int, log_freq: int, save_dir: str | None, save_freq: int, verbose: int,
+        drop_last: bool, shuffle: bool, num_workers: int, callbacks: Sequence[Callback] | None,
+        seed: int, work_load_list: Sequence[float] | None) -> dict[str, list[float]]:
+    """``Model.fit`` (see there for the arguments and the returned history) on ``state``.
+
+    ``model`` is what callbacks see as ``self.model`` (the ``Model``); its ``eval_batch`` runs
+    the evaluation batches.
+    """
+    world = state.world
     loader = data.train_loader(train_data, batch_size, world.size, world.rank, shuffle, seed,
                                drop_last, num_workers, work_load_list)
-    shape = epoch_shape(model, loader, batch_size, drop_last, work_load_list)
+    shape = epoch_shape(state, loader, batch_size, drop_last, work_load_list)
     evaluator = None if eval_data is None else data.eval_loader(
         eval_data, batch_size, world.size, world.rank, "eval_data", num_workers)
     cbks = config_callbacks(callbacks, model, {"epochs": epochs, "steps": shape.steps,
-                                               "metrics": model.metrics_names()},
+                                               "metrics": state.metrics_names()},
                             log_freq, verbose, save_freq, save_dir, training=True)
     history: dict[str, list[float]] = defaultdict(list)
-    model.stop_training = False
+    state.stop_training = False
     logs: dict[str, Any] = {}
     cbks.on_train_begin(logs)
     for epoch in range(epochs):
         data.set_epoch(loader, epoch)
         cbks.on_epoch_begin(epoch, {})
         start = time.perf_counter()
-        logs = train_epoch(model, loader, cbks, log_freq, shape)
+        logs = train_epoch(state, loader, cbks, log_freq, shape)
         # Measured after the epoch's last collective: the slowest rank's time, on every rank.
         logs["epoch_time"] = time.perf_counter() - start
         logs["samples_per_sec"] = logs["samples"] / max(logs["epoch_time"], 1e-9)
@@ -196,9 +198,9 @@ def fit(model: Model, train_data: Any, eval_data: Any, batch_size: int, epochs: 
             if key != "step":
                 history[key].append(value)
         if evaluator is not None and ((epoch + 1) % eval_freq == 0 or epoch + 1 == epochs):
-            for key, value in eval_loop(model, evaluator, cbks, log_freq).items():
+            for key, value in eval_loop(state, model.eval_batch, evaluator, cbks, log_freq).items():
                 history[f"eval_{key}"].append(value)
-        if agree_stop(model):
+        if agree_stop(state):
             break
     cbks.on_train_end(logs)
     return dict(history)

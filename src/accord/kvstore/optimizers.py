@@ -31,13 +31,14 @@ from typing import Any, ClassVar, Hashable, Mapping, Sequence
 import numpy as np
 
 from accord.errors import with_hint
+from accord.registry import Registry
 
 __all__ = [
     "SGD", "Adam", "Optimizer", "Updater", "create", "from_config", "known_optimizers",
     "load_states", "register_optimizer", "save_states",
 ]
 
-_REGISTRY: dict[str, type["Optimizer"]] = {}
+_REGISTRY: Registry[type["Optimizer"]] = Registry("optimizer", "@register_optimizer")
 _FORMAT = "accord-kvstore-optimizer-states"
 _META = "__accord_kvstore_states__"
 
@@ -125,18 +126,28 @@ class Optimizer:
         raise NotImplementedError
 
 
-def register_optimizer(cls: type[Optimizer]) -> type[Optimizer]:
-    """Register an :class:`Optimizer` subclass under ``cls.name`` (servers look it up there)."""
+def register_optimizer(cls: type[Optimizer] | None = None, *, override: bool = False) -> Any:
+    """Register an :class:`Optimizer` subclass under ``cls.name`` (servers look it up there).
+
+    Use as ``@register_optimizer``, or ``@register_optimizer(override=True)`` to replace the
+    optimizer registered under the same name.
+
+    Raises:
+        TypeError: ``cls`` is not an Optimizer subclass with a name.
+        ConfigError: the name is taken and ``override`` is False.
+    """
+    if cls is None:
+        return lambda c: register_optimizer(c, override=override)
     if not (isinstance(cls, type) and issubclass(cls, Optimizer) and cls.name):
         raise TypeError(with_hint(f"{cls!r} is not an Optimizer subclass with a name",
                                   "subclass accord.kvstore.optimizers.Optimizer and set name = '...'"))
-    _REGISTRY[cls.name.lower()] = cls
+    _REGISTRY.add(cls.name.lower(), cls, override=override)
     return cls
 
 
 def known_optimizers() -> list[str]:
     """Registered optimizer names."""
-    return sorted(_REGISTRY)
+    return _REGISTRY.names()
 
 
 def create(name: str, **params: Any) -> Optimizer:
@@ -147,8 +158,7 @@ def create(name: str, **params: Any) -> Optimizer:
     """
     cls = _REGISTRY.get(str(name).lower())
     if cls is None:
-        raise ValueError(with_hint(f"unknown optimizer {name!r}; known: {known_optimizers()}",
-                                   "use a registered name or register yours with @register_optimizer"))
+        raise _REGISTRY.unknown(name)
     return cls(**params)
 
 

@@ -19,7 +19,9 @@ device``)                           present)
 (``dist_device_async``)             arrives, with the servers' optimizer
 ==================================  =================================================================
 
-``@register`` adds other types, MXNet style (the class name, lowercased, is the type name).
+``@register`` adds other types, MXNet style (the class name, lowercased, is the type name). A
+name already taken (a built-in, an alias or an earlier registration) is refused unless
+``override=True``, where MXNet warns and replaces.
 
 In a process whose ACCORD_ROLE/DMLC_ROLE is ``server`` or ``scheduler`` (MXNet's launch.py runs
 the training script in those roles too), ``create`` runs that role and exits the process.
@@ -27,18 +29,18 @@ the training script in those roles too), ``create`` runs that role and exits the
 from __future__ import annotations
 
 import importlib
-import warnings
 from typing import Any, Callable, TypeVar, overload
 
 from accord import config
 from accord.errors import BackendError, with_hint
+from accord.registry import Registry
 
 __all__ = ["create", "known_types", "register"]
 
 T = TypeVar("T", bound=type)
 
 # name -> a class or factory taking the type name, or "module:attribute" for lazy built-ins.
-_REGISTRY: dict[str, Callable[[str], Any] | str] = {}
+_REGISTRY: Registry[Callable[[str], Any] | str] = Registry("kvstore type", "@accord.kvstore.register")
 
 _ALIASES = {
     "local_update_cpu": "local",
@@ -78,19 +80,20 @@ _REGISTRY.update(_BUILTINS)
 
 
 @overload
-def register(klass: T) -> T: ...
+def register(klass: T, *, override: bool = False) -> T: ...
 
 
 @overload
-def register(klass: str) -> Callable[[T], T]: ...
+def register(klass: str | None = None, *, override: bool = False) -> Callable[[T], T]: ...
 
 
-def register(klass: Any) -> Any:
+def register(klass: Any = None, *, override: bool = False) -> Any:
     """Register a KVStore type so that ``create(name)`` builds it.
 
     Use as ``@register`` (the type name is the class name, lowercased, as in MXNet) or as
-    ``@register("name")``. ``create`` constructs the class with no arguments. Registering an
-    existing name replaces it with a warning.
+    ``@register("name")``. ``create`` constructs the class with no arguments. A name already
+    taken is refused; ``@register(override=True)`` or ``@register("name", override=True)``
+    replaces it.
 
     Example::
 
@@ -98,33 +101,32 @@ def register(klass: Any) -> Any:
         class MyStore(accord.kvstore.KVStoreBase):
             ...
         kv = accord.kvstore.create("mystore")
-    """
-    if isinstance(klass, str):
-        name = klass.lower()
 
+    Raises:
+        ConfigError: the name is taken and ``override`` is False.
+        TypeError: ``klass`` is neither a class nor a name.
+    """
+    if klass is None or isinstance(klass, str):
         def decorate(cls: T) -> T:
-            _add(name, cls)
+            _add(cls.__name__ if klass is None else klass, cls, override)
             return cls
 
         return decorate
     if not isinstance(klass, type):
         raise TypeError(with_hint(f"register() takes a class or a name, got {klass!r}",
                                   "decorate the KVStore class: @register or @register('name')"))
-    _add(klass.__name__.lower(), klass)
+    _add(klass.__name__, klass, override)
     return klass
 
 
-def _add(name: str, factory: Any) -> None:
-    old = _REGISTRY.get(name)
-    if old is not None and old is not factory:
-        shown = old if isinstance(old, str) else getattr(old, "__qualname__", repr(old))
-        warnings.warn(f"kvstore type {name!r} ({shown}) is replaced by {factory!r}", stacklevel=3)
-    _REGISTRY[name] = factory
+def _add(name: str, factory: Any, override: bool) -> None:
+    key = name.lower()
+    _REGISTRY.add(key, factory, override=override, taken=key in _ALIASES)
 
 
 def known_types() -> list[str]:
     """Every name ``create`` accepts (registered types and aliases)."""
-    return sorted(set(_REGISTRY) | set(_ALIASES))
+    return sorted(set(_REGISTRY.names()) | set(_ALIASES))
 
 
 def create(name: str = "local") -> Any:
@@ -145,12 +147,10 @@ def create(name: str = "local") -> Any:
         raise TypeError(with_hint(f"the kvstore type must be a string, got {type(name).__name__}",
                                   "pass e.g. create('local') or create('dist_sync')"))
     key = name.lower()
-    key = _ALIASES.get(key, key)
+    key = key if key in _REGISTRY else _ALIASES.get(key, key)  # a registered name beats an alias
     factory = _REGISTRY.get(key)
     if factory is None:
-        raise ValueError(with_hint(f"unknown kvstore type {name!r}; known: {', '.join(known_types())}",
-                                   "use one of the known types, or register yours with "
-                                   "@accord.kvstore.register"))
+        raise _REGISTRY.unknown(name, known_types())
     builtin = factory is _BUILTINS.get(key)
     if isinstance(factory, str):
         module, attr = factory.split(":")

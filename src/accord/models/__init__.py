@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 from torch import nn
 
+from accord.registry import Registry
 from accord.models.lenet import LeNet, lenet
 from accord.models.mlp import MLP, mlp_26m
 from accord.models.resnet import ResNet, resnet18, resnet50
@@ -20,17 +21,21 @@ __all__ = [
 
 ModelFactory = Callable[..., nn.Module]
 
-_REGISTRY: dict[str, ModelFactory] = {
+_REGISTRY: Registry[ModelFactory] = Registry("model", "accord.models.register_model()", entries={
     "lenet": lenet,
     "mlp": mlp_26m,
     "resnet18": resnet18,
     "resnet50": resnet50,
-}
+})
 
 
-def register_model(name: str, factory: ModelFactory) -> None:
-    """Make ``get_model(name, ...)`` build ``factory(num_classes=..., **kwargs)``."""
-    _REGISTRY[name.lower()] = factory
+def register_model(name: str, factory: ModelFactory, *, override: bool = False) -> None:
+    """Make ``get_model(name, ...)`` build ``factory(num_classes=..., **kwargs)``.
+
+    Raises:
+        ConfigError: ``name`` is taken (case-insensitively) and ``override`` is False.
+    """
+    _REGISTRY.add(name.lower(), factory, override=override)
 
 
 def known_models() -> list[str]:

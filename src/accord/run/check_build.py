@@ -10,7 +10,7 @@ import platform
 import shutil
 from typing import Callable
 
-import accord
+from accord.version import __version__
 
 
 def _mark(ok: bool) -> str:
@@ -78,7 +78,7 @@ def build_report() -> str:
         "Available backends": [("Gloo", _gloo), ("NCCL", _nccl), ("MPI", _mpi), ("ZeroMQ (parameter servers)", _zmq)],
         "Available devices": [("CUDA", _cuda)],
     }
-    lines = [f"accord v{accord.__version__} (python {platform.python_version()}, {platform.system()})", ""]
+    lines = [f"accord v{__version__} (python {platform.python_version()}, {platform.system()})", ""]
     for title, probes in sections.items():
         lines.append(f"{title}:")
         for name, fn in probes:

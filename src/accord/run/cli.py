@@ -10,12 +10,12 @@ import argparse
 import sys
 from typing import NoReturn, Sequence
 
-import accord
 from accord import config
 from accord.errors import ConfigError, LaunchError
 from accord.run.launch_config import DEFAULT_GRACE, LOG_LEVELS, config_from_args
 from accord.run import tuning
 from accord.run.ssh import STRICT_POLICIES
+from accord.version import __version__
 
 EXAMPLES = """\
 examples:
@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,
     )
-    p.add_argument("--version", action="version", version=f"accordrun (accord) {accord.__version__}")
+    p.add_argument("--version", action="version", version=f"accordrun (accord) {__version__}")
     p.add_argument("-cb", "--check-build", action="store_true",
                    help="print which frameworks and backends are usable here, then exit")
     p.add_argument("--help-env", action="store_true", help="list every environment variable accord reads")

@@ -11,7 +11,7 @@ import time
 from typing import Sequence
 
 from accord.errors import LaunchError, RendezvousError, with_hint
-from accord.run.worker_env import CHECKIN_KEY
+from accord.worker_contract import CHECKIN_KEY
 
 
 def free_port(host: str = "") -> int:

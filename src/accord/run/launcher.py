@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any, BinaryIO, TextIO
 
-from accord import config
+from accord import config, worker_contract
 from accord.errors import LaunchError, with_hint
-from accord.run import error_file, job_store
+from accord.run import job_store
 from accord.run.assignment import Slot
 from accord.run.failures import (Failure, describe_returncode, exit_status, format_root_cause,
                                  pick_root_cause, signal_name)
@@ -314,7 +314,7 @@ class _Job:
 
     def _failure(self, w: _Worker) -> Failure:
         assert w.returncode is not None
-        error = error_file.read_error_file(w.error_file) if w.error_file else None
+        error = worker_contract.read_error_file(w.error_file) if w.error_file else None
         return Failure(rank=w.slot.rank, host=w.slot.hostname, pid=w.proc.pid, returncode=w.returncode,
                        error=error, local_rank=w.slot.local_rank)
 

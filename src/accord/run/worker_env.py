@@ -23,15 +23,15 @@ ACCORD_JOB_SECRET       hex of 32 random bytes that authenticates control messag
                         ssh's stdin (never argv, never logs). ``ACCORD_SECRET_FILE`` (a 0600
                         file holding the hex) is the accepted alternative.
 ACCORD_JOB_ID           identifier of the job (logs, error files)
-ACCORD_ERROR_FILE       where :mod:`accord.run.error_file` writes an uncaught exception
+ACCORD_ERROR_FILE       where :mod:`accord.worker_contract` writes an uncaught exception
                         (JSON) for the launcher's root-cause report (local workers only)
 ACCORD_START_TIMEOUT    seconds every rank has to reach the rendezvous (when given)
 ======================  ============================================================
 
 Check-in: a worker that uses accord's init sets the store key ``CHECKIN_KEY.format(rank=r)``
-(``accord/checkin/<rank>``) once it has connected. The launcher enforces ``--start-timeout``
-against these keys only when that flag is given explicitly, because plain scripts (a DDP script
-using ``env://``) never touch accord's store.
+(``accord/checkin/<rank>``, :mod:`accord.worker_contract`) once it has connected. The launcher
+enforces ``--start-timeout`` against these keys only when that flag is given explicitly, because
+plain scripts (a DDP script using ``env://``) never touch accord's store.
 
 Compatibility, so that Horovod and torchrun scripts run unchanged:
 
@@ -66,7 +66,6 @@ from typing import Any, Mapping
 from accord.run.assignment import Slot
 from accord.run.tuning import Tuning, tuning_env
 
-CHECKIN_KEY = "accord/checkin/{rank}"
 SECRET_VAR = "ACCORD_JOB_SECRET"
 SECRET_FILE_VAR = "ACCORD_SECRET_FILE"
 

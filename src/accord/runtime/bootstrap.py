@@ -35,7 +35,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from accord import config
+from accord import config, worker_contract
 from accord.errors import RendezvousError, with_hint
 from accord.logs import apply_log_level
 from accord.runtime import environments as envs
@@ -218,10 +218,6 @@ def _init_process_group(store: dist.Store, backend: str, env: envs.JobEnvironmen
 
 
 def _install_error_file() -> None:
-    """Let the launcher show this rank's traceback (when the launcher's module exists)."""
-    try:
-        from accord.run import error_file
-    except ImportError:
-        return
-    error_file.install()
+    """Let the launcher show this rank's traceback (see :mod:`accord.worker_contract`)."""
+    worker_contract.install()
 

@@ -217,9 +217,30 @@ DETECTORS: list[tuple[str, Detector]] = [
 ]
 
 
-def register_detector(name: str, detector: Detector, before: str | None = None) -> None:
-    """Add a detector, at the end or just before the one named ``before``."""
+def register_detector(name: str, detector: Detector, before: str | None = None, *,
+                      override: bool = False) -> None:
+    """Add a detector, at the end or just before the one named ``before``.
+
+    With ``override=True`` a detector of the same name is replaced (in its place, unless
+    ``before`` names another).
+
+    Raises:
+        ConfigError: ``name`` is taken and ``override`` is False, or ``before`` is unknown.
+    """
     names = [n for n, _ in DETECTORS]
+    if before is not None and before not in names:
+        raise ConfigError(with_hint(f"unknown cluster environment {before!r}; known: {', '.join(names)}",
+                                    "pass before= one of the known names, or None to add it last"))
+    if name in names:
+        if not override:
+            raise ConfigError(with_hint(
+                f"cluster environment {name!r} already has a detector ({DETECTORS[names.index(name)][1]!r})",
+                "choose another name, or pass override=True to register_detector to replace it"))
+        if before is None or before == name:
+            DETECTORS[names.index(name)] = (name, detector)
+            return
+        del DETECTORS[names.index(name)]
+        names.remove(name)
     index = names.index(before) if before is not None else len(DETECTORS)
     DETECTORS.insert(index, (name, detector))
 

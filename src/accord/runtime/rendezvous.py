@@ -28,13 +28,9 @@ from accord.runtime import environments as envs
 from accord.store import wire
 from accord.runtime.store_client import StoreClient
 from accord.store.server import StoreServer
+from accord.worker_contract import CHECKIN_KEY
 
 log = logging.getLogger("accord.runtime")
-
-try:  # the launcher owns the check-in key's name; this is its documented value
-    from accord.run.worker_env import CHECKIN_KEY
-except ImportError:
-    CHECKIN_KEY = "accord/checkin/{rank}"
 
 
 @dataclass

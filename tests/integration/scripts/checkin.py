@@ -4,7 +4,7 @@ import os
 import sys
 import time
 
-from accord.run.worker_env import CHECKIN_KEY
+from accord.worker_contract import CHECKIN_KEY
 from accord.store.connection import StoreConnection
 
 rank = int(os.environ["ACCORD_RANK"])

@@ -43,13 +43,13 @@ if rank == args.fail_rank:
         sys.exit(args.code)
     if args.mode == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
-    from accord.run import error_file
+    from accord import worker_contract
 
     if args.mode == "raise":
-        error_file.install()
+        worker_contract.install()
         raise ValueError(f"bad value on rank {rank}")
 
-    @error_file.record
+    @worker_contract.record
     def main():
         raise KeyError(f"missing key on rank {rank}")
 

@@ -1,14 +1,22 @@
-"""Error files: a failing worker records its uncaught exception for the launcher.
+"""What a worker and its launcher agree on besides the environment: check-in and error files.
 
-When ``ACCORD_ERROR_FILE`` is set (accordrun sets it for every local worker), the worker writes
-the exception's type, message and traceback as JSON to that path; the launcher's root-cause
-report shows it instead of guessing from stderr. Two ways in:
+Both sides import this module from below (the launcher in :mod:`accord.run`, the worker side in
+:mod:`accord.runtime`), so neither reaches into the other; the environment variables themselves
+are documented in :mod:`accord.run.worker_env`.
+
+Check-in: a worker that uses accord's init sets the store key ``CHECKIN_KEY.format(rank=r)``
+(``accord/checkin/<rank>``) once it has reached the launcher's store; the launcher's
+``--start-timeout`` watches these keys.
+
+Error files: when ``ACCORD_ERROR_FILE`` is set (accordrun sets it for every local worker), the
+worker writes the exception's type, message and traceback as JSON to that path; the launcher's
+root-cause report shows it instead of guessing from stderr. Two ways in:
 
 - :func:`install` (accord's bootstrap calls it): a ``sys.excepthook`` that records, then hands
   over to the previous hook (so the traceback is still printed).
 - :func:`record`: a decorator for entry points of scripts that do not call accord's init::
 
-      from accord.run.error_file import record
+      from accord.worker_contract import record
 
       @record
       def main(): ...
@@ -27,6 +35,8 @@ from types import TracebackType
 from typing import Any, Callable, TypeVar
 
 from accord import config
+
+CHECKIN_KEY = "accord/checkin/{rank}"  # the store key a worker sets once it has connected
 
 F = TypeVar("F", bound=Callable[..., Any])
 _INSTALLED_MARK = "_accord_error_file_hook"

@@ -1,10 +1,11 @@
-"""Error files: the excepthook (chained), the @record decorator, first error wins."""
+"""The worker contract: the check-in key; error files (the excepthook, chained; the @record
+decorator; first error wins)."""
 import json
 import sys
 
 import pytest
 
-from accord.run import error_file
+from accord import worker_contract
 
 
 @pytest.fixture
@@ -24,14 +25,14 @@ def _raise(exc):
 def test_write_and_read_back(tmp_path):
     path = tmp_path / "sub" / "err.json"
     exc = _raise(ValueError("bad value"))
-    assert error_file.write_error(exc, str(path)) == str(path)
-    data = error_file.read_error_file(str(path))
+    assert worker_contract.write_error(exc, str(path)) == str(path)
+    data = worker_contract.read_error_file(str(path))
     assert data["type"] == "ValueError" and data["message"] == "bad value"
     assert "Traceback" in data["traceback"] and "_raise" in data["traceback"]
     assert isinstance(data["timestamp"], float) and data["pid"] > 0
-    assert error_file.write_error(_raise(KeyError("later")), str(path)) is None  # first one wins
+    assert worker_contract.write_error(_raise(KeyError("later")), str(path)) is None  # first one wins
     assert json.loads(path.read_text())["type"] == "ValueError"
-    assert error_file.read_error_file(str(tmp_path / "missing")) is None
+    assert worker_contract.read_error_file(str(tmp_path / "missing")) is None
 
 
 def test_install_chains_previous_hook_and_is_idempotent(tmp_path, monkeypatch, restore_hook):
@@ -39,14 +40,14 @@ def test_install_chains_previous_hook_and_is_idempotent(tmp_path, monkeypatch, r
     monkeypatch.setenv("ACCORD_ERROR_FILE", str(path))
     seen = []
     sys.excepthook = lambda t, e, tb: seen.append(t)
-    error_file.install()
+    worker_contract.install()
     hook = sys.excepthook
-    error_file.install()
+    worker_contract.install()
     assert sys.excepthook is hook
     exc = _raise(RuntimeError("uncaught"))
     sys.excepthook(RuntimeError, exc, exc.__traceback__)
     assert seen == [RuntimeError]
-    data = error_file.read_error_file(str(path))
+    data = worker_contract.read_error_file(str(path))
     assert data["type"] == "RuntimeError" and "uncaught" in data["traceback"]
 
 
@@ -54,7 +55,7 @@ def test_hook_without_variable_writes_nothing(tmp_path, monkeypatch, restore_hoo
     monkeypatch.delenv("ACCORD_ERROR_FILE", raising=False)
     monkeypatch.chdir(tmp_path)
     sys.excepthook = lambda *a: None
-    error_file.install()
+    worker_contract.install()
     exc = _raise(RuntimeError("x"))
     sys.excepthook(RuntimeError, exc, exc.__traceback__)
     assert list(tmp_path.iterdir()) == []
@@ -64,7 +65,7 @@ def test_record_decorator(tmp_path, monkeypatch):
     path = tmp_path / "e.json"
     monkeypatch.setenv("ACCORD_ERROR_FILE", str(path))
 
-    @error_file.record
+    @worker_contract.record
     def main(x):
         if x:
             raise KeyError("k")
@@ -73,4 +74,8 @@ def test_record_decorator(tmp_path, monkeypatch):
     assert main(0) == 5 and not path.exists()
     with pytest.raises(KeyError):
         main(1)
-    assert error_file.read_error_file(str(path))["type"] == "KeyError"
+    assert worker_contract.read_error_file(str(path))["type"] == "KeyError"
+
+
+def test_checkin_key_format():
+    assert worker_contract.CHECKIN_KEY.format(rank=3) == "accord/checkin/3"
