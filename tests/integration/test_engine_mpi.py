@@ -60,3 +60,20 @@ def test_engine_on_the_mpi_backend(tmp_path):
         total = [3.0 * (i * 1 + i * 2) for i in range(4)]  # prescale 3, summed over ranks
         assert out["rs"] == total[2 * rank:2 * rank + 2]
         assert out["idle_share"] < 0.05, out["idle_share"]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not mpi_ready(), reason="needs mpirun and mpi4py")
+def test_engine_precision_on_the_mpi_backend():
+    """Every collective x dtype bit-exact (copies) or within the derived bound (reductions),
+    compression included, on 3 ranks (see tests/helpers/precision_checks.py)."""
+    import os
+    import re
+
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mpi_comm_checks.py")
+    proc = run_under_mpirun(script, 3, "--engine", ACCORD_CPU_BACKEND="mpi")
+    out = proc.stdout + proc.stderr
+    summaries = re.findall(r"rank (\d+) on (\w+): (\d+) checks, (\d+) failures", out)
+    assert proc.returncode == 0, out[-6000:]
+    assert sorted(int(r) for r, _, _, _ in summaries) == [0, 1, 2], out[-3000:]
+    assert all(b == "mpi" and int(n) > 200 and f == "0" for _, b, n, f in summaries), out[-3000:]
