@@ -253,7 +253,7 @@ def test_lost_peer_raises_rank_failed(how, limit):
     assert res["leftovers"] == []
     if how == "SIGKILL":  # a dead process is noticed from /proc, long before the 30 s limit
         assert "peer rank 1 (pid " in res["message"] and "exited" in res["message"]
-        assert res["elapsed"] < 5, res
+        assert res["elapsed"] < 12, res  # far below the 30 s limit, with room for a busy machine
     else:  # a stopped process still exists: the wait ends at ACCORD_COLLECTIVE_TIMEOUT
         assert "timed out after 2s (ACCORD_COLLECTIVE_TIMEOUT)" in res["message"]
         assert 1.9 < res["elapsed"] < 8, res
