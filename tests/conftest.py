@@ -1,13 +1,74 @@
-"""Fixtures shared by every test: fail a test that leaks env vars, threads or process groups."""
+"""Fixtures shared by every test: fail a test that leaks env vars, threads or process groups,
+and fail the run if it leaves files, shared-memory segments or processes behind
+(see helpers/leftovers.py)."""
 from __future__ import annotations
 
 import os
+import secrets
+import shutil
 import sys
+import tempfile
 import threading
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))  # makes `helpers` importable from tests
+
+from helpers import leftovers  # noqa: E402
+
+_RUN: dict = {}
+
+
+def pytest_configure(config):
+    """Give the run a private temporary directory and mark its children (before any test)."""
+    if hasattr(config, "workerinput") or _RUN:  # pragma: no cover - one owner per run
+        return
+    base = tempfile.mkdtemp(prefix="pytest-accord-run-")
+    _RUN.update(tmp=base, outer=os.environ.get("TMPDIR"), run_id=secrets.token_hex(8),
+                shm=leftovers.shm_segments())
+    os.environ["TMPDIR"] = base
+    os.environ[leftovers.MARK] = _RUN["run_id"]
+    tempfile.tempdir = None  # re-read TMPDIR
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own, which tears down the last fixtures
+def pytest_sessionfinish(session, exitstatus):
+    """Fail the run if anything it created is still there (then remove the private directory)."""
+    if not _RUN:
+        return
+    found = leftovers.find(_RUN["tmp"], _RUN["run_id"], _RUN["shm"], ignore_pids=_harness_pids())
+    if found:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        text = ("the test run left things behind (each test must clean up what it creates):\n  "
+                + "\n  ".join(found) + f"\n(kept: {_RUN['tmp']})")
+        if reporter is not None:
+            reporter.write_sep("=", "leftovers", red=True)
+            reporter.write_line(text)
+        else:  # pragma: no cover
+            print(text, file=sys.stderr)
+    else:
+        # At exit, after multiprocessing removes its own pymp-* directory in there.
+        from multiprocessing.util import Finalize
+
+        Finalize(None, shutil.rmtree, args=(_RUN["tmp"],), kwargs={"ignore_errors": True}, exitpriority=-101)
+    if _RUN["outer"] is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = _RUN["outer"]
+    os.environ.pop(leftovers.MARK, None)
+    tempfile.tempdir = None
+
+
+def _harness_pids() -> set[int]:
+    """The harness's fork server and resource tracker: children of this process by design,
+    alive until it exits."""
+    import multiprocessing.forkserver as forkserver
+    import multiprocessing.resource_tracker as resource_tracker
+
+    pids = {getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None),
+            getattr(getattr(resource_tracker, "_resource_tracker", None), "_pid", None)}
+    return {p for p in pids if p}
 
 
 # Variables pytest or torch set for themselves on first use, not a test's doing.
@@ -57,3 +118,13 @@ def no_leaks():
         problems.append("torch.distributed default process group left initialized")
     if problems:
         pytest.fail("test leaked state: " + "; ".join(problems))
+
+
+@pytest.fixture
+def killed_tmpdir(tmp_path_factory):
+    """A TMPDIR for processes the test SIGKILLs on purpose: they cannot remove what they made
+    (a launcher's job directory, a parameter server's socket directory), so it goes with this
+    directory when the test ends."""
+    path = tmp_path_factory.mktemp("killed")
+    yield str(path)
+    shutil.rmtree(path, ignore_errors=True)

@@ -5,6 +5,12 @@ ranks and runs every collective x op x dtype through them. Each rank regenerates
 input from a seed (case name + global rank), computes the expected result with numpy, and
 compares. Failures are collected (not raised) so that one wrong value does not desynchronise
 the ranks; the caller asserts the returned list is empty.
+
+Inputs use every bit of their dtype (:func:`helpers.values.random_values`): a float32 tensor
+that crossed the wire as 16 bits, or a float64 one as 32, would not come back the same.
+Copies (broadcast, allgather, alltoall, scatter, gather) and min/max/integer/bool reductions
+must match bit for bit; floating sums, averages and products must stay within
+:func:`helpers.values.reduce_tolerance` (dtype, number of ranks, magnitudes).
 """
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ import torch
 from accord.comm.backend import Communicator
 from accord.comm.ops import ReduceOp
 from accord.errors import BackendError, MismatchError
+from helpers.values import bits_equal, random_values, reduce_tolerance, to_tensor, within
 
 SUM, AVG, MIN, MAX, PROD = ReduceOp.SUM, ReduceOp.AVERAGE, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT
 OPS = (SUM, AVG, MIN, MAX, PROD)
@@ -25,9 +32,7 @@ FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 INTS = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32, torch.uint64)
 COMPLEX = (torch.complex64, torch.complex128)
 DTYPES = FLOATS + INTS + (torch.bool,) + COMPLEX
-# (rtol, atol) against a float64 reference computed from exactly representable inputs.
-TOL = {torch.float64: (1e-12, 1e-12), torch.float32: (1e-5, 1e-5), torch.float16: (4e-3, 1e-2),
-       torch.bfloat16: (3e-2, 5e-2), torch.complex64: (1e-5, 1e-5), torch.complex128: (1e-12, 1e-12)}
+_OP_NAMES = {SUM: "sum", AVG: "average", MIN: "min", MAX: "max", PROD: "product"}
 
 
 def _np_dtype(dtype: torch.dtype) -> Any:
@@ -35,26 +40,16 @@ def _np_dtype(dtype: torch.dtype) -> Any:
 
 
 def values(case: str, grank: int, shape: tuple, dtype: torch.dtype, op: ReduceOp | None = None) -> np.ndarray:
-    """Rank ``grank``'s input for ``case``, as a numpy array whose values ``dtype`` holds exactly."""
+    """Rank ``grank``'s input for ``case``: every bit of ``dtype`` used (see random_values)."""
+    if dtype == torch.bool or dtype.is_floating_point or dtype.is_complex:
+        return random_values(f"{case}|{grank}", shape, dtype, spread=0 if op == PROD else 3)
     rng = np.random.default_rng(zlib.crc32(f"{case}|{grank}".encode()))
-    if dtype == torch.bool:
-        return rng.integers(0, 2, size=shape).astype(bool)
-    if dtype.is_complex:
-        return (rng.integers(-8, 9, size=shape) / 4 + 1j * rng.integers(-8, 9, size=shape) / 4)
-    if dtype.is_floating_point:
-        return rng.integers(-12, 16, size=shape) / 4.0  # multiples of 0.25 in [-3, 3.75]
     npd = _np_dtype(dtype)
     info = np.iinfo(npd)
     low, high = int(info.min), int(info.max)
     if op == AVG and info.bits == 64:
         low, high = max(low, -(2**40)), min(high, 2**40)  # keep the exact sum inside 64 bits
     return rng.integers(low, high, size=shape, endpoint=True, dtype=npd)
-
-
-def to_tensor(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-    if dtype in (torch.float16, torch.bfloat16):
-        return torch.from_numpy(np.array(array, dtype=np.float64)).to(dtype)
-    return torch.from_numpy(np.array(array)).to(dtype)  # a copy: collectives write in place
 
 
 def expected_reduce(arrays: list[np.ndarray], op: ReduceOp, dtype: torch.dtype) -> np.ndarray:
@@ -73,6 +68,13 @@ def expected_reduce(arrays: list[np.ndarray], op: ReduceOp, dtype: torch.dtype) 
     fn = {SUM: np.add, MIN: np.minimum, MAX: np.maximum, PROD: np.multiply}[op]
     with np.errstate(over="ignore"):
         return functools.reduce(fn, arrays)  # wraps around like the native integer type
+
+
+def tolerance(arrays: list[np.ndarray], op: ReduceOp, dtype: torch.dtype) -> Any:
+    """The bound for reducing ``arrays`` by ``op`` in ``dtype``; None where bits must match."""
+    if not (dtype.is_floating_point or dtype.is_complex) or op in (MIN, MAX):
+        return None
+    return reduce_tolerance(arrays, _OP_NAMES[op], dtype)
 
 
 def refused(dtype: torch.dtype, op: ReduceOp) -> bool:
@@ -95,21 +97,27 @@ class Checks:
     def fail(self, what: str, detail: str) -> None:
         self.failures.append(f"[{self.label} rank {self.me}] {what}: {detail}")
 
-    def equal(self, what: str, actual: torch.Tensor | None, expected: np.ndarray, dtype: torch.dtype) -> None:
+    def equal(self, what: str, actual: torch.Tensor | None, expected: np.ndarray, dtype: torch.dtype,
+              bound: Any = None) -> None:
+        """``actual`` holds ``expected`` in ``dtype``: bit for bit, or within ``bound`` (a
+        scalar or elementwise bound from :func:`tolerance`) when one is given."""
         self.count += 1
-        if actual is None or actual.dtype != dtype or tuple(actual.shape) != tuple(expected.shape):
+        if actual is None or actual.dtype != dtype or tuple(actual.shape) != tuple(np.shape(expected)):
             got = None if actual is None else f"{actual.dtype} {tuple(actual.shape)}"
-            self.fail(what, f"got {got}, expected {dtype} {tuple(expected.shape)}")
+            self.fail(what, f"got {got}, expected {dtype} {tuple(np.shape(expected))}")
             return
-        if dtype in TOL:
-            rtol, atol = TOL[dtype]
-            wide = actual.to(torch.complex128 if dtype.is_complex else torch.float64).numpy()
-            ok = np.allclose(wide, expected, rtol=rtol, atol=atol)
-        else:
-            wide = actual.numpy()
-            ok = np.array_equal(wide, expected.astype(wide.dtype))
+        ok = bits_equal(actual, expected, dtype) if bound is None else within(actual, expected, bound)
         if not ok:
-            self.fail(what, f"got {wide.ravel()[:8].tolist()}, expected {np.asarray(expected).ravel()[:8].tolist()}")
+            wide = actual.detach().to(torch.complex128 if dtype.is_complex else torch.float64
+                                      if dtype.is_floating_point else actual.dtype).numpy()
+            worst = ""
+            if bound is not None:
+                err = np.abs(wide - expected) - bound
+                i = int(np.argmax(err))
+                worst = f" (worst element {i}: off by {np.abs(wide - expected).ravel()[i]:.3g}, " \
+                        f"bound {np.broadcast_to(bound, np.shape(expected)).ravel()[i]:.3g})"
+            self.fail(what, f"got {wide.ravel()[:6].tolist()}, expected "
+                            f"{np.asarray(expected).ravel()[:6].tolist()}{worst}")
 
     def raises(self, what: str, kind: type, fn: Callable[[], Any], match: str = "") -> None:
         self.count += 1
@@ -145,27 +153,28 @@ def check_reductions(c: Checks) -> None:
             if refused(dtype, op):
                 c.raises(f"allreduce {tag}", ValueError, lambda: comm.allreduce(to_tensor(inputs[comm.rank], dtype), op))
                 continue
-            want = expected_reduce(inputs, op, dtype)
+            want, bound = expected_reduce(inputs, op, dtype), tolerance(inputs, op, dtype)
 
             def allreduce() -> None:
                 t = to_tensor(inputs[comm.rank], dtype)
                 comm.allreduce(t, op)
-                c.equal(f"allreduce {tag}", t, want, dtype)
+                c.equal(f"allreduce {tag}", t, want, dtype, bound)
 
             def reduce(root: int) -> None:
                 t = to_tensor(inputs[comm.rank], dtype)
                 comm.reduce(t, op, root)
                 if comm.rank == root:
-                    c.equal(f"reduce {tag} root {root}", t, want, dtype)
+                    c.equal(f"reduce {tag} root {root}", t, want, dtype, bound)
 
             def reduce_scatter(rows: int) -> None:
                 ins = [values(f"rs{rows}-{tag}", r, (rows, 2), dtype, op) for r in members]
-                full = expected_reduce(ins, op, dtype)
+                full, limit = expected_reduce(ins, op, dtype), tolerance(ins, op, dtype)
                 base, extra = divmod(rows, size)
                 mine = [base + (i < extra) for i in range(size)]
-                start = sum(mine[: comm.rank])
+                part = slice(sum(mine[: comm.rank]), sum(mine[: comm.rank + 1]))
                 out = comm.reduce_scatter(to_tensor(ins[comm.rank], dtype), op)
-                c.equal(f"reduce_scatter {tag} rows {rows}", out, full[start:start + mine[comm.rank]], dtype)
+                c.equal(f"reduce_scatter {tag} rows {rows}", out, full[part], dtype,
+                        None if limit is None else limit[part])
 
             c.guarded(f"allreduce {tag}", allreduce)
             for root in sorted({0, size - 1}):
@@ -174,12 +183,12 @@ def check_reductions(c: Checks) -> None:
                 c.guarded(f"reduce_scatter {tag}", lambda: reduce_scatter(rows))
     # Fewer rows than ranks: with 2 rows over 3 ranks the last rank gets none.
     ins = [values("rs-short", r, (2, 2), torch.float32) for r in members]
-    full = expected_reduce(ins, SUM, torch.float32)
+    full, limit = expected_reduce(ins, SUM, torch.float32), tolerance(ins, SUM, torch.float32)
     mine = [len(part) for part in np.array_split(np.arange(2), size)]
-    start = sum(mine[: comm.rank])
+    part = slice(sum(mine[: comm.rank]), sum(mine[: comm.rank + 1]))
     c.guarded("reduce_scatter short", lambda: c.equal(
         "reduce_scatter short", comm.reduce_scatter(to_tensor(ins[comm.rank], torch.float32), SUM),
-        full[start:start + mine[comm.rank]], torch.float32))
+        full[part], torch.float32, limit[part]))
 
 
 def check_layouts(c: Checks) -> None:
@@ -187,14 +196,15 @@ def check_layouts(c: Checks) -> None:
     comm, members = c.comm, c.members
     for dtype, op in ((torch.float32, SUM), (torch.int16, MAX), (torch.bfloat16, AVG), (torch.bool, PROD)):
         ins = [values(f"nc-{dtype}", r, (4, 3), dtype, op) for r in members]
-        want = expected_reduce(ins, op, dtype)
+        want, bound = expected_reduce(ins, op, dtype), tolerance(ins, op, dtype)
 
         def run() -> None:
             base = to_tensor(ins[comm.rank].T.copy(), dtype)  # stored transposed...
             view = base.t()  # ...so this view has the logical values and is not contiguous
             comm.allreduce(view, op)
-            c.equal(f"allreduce non-contiguous {dtype}", view, want, dtype)
-            c.equal(f"allreduce non-contiguous {dtype} storage", base, want.T, dtype)
+            c.equal(f"allreduce non-contiguous {dtype}", view, want, dtype, bound)
+            c.equal(f"allreduce non-contiguous {dtype} storage", base, want.T, dtype,
+                    None if bound is None else bound.T)
 
         c.guarded(f"non-contiguous {dtype}", run)
     ins = [values("nc-bcast", r, (3, 2), torch.float64) for r in members]
@@ -229,9 +239,9 @@ def check_noncontiguous_inputs(c: Checks) -> None:
         out = comm.gather(mine, size - 1)
         if comm.rank == size - 1:
             c.equal("gather non-contiguous", out, np.concatenate(ins), dtype)
-        full = expected_reduce(ins, SUM, dtype)
-        c.equal("reduce_scatter non-contiguous", comm.reduce_scatter(mine, SUM),
-                full[2 * comm.rank:2 * comm.rank + 2], dtype)
+        full, bound = expected_reduce(ins, SUM, dtype), tolerance(ins, SUM, dtype)
+        part = slice(2 * comm.rank, 2 * comm.rank + 2)
+        c.equal("reduce_scatter non-contiguous", comm.reduce_scatter(mine, SUM), full[part], dtype, bound[part])
         out, got = comm.alltoall(mine, None)
         c.equal("alltoall non-contiguous", out,
                 np.concatenate([x[2 * comm.rank:2 * comm.rank + 2] for x in ins]), dtype)
@@ -241,7 +251,7 @@ def check_noncontiguous_inputs(c: Checks) -> None:
         reduced = _transposed(ins[comm.rank], dtype)
         comm.reduce(reduced, SUM, 0)
         if comm.rank == 0:
-            c.equal("reduce non-contiguous", reduced, full, dtype)
+            c.equal("reduce non-contiguous", reduced, full, dtype, bound)
 
     c.guarded("non-contiguous inputs", run)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import queue
+import shutil
 import tempfile
 import time
 from datetime import timedelta
@@ -70,3 +71,4 @@ def run_ranks_with_deaths(fn: Callable[..., Any], nprocs: int, dying: set[int], 
                 p.kill()
             p.join(5)
         del store
+        shutil.rmtree(tmp, ignore_errors=True)  # the stack dumps were read by _hang_report

@@ -21,6 +21,7 @@ import faulthandler
 import multiprocessing as mp
 import os
 import queue
+import shutil
 import signal
 import sys
 import tempfile
@@ -142,6 +143,7 @@ def run_ranks(
         if store is not None and hasattr(store, "close"):
             store.close()
         del store
+        shutil.rmtree(tmp, ignore_errors=True)  # the stack dumps were read by _hang_report
 
 
 def _collect(procs, results, nprocs, timeout, stack_files) -> list[Any]:

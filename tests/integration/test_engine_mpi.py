@@ -1,5 +1,5 @@
 """The engine with ACCORD_CPU_BACKEND=mpi under a real mpirun (2 ranks): Horovod's API end to end
-on mpi4py communicators, scale factors and integer Average included, and an idle engine's CPU."""
+on mpi4py communicators, scale factors and integer Average included, and an idle engine that sleeps."""
 from __future__ import annotations
 
 import json
@@ -7,6 +7,7 @@ import json
 import pytest
 
 from helpers.mpirun import mpi_ready, run_under_mpirun
+from helpers.proc_state import check_idle
 
 pytestmark = pytest.mark.mpi
 
@@ -30,10 +31,19 @@ grads = [torch.full((4,), float(r + i)) for i in range(3)]
 out["grouped"] = [g.tolist() for g in hvd.grouped_allreduce(grads, op=hvd.Sum)]
 out["rs"] = hvd.reducescatter(torch.arange(4, dtype=torch.float64) * (r + 1), op=hvd.Sum,
                               prescale_factor=3.0).tolist()
+# idle: the engine thread's state and cycle count (see tests/helpers/proc_state.py)
+import threading
+engine = session.engine()
+tid = next(t.native_id for t in threading.enumerate() if t.name == "accord-engine")
 time.sleep(1.0)
-cpu0, wall0 = time.process_time(), time.monotonic()
-time.sleep(2.0)
-out["idle_share"] = (time.process_time() - cpu0) / (time.monotonic() - wall0)
+cycles0, wall0 = engine.stats()["cycles"], time.monotonic()
+states = []
+for _ in range(40):
+    with open(f"/proc/self/task/{tid}/stat") as fh, open(f"/proc/self/task/{tid}/wchan") as wc:
+        states.append((fh.read().rsplit(")", 1)[1].split()[0], wc.read().strip()))
+    time.sleep(0.05)
+out["idle"] = {"cycles": engine.stats()["cycles"] - cycles0, "seconds": time.monotonic() - wall0,
+               "tick": engine.settings.idle_interval, "states": states}
 hvd.shutdown()
 with open(f"{sys.argv[1]}.{r}", "w") as fh:
     fh.write(json.dumps(out))
@@ -59,4 +69,21 @@ def test_engine_on_the_mpi_backend(tmp_path):
         assert out["grouped"] == [[float(2 * i + 1)] * 4 for i in range(3)]
         total = [3.0 * (i * 1 + i * 2) for i in range(4)]  # prescale 3, summed over ranks
         assert out["rs"] == total[2 * rank:2 * rank + 2]
-        assert out["idle_share"] < 0.05, out["idle_share"]
+        check_idle({**out["idle"], "states": [tuple(x) for x in out["idle"]["states"]]})
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not mpi_ready(), reason="needs mpirun and mpi4py")
+def test_engine_precision_on_the_mpi_backend():
+    """Every collective x dtype bit-exact (copies) or within the derived bound (reductions),
+    compression included, on 3 ranks (see tests/helpers/precision_checks.py)."""
+    import os
+    import re
+
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mpi_comm_checks.py")
+    proc = run_under_mpirun(script, 3, "--engine", ACCORD_CPU_BACKEND="mpi")
+    out = proc.stdout + proc.stderr
+    summaries = re.findall(r"rank (\d+) on (\w+): (\d+) checks, (\d+) failures", out)
+    assert proc.returncode == 0, out[-6000:]
+    assert sorted(int(r) for r, _, _, _ in summaries) == [0, 1, 2], out[-3000:]
+    assert all(b == "mpi" and int(n) > 200 and f == "0" for _, b, n, f in summaries), out[-3000:]

@@ -105,9 +105,10 @@ def test_signal_to_launcher_stops_every_worker(tmp_path, sig):
 
 
 @pytest.mark.timeout(30)
-def test_sigkilled_launcher_takes_workers_down(tmp_path):
+def test_sigkilled_launcher_takes_workers_down(tmp_path, killed_tmpdir):
     launcher = lib.start_accordrun("-np", "2", "--grace-period", "1", lib.PYTHON, FAIL, "--pid-dir",
-                                   str(tmp_path), "--grandchild", "--ignore-term")
+                                   str(tmp_path), "--grandchild", "--ignore-term",
+                                   env=lib.cli_env(TMPDIR=killed_tmpdir))
     pids: list[int] = []
     try:
         pids = lib.wait_for_pids(tmp_path, 2)

@@ -226,9 +226,9 @@ def test_remote_workers_reach_servers_on_the_launch_host(tmp_path, monkeypatch):
 # --- a server dies mid-job ------------------------------------------------------------------------
 
 @pytest.mark.timeout(60)
-def test_killed_server_fails_the_job_fast_naming_the_server(tmp_path):
+def test_killed_server_fails_the_job_fast_naming_the_server(tmp_path, killed_tmpdir):
     script = _write(tmp_path, "kv_loop.py", KV_LOOP)
-    env = lib.cli_env(ACCORD_KVSTORE_BIGARRAY_BOUND="16", ACCORD_KVSTORE_TIMEOUT="20")
+    env = lib.cli_env(ACCORD_KVSTORE_BIGARRAY_BOUND="16", ACCORD_KVSTORE_TIMEOUT="20", TMPDIR=killed_tmpdir)
     launcher = lib.start_accordrun("-np", "2", "--num-servers", "2", "--grace-period", "2",
                                    lib.PYTHON, script, str(tmp_path), env=env)
     pids: list[int] = []
@@ -257,10 +257,10 @@ def test_killed_server_fails_the_job_fast_naming_the_server(tmp_path):
 
 
 @pytest.mark.timeout(30)
-def test_sigkilled_launcher_leaves_no_server_behind(tmp_path):
+def test_sigkilled_launcher_leaves_no_server_behind(tmp_path, killed_tmpdir):
     script = _write(tmp_path, "sleeper.py", SLEEPER)
     launcher = lib.start_accordrun("-np", "1", "--num-servers", "2", "--grace-period", "1",
-                                   lib.PYTHON, script, str(tmp_path))
+                                   lib.PYTHON, script, str(tmp_path), env=lib.cli_env(TMPDIR=killed_tmpdir))
     pids: list[int] = []
     try:
         pids = _server_pids(launcher.pid, 2) + lib.wait_for_pids(tmp_path, 1)

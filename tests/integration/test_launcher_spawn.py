@@ -51,12 +51,12 @@ def test_results_in_rank_order_with_contract():
     assert "ACCORD_RANK" not in os.environ  # the parent's environment is left as it was
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(60)
 def test_worker_exception_reraised_with_rank_and_traceback():
     start = time.monotonic()
     with pytest.raises(WorkerFailedError) as info:
         accord.spawn(fail_on_rank_1, args=("bad input 42",), nprocs=2, grace_period=1)
-    assert time.monotonic() - start < 10  # rank 0 was stopped, not waited for
+    assert time.monotonic() - start < 25  # rank 0 (which sleeps 30 s) was stopped, not waited for
     err = info.value
     assert err.rank == 1 and err.exit_code == 1
     text = str(err)

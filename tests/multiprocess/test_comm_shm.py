@@ -188,14 +188,16 @@ def _mismatch_and_close(rank, size):
     t = torch.ones(2)
     comm.allreduce(t, ReduceOp.SUM)  # still in step after both mismatches
     assert t.tolist() == [2.0, 2.0]
-    # A waiting rank sleeps in the kernel: rank 0 waits ~1 s for rank 1 at almost no CPU cost.
+    # A waiting rank sleeps in the kernel (a futex), not spinning: rank 1 watches rank 0's
+    # main thread in /proc while rank 0 waits for it in a barrier.
+    pids = comm.allgather(torch.tensor([os.getpid()])).tolist()
     if rank == 1:
-        time.sleep(1.0)
-    cpu, wall = time.process_time(), time.monotonic()
+        from helpers.proc_state import mostly_sleeping, sample_states
+
+        time.sleep(0.2)
+        states = sample_states(pids[0], pid=pids[0], samples=20, interval=0.05)
+        assert mostly_sleeping(states) and any("futex" in w for _, w in states), states
     comm.barrier()
-    cpu, wall = time.process_time() - cpu, time.monotonic() - wall
-    if rank == 0:
-        assert wall > 0.5 and cpu < 0.2, (wall, cpu)
     # A rank that closes makes peers still waiting on it raise at once, not at the timeout.
     if rank == 1:
         comm.close()
@@ -251,7 +253,7 @@ def test_lost_peer_raises_rank_failed(how, limit):
     assert res["leftovers"] == []
     if how == "SIGKILL":  # a dead process is noticed from /proc, long before the 30 s limit
         assert "peer rank 1 (pid " in res["message"] and "exited" in res["message"]
-        assert res["elapsed"] < 5, res
+        assert res["elapsed"] < 12, res  # far below the 30 s limit, with room for a busy machine
     else:  # a stopped process still exists: the wait ends at ACCORD_COLLECTIVE_TIMEOUT
         assert "timed out after 2s (ACCORD_COLLECTIVE_TIMEOUT)" in res["message"]
         assert 1.9 < res["elapsed"] < 8, res

@@ -57,6 +57,6 @@ def _gathering_checks(rank, size):
 def test_waiting_callers_start_the_cycle_and_bursts_are_gathered():
     env = {"ACCORD_CPU_BACKEND": "shm", "ACCORD_CYCLE_TIME": "20000"}
     for report in run_ranks(_gathering_checks, 2, init="accord", env=env, timeout=80):
-        assert report["sync_s"] < 10.0, report  # 10 cycles that waited out 20 s would take 200 s
-        assert report["poll_s"] < 10.0, report
+        assert report["sync_s"] < 40.0, report  # 10 cycles that waited out 20 s would take 200 s
+        assert report["poll_s"] < 15.0, report  # one that waited would take 20 s
         assert report["burst_collectives"] == 1, report

@@ -91,8 +91,8 @@ def _dying_worker(rank, size, victim_pid, tmp):
     return time.monotonic() - start, str(info.value)
 
 
-def test_server_death_fails_workers_within_the_timeout(tmp_path):
-    with _cluster(2, 2) as cl:
+def test_server_death_fails_workers_within_the_timeout(tmp_path, killed_tmpdir):
+    with _cluster(2, 2, env={"TMPDIR": killed_tmpdir}) as cl:  # server 0 is SIGKILLed
         env = cl.worker_env()
         env.update({"ACCORD_KVSTORE_BIGARRAY_BOUND": "16", "ACCORD_KVSTORE_TIMEOUT": "20"})
         results = run_ranks(_dying_worker, 2, cl.servers[0].pid, str(tmp_path), init="none",

@@ -118,10 +118,22 @@ def test_mismatch_groups_equal_values_and_reports_each_field():
     assert msg.rstrip().splitlines()[-1].startswith("HINT:")
 
 
-def test_mismatch_is_reported_even_when_a_rank_is_missing():
-    per_rank = [{"x": (sig((3,)), 0)}, {}, {"x": (sig((4,)), 0)}]
+def test_mismatch_waits_for_every_member_then_is_reported_to_all():
+    # Reported while rank 1 has not submitted "x", the error would reach ranks 0 and 2 only,
+    # and rank 1 would later wait for them forever (found by the randomized stress test).
+    per_rank = [{"x": (sig((3,)), 1.5)}, {}, {"x": (sig((4,)), 0.5)}]
     d = decide(exch(per_rank), ResponseCache(), 1)
-    assert "rank 0 sent [3], rank 2 sent [4]" in d.errors["x"] and not d.partial
+    assert d.errors == {} and d.ready == []
+    assert d.partial == [Partial("x", 0, (0, 2), (1,), 1.5)]
+    per_rank[1] = {"x": (sig((3,)), 0.0)}
+    d = decide(exch(per_rank), ResponseCache(), 1)
+    assert "ranks 0, 1 sent [3], rank 2 sent [4]" in d.errors["x"] and not d.partial
+    # a joined rank will not submit it: no reason to wait
+    d = decide(exch([{"x": (sig((3,)), 0)}, {}, {"x": (sig((4,)), 0)}], joined=[1]), ResponseCache(), 1)
+    assert "x" in d.errors and not d.partial
+    # signatures that name different process sets: every member of both must be there
+    d = decide(exch([{"x": (sig(pset=1), 0)}, {"x": (sig(), 0)}, {}]), ResponseCache(), 1)
+    assert d.errors == {} and d.partial == [Partial("x", 1, (0, 1), (2,), 0)]
 
 
 def test_partial_presence_stays_pending_with_missing_ranks_and_oldest_age():

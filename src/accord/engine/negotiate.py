@@ -215,15 +215,22 @@ def decide(exchange: Exchange, cache: ResponseCache, tick: int) -> Decision:
     for name in sorted(set().union(*per_rank)):
         holders = {r: d[name] for r, d in enumerate(per_rank) if name in d}
         sigs = {r: sig for r, (sig, _) in holders.items()}
-        if len(set(sigs.values())) > 1:
-            decision.errors[name] = mismatch_message(name, sigs)
-            continue
         sig = next(iter(sigs.values()))
-        group, problem = _members(sig.process_set, holders, exchange.sets, len(per_rank))
+        group, problem = _members_of_all(sigs, holders, exchange.sets, len(per_rank))
         if problem:
             decision.errors[name] = problem
             continue
         missing = tuple(r for r in group if r not in holders and r not in joined_set)
+        if len(set(sigs.values())) > 1:
+            # As in Horovod, a mismatch is reported once every member has submitted the name:
+            # reported earlier, a member that submits it later would wait for peers that have
+            # already moved on (a hang instead of an error on every rank).
+            if missing:
+                age = max(a for _, a in holders.values())
+                decision.partial.append(Partial(name, sig.process_set, tuple(sorted(holders)), missing, age))
+            else:
+                decision.errors[name] = mismatch_message(name, sigs)
+            continue
         if not missing and Op(sig.op) in ROOTED_OPS and sig.root not in holders:
             decision.errors[name] = joined_root_message(name, sig)
             continue
@@ -251,6 +258,20 @@ def decide(exchange: Exchange, cache: ResponseCache, tick: int) -> Decision:
             ordered.append((i, name))
     decision.ready = [n for _, n in sorted(ordered)] + uncached
     return decision
+
+
+def _members_of_all(sigs: Mapping[int, Signature], holders: Mapping[int, object],
+                    sets: Sequence[Mapping[int, Sequence[int]]], size: int) -> tuple[tuple[int, ...], str]:
+    """The ranks that must submit a name: the members of every process set its holders name
+    (one set, unless the signatures disagree), or a problem."""
+    members: set[int] = set()
+    for set_id in {s.process_set for s in sigs.values()}:
+        users = {r: h for r, h in holders.items() if sigs[r].process_set == set_id}
+        group, problem = _members(set_id, users, sets, size)
+        if problem:
+            return (), problem
+        members.update(group)
+    return tuple(sorted(members)), ""
 
 
 def _members(set_id: int, holders: Mapping[int, object], sets: Sequence[Mapping[int, Sequence[int]]],
