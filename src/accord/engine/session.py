@@ -51,10 +51,6 @@ _session: _Session | None = None
 _lock = threading.RLock()
 
 
-def _devices() -> list[str]:
-    return ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
-
-
 def init(process_sets: Sequence[Sequence[int]] | None = None,
          settings: EngineSettings | None = None) -> list[int]:
     """Join the job and start the engine; a no-op if already initialized.
@@ -71,15 +67,14 @@ def init(process_sets: Sequence[Sequence[int]] | None = None,
     with _lock:
         if _session is not None:
             return [_session.table.find(sorted(r)) for r in process_sets or []]
-        from accord.comm import backend_name_for
-        from accord.comm.backend import get_backend
+        from accord.comm.devices import device_backends
         from accord.runtime.bootstrap import bootstrap
 
         runtime = bootstrap()
         try:
             size = runtime.topology.size
             single_host = size > 1 and len(set(runtime.topology.hostnames)) == 1
-            backends = {d: get_backend(backend_name_for(d, single_host)) for d in _devices()}
+            backends = device_backends(runtime.store, runtime.topology.rank, runtime.topology.hostnames, single_host)
             _check_devices(backends)
             registry = ProcessSetRegistry()
             comms = {d: b.create(list(range(size))) for d, b in backends.items()}
