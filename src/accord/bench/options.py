@@ -27,6 +27,8 @@ MODELS = ("lenet", "mlp", "resnet18", "resnet50")  # accord.models' registry (a 
 AMP_LEVELS = ("O0", "O1", "O2")
 BASELINES = ("ddp", "horovod-style", "none")
 COMPRESSIONS = ("none", "fp16", "bf16")
+# The tensors each built-in backend moves (known here without importing torch).
+_BUILTIN_DEVICES = {"gloo": "cpu", "shm": "cpu", "mpi": "cpu", "nccl": "cuda", "host": "cuda"}
 
 
 @dataclass(frozen=True)
@@ -138,11 +140,11 @@ def _mpi_available() -> bool:
 
 def resolve_backends(text: str, device: str, where: Placement) -> tuple[str, ...]:
     """``auto``: the configured backend, plus mpi under an MPI launcher, plus shm if registered."""
-    from accord.comm import known_backends
+    from accord.comm import backend_name_for, known_backends
 
     known = known_backends()
     if device == "cuda":
-        default = [config.get("ACCORD_GPU_BACKEND")]
+        default = [backend_name_for("cuda")]  # auto: nccl (host staging is asked for by name)
     else:
         configured = config.get("ACCORD_CPU_BACKEND")
         default = ["gloo"] if configured == "auto" else [configured]  # shm is added below
@@ -161,9 +163,9 @@ def resolve_backends(text: str, device: str, where: Placement) -> tuple[str, ...
                         f"(launcher detected: {where.source}; mpi4py importable: {_mpi_available()})",
                         "run `mpirun -np 2 python -m accord.bench collectives --backends mpi`, "
                         "or drop mpi from --backends")
-        if (name == "nccl") != (device == "cuda"):
+        if _BUILTIN_DEVICES.get(name, device) != device:
             raise _fail(f"backend {name!r} does not handle {device} tensors",
-                        "use nccl with --device cuda, and gloo/mpi/shm with --device cpu")
+                        "use nccl or host with --device cuda, and gloo/mpi/shm with --device cpu")
         if name not in out:
             out.append(name)
     return tuple(out)
