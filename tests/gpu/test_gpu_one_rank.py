@@ -8,6 +8,7 @@ tensors); expected values come from tests/helpers/gpu_checks.py, computed on the
 """
 import pytest
 
+from helpers import gpu_checks as g
 from helpers.gpu_checks import DEVICE, ON_CPU, skip_reason
 from helpers.ranks import run_ranks
 
@@ -16,46 +17,20 @@ pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300),
 
 
 def _start(rank):
-    """init, pick this rank's GPU (as scripts do after init), check NCCL carries CUDA tensors."""
-    import torch
-
-    import accord.torch as hvd
-    from accord.engine import session
-    from helpers.gpu_checks import Collector
-
-    hvd.init()
-    c = Collector(rank)
-    if DEVICE == "cuda":
-        torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
-        c.true("cuda backend", session.backend_name("cuda") == "nccl", session.backend_name("cuda"))
-    return c
-
-
-def _finish(c):
-    import accord.torch as hvd
-
-    hvd.shutdown()
-    return c.count, c.failures
-
-
-def _check(results, least):
-    failures = [f for _, fails in results for f in fails]
-    assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:60])
-    assert min(n for n, _ in results) >= least, [n for n, _ in results]  # the checks really ran
+    return g.start(rank, "nccl")
 
 
 def _collectives(rank, size):
-    from helpers import gpu_checks as g
 
     c = _start(rank)
     g.engine_collectives(c, size)
     g.horovod_api(c, size)
     g.compression(c, size)
-    return _finish(c)
+    return g.finish(c)
 
 
 def test_every_collective_and_dtype_on_nccl():
-    _check(run_ranks(_collectives, 1, init="accord", timeout=280), 240)
+    g.assert_clean(run_ranks(_collectives, 1, init="accord", timeout=280), 240)
 
 
 def _streams(rank, size):
@@ -103,19 +78,18 @@ def _streams(rank, size):
     y = torch.arange(1 << 20, dtype=torch.float32, device=dev)
     out = hvd.allreduce(y, op=hvd.Sum, name="big")
     c.true("big allreduce", torch.equal(out, y))
-    return _finish(c)
+    return g.finish(c)
 
 
 @pytest.mark.skipif(ON_CPU, reason="stream rules need CUDA streams")
 def test_stream_rules():
-    _check(run_ranks(_streams, 1, init="accord", timeout=120), 7)
+    g.assert_clean(run_ranks(_streams, 1, init="accord", timeout=120), 7)
 
 
 def _training(rank, size):
     import torch
 
     import accord.torch as hvd
-    from helpers import gpu_checks as g
 
     c = _start(rank)
     g.optimizer(c, size)
@@ -125,7 +99,7 @@ def _training(rank, size):
     _kvstore(c, size)
     c.same("still in step", hvd.allreduce(torch.ones(3, device=DEVICE), op=hvd.Sum),
            torch.full((3,), float(size)))
-    return _finish(c)
+    return g.finish(c)
 
 
 def _sync_batch_norm_function(c):
@@ -188,7 +162,7 @@ def _kvstore(c, size):
 
 
 def test_optimizer_sync_batch_norm_kvstore_on_nccl():
-    _check(run_ranks(_training, 1, init="accord", timeout=200), 20)
+    g.assert_clean(run_ranks(_training, 1, init="accord", timeout=200), 20)
 
 
 def _compiled(rank, size):
@@ -238,8 +212,8 @@ def _compiled(rank, size):
             c.same(f"compiled training param {i}", q.detach(), p.detach().cpu(), DEVICE, 1e-5)
 
     c.guarded("torch.compile", run)
-    return _finish(c)
+    return g.finish(c)
 
 
 def test_torch_compile_with_collectives_on_cuda():
-    _check(run_ranks(_compiled, 1, init="accord", timeout=280), 3 + 4)
+    g.assert_clean(run_ranks(_compiled, 1, init="accord", timeout=280), 3 + 4)

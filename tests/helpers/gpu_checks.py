@@ -101,37 +101,37 @@ def engine_collectives(c: Collector, size: int, device: str = DEVICE) -> None:
             for name, op in ops.items():
                 if name == "average" and dtype not in ("float32", "float64") + HALF:
                     continue
-                x = inputs[rank].to(device)
+                x = inputs[rank].to(device, copy=True)
                 out = synchronize(submit("allreduce", x, f"ar.{dtype}.{name}", reduce_op=op))
                 tol = 1e-2 if name == "average" and dtype in HALF else 0.0
                 c.same(f"allreduce {name} {dtype}", out, _reduce(stack, name, dtype), device, tol)
                 c.same(f"allreduce {name} {dtype} input untouched", x, inputs[rank], device)
-            x = inputs[rank].to(device)
+            x = inputs[rank].to(device, copy=True)
             synchronize(submit("allreduce", x, f"ar_.{dtype}", in_place=True))
             c.same(f"allreduce in place {dtype}", x, _reduce(stack, "sum", dtype), device)
-            x = inputs[rank].to(device)
+            x = inputs[rank].to(device, copy=True)
             synchronize(submit("broadcast", x, f"bc.{dtype}", in_place=True, root_rank=size - 1))
             c.same(f"broadcast {dtype}", x, inputs[size - 1], device)
             ragged = [values("ag", r, (r + 1, 2), dtype) for r in range(size)]
-            out = synchronize(submit("allgather", ragged[rank].to(device), f"ag.{dtype}"))
+            out = synchronize(submit("allgather", ragged[rank].to(device, copy=True), f"ag.{dtype}"))
             c.same(f"allgather ragged {dtype}", out, torch.cat(ragged), device)
-            out = synchronize(submit("gather", ragged[rank].to(device), f"ga.{dtype}", root_rank=0))
+            out = synchronize(submit("gather", ragged[rank].to(device, copy=True), f"ga.{dtype}", root_rank=0))
             if rank == 0:
                 c.same(f"gather {dtype}", out, torch.cat(ragged), device)
             else:
                 c.true(f"gather {dtype} off root", out is None, f"got {type(out).__name__}")
-            x = inputs[rank].to(device)
+            x = inputs[rank].to(device, copy=True)
             out = synchronize(submit("reduce", x, f"rd.{dtype}", root_rank=0, reduce_op=ReduceOp.MAX))
             if rank == 0:
                 c.same(f"reduce max {dtype}", out, _reduce(stack, "max", dtype), device)
             rows = [values("rs", r, (2 * size + 1, 2), dtype) for r in range(size)]
-            out = synchronize(submit("reducescatter", rows[rank].to(device), f"rs.{dtype}"))
+            out = synchronize(submit("reducescatter", rows[rank].to(device, copy=True), f"rs.{dtype}"))
             full = _reduce(torch.stack(rows), "sum", dtype)
             mine = [3 if r == 0 else 2 for r in range(size)]  # lower ranks get the extra row
             c.same(f"reducescatter {dtype}", out, full.split(mine)[rank], device)
             splits = [[(s + r) % 3 for r in range(size)] for s in range(size)]  # splits[s][d]
             sent = [values("a2a", s, (sum(splits[s]), 2), dtype) for s in range(size)]
-            out, received = synchronize(submit("alltoall", sent[rank].to(device), f"a2a.{dtype}",
+            out, received = synchronize(submit("alltoall", sent[rank].to(device, copy=True), f"a2a.{dtype}",
                                                splits=splits[rank]))
             want = torch.cat([sent[s].split(splits[s])[rank] for s in range(size)])
             c.same(f"alltoall {dtype}", out, want, device)
@@ -139,7 +139,7 @@ def engine_collectives(c: Collector, size: int, device: str = DEVICE) -> None:
                    torch.tensor([splits[s][rank] for s in range(size)]), "cpu")
             table = values("sc", 0, (3 * size, 2), dtype)
             mine = table if rank == 0 else torch.empty((0, 2), dtype=getattr(torch, dtype))
-            out = synchronize(submit("scatter", mine.to(device), f"sc.{dtype}", root_rank=0))
+            out = synchronize(submit("scatter", mine.to(device, copy=True), f"sc.{dtype}", root_rank=0))
             c.same(f"scatter {dtype}", out, table[3 * rank:3 * rank + 3], device)
 
         c.guarded(f"engine collectives {dtype}", one_dtype)
@@ -155,31 +155,31 @@ def horovod_api(c: Collector, size: int, device: str = DEVICE) -> None:
         def one_dtype(dtype: str = dtype) -> None:
             inputs = [values("h", r, (4, 3), dtype) for r in range(size)]
             total = _reduce(torch.stack(inputs), "sum", dtype)
-            c.same(f"hvd.allreduce {dtype}", hvd.allreduce(inputs[rank].to(device), op=hvd.Sum), total, device)
-            t = inputs[rank].to(device)
+            c.same(f"hvd.allreduce {dtype}", hvd.allreduce(inputs[rank].to(device, copy=True), op=hvd.Sum), total, device)
+            t = inputs[rank].to(device, copy=True)
             c.true(f"hvd.allreduce_ {dtype} returns its input", hvd.allreduce_(t, op=hvd.Sum) is t)
             c.same(f"hvd.allreduce_ {dtype}", t, total, device)
-            handle = hvd.allreduce_async(inputs[rank].to(device), op=hvd.Sum, name=f"async.{dtype}")
+            handle = hvd.allreduce_async(inputs[rank].to(device, copy=True), op=hvd.Sum, name=f"async.{dtype}")
             c.same(f"hvd.allreduce_async {dtype}", hvd.synchronize(handle), total, device)
-            outs = hvd.grouped_allreduce([inputs[rank].to(device), inputs[rank][:1].to(device)], op=hvd.Sum)
+            outs = hvd.grouped_allreduce([inputs[rank].to(device, copy=True), inputs[rank][:1].to(device, copy=True)], op=hvd.Sum)
             c.same(f"hvd.grouped_allreduce {dtype} [0]", outs[0], total, device)
             c.same(f"hvd.grouped_allreduce {dtype} [1]", outs[1], total[:1], device)
-            c.same(f"hvd.allgather {dtype}", hvd.allgather(inputs[rank].to(device)), torch.cat(inputs), device)
-            c.same(f"hvd.broadcast {dtype}", hvd.broadcast(inputs[rank].to(device), root_rank=0),
+            c.same(f"hvd.allgather {dtype}", hvd.allgather(inputs[rank].to(device, copy=True)), torch.cat(inputs), device)
+            c.same(f"hvd.broadcast {dtype}", hvd.broadcast(inputs[rank].to(device, copy=True), root_rank=0),
                    inputs[0], device)
-            t = inputs[rank].to(device)
+            t = inputs[rank].to(device, copy=True)
             hvd.broadcast_(t, root_rank=size - 1)
             c.same(f"hvd.broadcast_ {dtype}", t, inputs[size - 1], device)
-            out = hvd.alltoall(inputs[rank][:size].to(device))  # one row to every rank
+            out = hvd.alltoall(inputs[rank][:size].to(device, copy=True))  # one row to every rank
             c.same(f"hvd.alltoall {dtype}", out, torch.stack([inputs[s][rank] for s in range(size)]), device)
             rs = [values("hrs", r, (2 * size, 3), dtype) for r in range(size)]
-            out = hvd.reducescatter(rs[rank].to(device), op=hvd.Sum)
+            out = hvd.reducescatter(rs[rank].to(device, copy=True), op=hvd.Sum)
             c.same(f"hvd.reducescatter {dtype}", out, _reduce(torch.stack(rs), "sum", dtype)[2 * rank:2 * rank + 2], device)
 
         c.guarded(f"horovod api {dtype}", one_dtype)
 
     def autograd() -> None:  # Horovod's gradients: allreduce's is the allreduce of the gradient
-        x = values("grad", rank, (3, 2), "float32").to(device).requires_grad_(True)
+        x = values("grad", rank, (3, 2), "float32").to(device, copy=True).requires_grad_(True)
         y = hvd.allreduce(x, op=hvd.Sum)
         (y * (rank + 1)).sum().backward()
         c.same("allreduce backward", x.grad, torch.full((3, 2), float(sum(range(1, size + 1)))), device)
@@ -198,16 +198,16 @@ def compression(c: Collector, size: int, device: str = DEVICE) -> None:
     for comp, tiny, half in ((hvd.Compression.fp16, 2.0 ** -12, torch.float16),
                              (hvd.Compression.bf16, 2.0 ** -9, torch.bfloat16)):
         def check(comp: Any = comp, tiny: float = tiny, half: torch.dtype = half) -> None:
-            x = (base[rank] + tiny).to(device)
+            x = (base[rank] + tiny).to(device, copy=True)
             want = torch.stack([(b + tiny).to(half) for b in base]).double().sum(0).to(half).float()
             got = hvd.allreduce(x, op=hvd.Sum, compression=comp, name=f"cmp.{half}")
             c.same(f"allreduce compressed {half}", got, want, device)
             # in place, cast by the engine on the way (what DistributedOptimizer sends), alone
             # and as a fused group
-            t = (base[rank] + tiny).to(device)
+            t = (base[rank] + tiny).to(device, copy=True)
             hvd.synchronize(A.allreduce_cast_async_(t, half, name=f"cast.{half}", op=hvd.Sum))
             c.same(f"allreduce_cast_async_ {half} (deferred cast)", t, want, device)
-            ts = [(base[rank] + tiny).to(device), (base[rank][:9] + tiny).to(device)]
+            ts = [(base[rank] + tiny).to(device, copy=True), (base[rank][:9] + tiny).to(device, copy=True)]
             hvd.synchronize(A.grouped_allreduce_cast_async_(ts, half, name=f"gcast.{half}", op=hvd.Sum))
             c.same(f"grouped_allreduce_cast_async_ {half} [0]", ts[0], want, device)
             c.same(f"grouped_allreduce_cast_async_ {half} [1]", ts[1], want[:9], device)
@@ -237,7 +237,7 @@ def optimizer(c: Collector, size: int, device: str = DEVICE, compression: Any = 
         hvd.broadcast_parameters(net.state_dict(), root_rank=0)
         x, y = batch(rank)
         opt.zero_grad()
-        torch.nn.functional.mse_loss(net(x.to(device)), y.to(device)).backward()
+        torch.nn.functional.mse_loss(net(x.to(device, copy=True)), y.to(device, copy=True)).backward()
         opt.step()
         # the reference: the mean of every rank's gradient, computed here on the CPU in float64
         ref = model().double()
@@ -254,3 +254,34 @@ def optimizer(c: Collector, size: int, device: str = DEVICE, compression: Any = 
                 c.same(f"optimizer param {i}", p.detach().double(), q - 0.1 * mean, device, tol)
 
     c.guarded(f"DistributedOptimizer ({compression})", run)
+
+
+def start(rank: int, cuda_backend: str, cpu_backend: str | None = None) -> Collector:
+    """In a rank: init, pick this rank's GPU (as scripts do after init), and check which
+    backends carry CUDA (and CPU) tensors."""
+    import accord.torch as hvd
+    from accord.engine import session
+
+    hvd.init()
+    c = Collector(rank)
+    if DEVICE == "cuda":
+        torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
+        c.true("cuda backend", session.backend_name("cuda") == cuda_backend, session.backend_name("cuda"))
+        if cpu_backend is not None:
+            c.true("cpu backend", session.backend_name("cpu") == cpu_backend, session.backend_name("cpu"))
+    return c
+
+
+def finish(c: Collector) -> tuple[int, list[str]]:
+    """In a rank: shut down; what the parent's :func:`assert_clean` reads."""
+    import accord.torch as hvd
+
+    hvd.shutdown()
+    return c.count, c.failures
+
+
+def assert_clean(results: list[tuple[int, list[str]]], least: int) -> None:
+    """In the test: no rank failed a check, and every rank ran at least ``least`` of them."""
+    failures = [f for _, fails in results for f in fails]
+    assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:60])
+    assert min(n for n, _ in results) >= least, [n for n, _ in results]

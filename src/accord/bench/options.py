@@ -58,6 +58,7 @@ class TrainOptions:
     amp_level: str
     amp_dtype: str  # "auto", "bf16" or "fp16"
     compiler_opt: bool
+    channels_last: bool  # NHWC images and weights (what cuDNN's fast half-precision convolutions want)
     steps: int
     warmup: int
     repeats: int  # the whole single/accord/baseline sequence, accord and baseline alternating
@@ -218,11 +219,15 @@ def train_options(args: Any) -> TrainOptions:
     if args.model in ("mlp",) and args.image_size is not None:
         raise _fail("--image-size does not apply to the mlp (its input is a 1024-vector, or 64 "
                     "pixels with --data digits)", "drop --image-size")
+    if getattr(args, "channels_last", False) and args.model == "mlp":
+        raise _fail("--channels-last applies to image models (resnet18, resnet50, lenet), not the mlp",
+                    "drop --channels-last")
     if not args.lr > 0:
         raise _fail(f"--lr must be > 0, got {args.lr}", "pass e.g. --lr 0.01")
     return TrainOptions(
         model=args.model, batch_size=_positive("--batch-size", args.batch_size),
         amp_level=args.amp_level, amp_dtype=args.amp_dtype, compiler_opt=args.compiler_opt,
+        channels_last=bool(getattr(args, "channels_last", False)),
         steps=_positive("--steps", args.steps), warmup=_positive("--warmup", args.warmup, 0),
         repeats=_positive("--repeats", args.repeats),
         log_interval=_positive("--log-interval", args.log_interval), data=args.data,
