@@ -201,11 +201,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="tiny sizes: checks the code paths only")
     p.add_argument("--out", default=DEFAULT_OUT)
     p.add_argument("--parts", default="resnet,allreduce,host")
-    p.add_argument("--budget-s", type=float, default=330.0, help="seconds for all parts together")
+    p.add_argument("--budget-s", type=float, default=320.0, help="seconds for all parts together")
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     parts = [x.strip() for x in args.parts.split(",") if x.strip()]
-    shares = {"resnet": 0.72, "allreduce": 0.14, "host": 0.14}
+    shares = {"resnet": 0.80, "allreduce": 0.12, "host": 0.08}
     result: dict[str, Any] = {"kind": "gpu_bench", "device": args.device, "quick": args.quick}
     for part in parts:
         budget = args.budget_s * shares.get(part, 0.2)

@@ -34,50 +34,8 @@ def test_every_collective_and_dtype_on_nccl():
 
 
 def _streams(rank, size):
-    """The caller's current stream is respected, and no result is read early.
-
-    A side stream sleeps on the GPU, then writes the input; the collective is submitted under
-    that stream, so the engine must wait for the write (a ready event on the caller's stream).
-    The result is then read on another stream right after synchronize(): it must be complete.
-    """
-    import torch
-
-    import accord.torch as hvd
-
     c = _start(rank)
-    dev = torch.device("cuda", torch.cuda.current_device())
-    side, reader = torch.cuda.Stream(dev), torch.cuda.Stream(dev)
-    cycles = 200_000_000  # ~0.1 s of GPU time: far longer than the engine takes to start a cycle
-    for i, (kind, dtype) in enumerate([("allreduce", torch.float32), ("allreduce_", torch.bfloat16),
-                                       ("allgather", torch.float16), ("broadcast_", torch.int64),
-                                       ("grouped", torch.float32)]):
-        x = torch.zeros(1 << 16, dtype=dtype, device=dev)
-        torch.cuda.synchronize()
-        with torch.cuda.stream(side):
-            torch.cuda._sleep(cycles)
-            x.fill_(i + 1)  # written on the side stream, after the sleep
-            if kind == "allreduce":
-                h = hvd.allreduce_async(x, op=hvd.Sum, name=f"s{i}")
-            elif kind == "allreduce_":
-                h = hvd.allreduce_async_(x, op=hvd.Sum, name=f"s{i}")
-            elif kind == "allgather":
-                h = hvd.allgather_async(x, name=f"s{i}")
-            elif kind == "broadcast_":
-                h = hvd.broadcast_async_(x, root_rank=0, name=f"s{i}")
-            else:
-                h = hvd.grouped_allreduce_async([x, x[:7]], op=hvd.Sum, name=f"s{i}")
-        out = hvd.synchronize(h)
-        outs = out if isinstance(out, list) else [out]
-        with torch.cuda.stream(reader):  # read on another stream, no wait on the side stream
-            seen = [o.to(torch.float64).sum() for o in outs]
-        reader.synchronize()
-        for o, s in zip(outs, seen):
-            c.true(f"{kind} {dtype}: result complete when synchronize returns",
-                   float(s) == (i + 1) * o.numel(), f"sum {float(s)}, want {(i + 1) * o.numel()}")
-    # A result read on the caller's default stream right after synchronize, with no other wait.
-    y = torch.arange(1 << 20, dtype=torch.float32, device=dev)
-    out = hvd.allreduce(y, op=hvd.Sum, name="big")
-    c.true("big allreduce", torch.equal(out, y))
+    g.stream_rules(c, size)
     return g.finish(c)
 
 

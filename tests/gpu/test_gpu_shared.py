@@ -96,6 +96,17 @@ def test_ranks_sharing_one_gpu_run_through_host_memory(size):
     g.assert_clean(run_ranks(_shared, size, init="accord", timeout=280), 245)
 
 
+def _streams(rank, size):
+    c = _start(rank)
+    g.stream_rules(c, size)
+    return g.finish(c)
+
+
+@pytest.mark.skipif(ON_CPU, reason="stream rules need CUDA streams")
+def test_stream_rules_through_host_memory():
+    g.assert_clean(run_ranks(_streams, 2, init="accord", timeout=120), 8)
+
+
 def _explicit_nccl(rank, size):
     import accord.torch as hvd
     from accord.errors import ConfigError

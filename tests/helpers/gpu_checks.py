@@ -256,6 +256,51 @@ def optimizer(c: Collector, size: int, device: str = DEVICE, compression: Any = 
     c.guarded(f"DistributedOptimizer ({compression})", run)
 
 
+def stream_rules(c: Collector, size: int) -> None:
+    """The caller's current stream is respected, and no result is read early (CUDA only).
+
+    A side stream sleeps on the GPU, then writes the input; the collective is submitted under
+    that stream, so the engine must wait for the write (a ready event on the caller's stream).
+    The result is then read on another stream right after synchronize(): it must be complete.
+    """
+    import accord.torch as hvd
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    side, reader = torch.cuda.Stream(dev), torch.cuda.Stream(dev)
+    cycles = 200_000_000  # ~0.1 s of GPU time: far longer than the engine takes to start a cycle
+    cases = [("allreduce", torch.float32, size), ("allreduce_", torch.bfloat16, size),
+             ("allgather", torch.float16, 1), ("broadcast_", torch.int64, 1), ("grouped", torch.float32, size)]
+    for i, (kind, dtype, factor) in enumerate(cases):
+        x = torch.zeros(1 << 16, dtype=dtype, device=dev)
+        torch.cuda.synchronize()
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(cycles)
+            x.fill_(i + 1)  # written on the side stream, after the sleep
+            if kind == "allreduce":
+                h = hvd.allreduce_async(x, op=hvd.Sum, name=f"s{i}")
+            elif kind == "allreduce_":
+                h = hvd.allreduce_async_(x, op=hvd.Sum, name=f"s{i}")
+            elif kind == "allgather":
+                h = hvd.allgather_async(x, name=f"s{i}")
+            elif kind == "broadcast_":
+                h = hvd.broadcast_async_(x, root_rank=0, name=f"s{i}")
+            else:
+                h = hvd.grouped_allreduce_async([x, x[:7]], op=hvd.Sum, name=f"s{i}")
+        out = hvd.synchronize(h)
+        outs = out if isinstance(out, list) else [out]
+        with torch.cuda.stream(reader):  # read on another stream, with no wait on the side stream
+            seen = [o.to(torch.float64).sum() for o in outs]
+        reader.synchronize()
+        for o, s in zip(outs, seen):
+            want = (i + 1) * factor * o.numel()
+            c.true(f"{kind} {dtype}: result complete when synchronize returns", float(s) == want,
+                   f"sum {float(s)}, want {want}")
+    # a large result read on the caller's default stream right after synchronize, no other wait
+    y = torch.arange(1 << 20, dtype=torch.float32, device=dev)
+    c.same("large allreduce", hvd.allreduce(y, op=hvd.Sum, name="large"), torch.arange(1 << 20) * float(size),
+           "cuda")
+
+
 def start(rank: int, cuda_backend: str, cpu_backend: str | None = None) -> Collector:
     """In a rank: init, pick this rank's GPU (as scripts do after init), and check which
     backends carry CUDA (and CPU) tensors."""
