@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="tiny sizes: checks the code paths only")
     p.add_argument("--out", default=DEFAULT_OUT)
     p.add_argument("--parts", default="resnet,allreduce,host")
-    p.add_argument("--budget-s", type=float, default=320.0, help="seconds for all parts together")
+    p.add_argument("--budget-s", type=float, default=285.0, help="seconds for all parts together")
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     parts = [x.strip() for x in args.parts.split(",") if x.strip()]

@@ -12,7 +12,7 @@ from helpers import gpu_checks as g
 from helpers.gpu_checks import DEVICE, ON_CPU, skip_reason
 from helpers.ranks import run_ranks
 
-pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300),
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(120),
               pytest.mark.skipif(skip_reason() is not None, reason=str(skip_reason()))]
 
 
@@ -29,8 +29,9 @@ def _collectives(rank, size):
     return g.finish(c)
 
 
+@pytest.mark.timeout(120)
 def test_every_collective_and_dtype_on_nccl():
-    g.assert_clean(run_ranks(_collectives, 1, init="accord", timeout=280), 240)
+    g.assert_clean(run_ranks(_collectives, 1, init="accord", timeout=110), 240)
 
 
 def _streams(rank, size):
@@ -39,9 +40,10 @@ def _streams(rank, size):
     return g.finish(c)
 
 
+@pytest.mark.timeout(60)
 @pytest.mark.skipif(ON_CPU, reason="stream rules need CUDA streams")
 def test_stream_rules():
-    g.assert_clean(run_ranks(_streams, 1, init="accord", timeout=120), 7)
+    g.assert_clean(run_ranks(_streams, 1, init="accord", timeout=50), 7)
 
 
 def _training(rank, size):
@@ -119,8 +121,9 @@ def _kvstore(c, size):
     c.guarded("kvstore", run)
 
 
+@pytest.mark.timeout(120)
 def test_optimizer_sync_batch_norm_kvstore_on_nccl():
-    g.assert_clean(run_ranks(_training, 1, init="accord", timeout=200), 20)
+    g.assert_clean(run_ranks(_training, 1, init="accord", timeout=110), 20)
 
 
 def _compiled(rank, size):
@@ -173,5 +176,6 @@ def _compiled(rank, size):
     return g.finish(c)
 
 
+@pytest.mark.timeout(150)  # inductor compiles two graphs for the GPU
 def test_torch_compile_with_collectives_on_cuda():
-    g.assert_clean(run_ranks(_compiled, 1, init="accord", timeout=280), 3 + 4)
+    g.assert_clean(run_ranks(_compiled, 1, init="accord", timeout=140), 3 + 4)

@@ -12,7 +12,7 @@ from helpers import gpu_checks as g
 from helpers.gpu_checks import DEVICE, ON_CPU, skip_reason
 from helpers.ranks import run_ranks
 
-pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300),
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(120),
               pytest.mark.skipif(skip_reason() is not None, reason=str(skip_reason()))]
 
 
@@ -93,7 +93,7 @@ def _dist_device_sync(c, size):
 
 @pytest.mark.parametrize("size", [2])
 def test_ranks_sharing_one_gpu_run_through_host_memory(size):
-    g.assert_clean(run_ranks(_shared, size, init="accord", timeout=280), 245)
+    g.assert_clean(run_ranks(_shared, size, init="accord", timeout=110), 245)
 
 
 def _streams(rank, size):
@@ -102,9 +102,10 @@ def _streams(rank, size):
     return g.finish(c)
 
 
+@pytest.mark.timeout(60)
 @pytest.mark.skipif(ON_CPU, reason="stream rules need CUDA streams")
 def test_stream_rules_through_host_memory():
-    g.assert_clean(run_ranks(_streams, 2, init="accord", timeout=120), 8)
+    g.assert_clean(run_ranks(_streams, 2, init="accord", timeout=50), 8)
 
 
 def _explicit_nccl(rank, size):
@@ -121,7 +122,7 @@ def _explicit_nccl(rank, size):
 
 @pytest.mark.skipif(ON_CPU, reason="needs a real GPU shared by the ranks")
 def test_explicit_nccl_on_a_shared_gpu_is_refused_at_init():
-    messages = run_ranks(_explicit_nccl, 2, init="accord", timeout=60,
+    messages = run_ranks(_explicit_nccl, 2, init="accord", timeout=50,
                          env={"ACCORD_GPU_BACKEND": "nccl"})
     for text in messages:
         assert text is not None, "init() accepted NCCL on one shared GPU"
@@ -144,4 +145,4 @@ def _without_nccl(rank, size):
 
 @pytest.mark.skipif(ON_CPU, reason="needs a real GPU")
 def test_cuda_without_nccl_falls_back_to_host_memory():
-    g.assert_clean(run_ranks(_without_nccl, 2, init="accord", timeout=60), 4)
+    g.assert_clean(run_ranks(_without_nccl, 2, init="accord", timeout=50), 4)
