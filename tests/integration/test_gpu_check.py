@@ -61,6 +61,7 @@ _XML = """<?xml version="1.0" encoding="utf-8"?>
 <failure message="AssertionError: 1 failures: rank 0 allreduce sum bfloat16: got [1.0]">trace</failure></testcase>
 <testcase classname="tests.gpu.test_gpu_shared" name="test_c" time="0.0">
 <skipped type="pytest.skip" message="needs a real GPU">skip</skipped></testcase>
+<testcase time="0.000" />
 </testsuite></testsuites>
 """
 
@@ -90,6 +91,7 @@ def test_summary_counts_the_xml_and_shows_the_benchmarks(tmp_path):
     assert tests["failures"][0]["test"] == "tests.gpu.test_gpu_one_rank::test_b"
     md = (tmp_path / "gpu_check.md").read_text()
     assert "1 passed, 1 failed, 0 errors, 1 skipped" in md
+    assert tests["interrupted"] and "stopped at the time limit" in md  # the nameless last case
     assert "| O1_compiled | 256 | 3,100.0 |" in md and "2.58x" in md and "met" in md
     assert "failed: timed out after 40s" in md and "NVIDIA H100 80GB HBM3" in md
 
