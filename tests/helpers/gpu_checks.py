@@ -186,6 +186,19 @@ def horovod_api(c: Collector, size: int, device: str = DEVICE) -> None:
 
     c.guarded("autograd", autograd)
 
+    def join() -> None:  # rank 0 joins at once; the others reduce CUDA tensors without it
+        if rank == 0:
+            last = hvd.join()
+        else:
+            t = values("join", rank, (6,), "float32").to(device, copy=True)
+            out = hvd.allreduce(t, op=hvd.Sum, name="joined")  # rank 0 contributes zeros
+            c.same("allreduce with rank 0 joined", out,
+                   sum(values("join", r, (6,), "float32") for r in range(1, size)), device)
+            last = hvd.join()
+        c.true("join returns the last rank to join", last == (size - 1 if size > 1 else 0), f"got {last}")
+
+    c.guarded("join", join)
+
 
 def compression(c: Collector, size: int, device: str = DEVICE) -> None:
     """fp16/bf16 compression of float32 CUDA tensors: the data really travels in half precision
