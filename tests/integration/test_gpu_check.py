@@ -18,7 +18,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BENCH = os.path.join(ROOT, "benchmarks")
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(240)  # generous: a loaded 2-core machine starts torch slowly
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: the script would run everything")
@@ -35,7 +35,7 @@ def test_script_without_a_gpu_runs_nothing_and_exits_0():
     assert after == before  # nothing written
 
 
-def _run(script, *args, timeout=100):
+def _run(script, *args, timeout=220):
     return subprocess.run([sys.executable, os.path.join(BENCH, script), *args], capture_output=True,
                           text=True, timeout=timeout, cwd=ROOT)
 
