@@ -87,7 +87,7 @@ VARIABLES: dict[str, Variable] = {
         _v("ACCORD_ERROR_FILE", str, None, "Where a failing worker writes its traceback for the launcher."),
         # --- communication and engine tuning ---
         _v("ACCORD_CPU_BACKEND", str.strip, "auto", "Backend for CPU tensors: auto (shm when every rank is on one host, else gloo), gloo, shm, mpi, or a registered name.", "HOROVOD_CPU_OPERATIONS"),
-        _v("ACCORD_GPU_BACKEND", str, "nccl", "Backend for CUDA tensors: nccl, or a registered name."),
+        _v("ACCORD_GPU_BACKEND", str.strip, "auto", "Backend for CUDA tensors: auto (nccl, or host when NCCL cannot carry the job: ranks sharing a GPU, or torch without NCCL), nccl (an error at init in those cases), host (through host memory over the CPU backend), or a registered name."),
         _v("ACCORD_FUSION_THRESHOLD", int, 64 * 1024 * 1024, "Bytes per fusion buffer; 0 turns fusion off.", "HOROVOD_FUSION_THRESHOLD"),
         _v("ACCORD_CYCLE_TIME", float, None, "Most milliseconds the engine gathers requests into one cycle after the first arrives (default by CPU backend: 1 on gloo/mpi, 1000 on shm). A caller waiting on a handle always starts the cycle; on gloo/mpi so does a full fusion buffer.", "HOROVOD_CYCLE_TIME"),
         _v("ACCORD_CYCLE_QUIET_TIME", float, None, "Milliseconds without a new request after which a gathering cycle starts (default by CPU backend: 0, as soon as nothing new is queued, on gloo/mpi; the cycle time on shm)."),

@@ -38,6 +38,8 @@ def _exit2(capsys, argv, expected):
     (["collectives", "--backends", "nope"], "unknown backend 'nope'"),
     (["collectives", "--backends", "mpi"], "the mpi backend needs the ranks to be started by mpirun"),
     (["collectives", "--backends", "nccl"], "backend 'nccl' does not handle cpu tensors"),
+    (["collectives", "--backends", "host"], "backend 'host' does not handle cpu tensors"),
+    (["train", "--model", "mlp", "--channels-last"], "--channels-last applies to image models"),
     (["collectives", "--nproc-per-node", "0"], "--nproc-per-node must be >= 1, got 0"),
     (["collectives", "--threads", "0"], "--threads must be >= 1, got 0"),
     (["collectives", "--json", "/nonexistent-accord-dir/out.json"], "folder '/nonexistent-accord-dir' does not exist"),

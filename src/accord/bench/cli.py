@@ -78,6 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--amp-dtype", choices=("auto", "bf16", "fp16"), default="auto",
                    help="half type for O1/O2 (auto: bf16 on CPU, fp16 + GradScaler on CUDA)")
     t.add_argument("--compiler-opt", action="store_true", help="wrap the model with torch.compile")
+    t.add_argument("--channels-last", action="store_true",
+                   help="images and weights in NHWC memory format (faster convolutions on GPUs)")
     t.add_argument("--steps", type=int, default=50, help="timed steps per run (default 50)")
     t.add_argument("--warmup", type=int, default=5, help="untimed steps first (default 5)")
     t.add_argument("--repeats", type=int, default=1,

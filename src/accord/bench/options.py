@@ -27,6 +27,8 @@ MODELS = ("lenet", "mlp", "resnet18", "resnet50")  # accord.models' registry (a 
 AMP_LEVELS = ("O0", "O1", "O2")
 BASELINES = ("ddp", "horovod-style", "none")
 COMPRESSIONS = ("none", "fp16", "bf16")
+# The tensors each built-in backend moves (known here without importing torch).
+_BUILTIN_DEVICES = {"gloo": "cpu", "shm": "cpu", "mpi": "cpu", "nccl": "cuda", "host": "cuda"}
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,7 @@ class TrainOptions:
     amp_level: str
     amp_dtype: str  # "auto", "bf16" or "fp16"
     compiler_opt: bool
+    channels_last: bool  # NHWC images and weights (what cuDNN's fast half-precision convolutions want)
     steps: int
     warmup: int
     repeats: int  # the whole single/accord/baseline sequence, accord and baseline alternating
@@ -138,11 +141,11 @@ def _mpi_available() -> bool:
 
 def resolve_backends(text: str, device: str, where: Placement) -> tuple[str, ...]:
     """``auto``: the configured backend, plus mpi under an MPI launcher, plus shm if registered."""
-    from accord.comm import known_backends
+    from accord.comm import backend_name_for, known_backends
 
     known = known_backends()
     if device == "cuda":
-        default = [config.get("ACCORD_GPU_BACKEND")]
+        default = [backend_name_for("cuda")]  # auto: nccl (host staging is asked for by name)
     else:
         configured = config.get("ACCORD_CPU_BACKEND")
         default = ["gloo"] if configured == "auto" else [configured]  # shm is added below
@@ -161,9 +164,9 @@ def resolve_backends(text: str, device: str, where: Placement) -> tuple[str, ...
                         f"(launcher detected: {where.source}; mpi4py importable: {_mpi_available()})",
                         "run `mpirun -np 2 python -m accord.bench collectives --backends mpi`, "
                         "or drop mpi from --backends")
-        if (name == "nccl") != (device == "cuda"):
+        if _BUILTIN_DEVICES.get(name, device) != device:
             raise _fail(f"backend {name!r} does not handle {device} tensors",
-                        "use nccl with --device cuda, and gloo/mpi/shm with --device cpu")
+                        "use nccl or host with --device cuda, and gloo/mpi/shm with --device cpu")
         if name not in out:
             out.append(name)
     return tuple(out)
@@ -216,11 +219,15 @@ def train_options(args: Any) -> TrainOptions:
     if args.model in ("mlp",) and args.image_size is not None:
         raise _fail("--image-size does not apply to the mlp (its input is a 1024-vector, or 64 "
                     "pixels with --data digits)", "drop --image-size")
+    if getattr(args, "channels_last", False) and args.model == "mlp":
+        raise _fail("--channels-last applies to image models (resnet18, resnet50, lenet), not the mlp",
+                    "drop --channels-last")
     if not args.lr > 0:
         raise _fail(f"--lr must be > 0, got {args.lr}", "pass e.g. --lr 0.01")
     return TrainOptions(
         model=args.model, batch_size=_positive("--batch-size", args.batch_size),
         amp_level=args.amp_level, amp_dtype=args.amp_dtype, compiler_opt=args.compiler_opt,
+        channels_last=bool(getattr(args, "channels_last", False)),
         steps=_positive("--steps", args.steps), warmup=_positive("--warmup", args.warmup, 0),
         repeats=_positive("--repeats", args.repeats),
         log_interval=_positive("--log-interval", args.log_interval), data=args.data,

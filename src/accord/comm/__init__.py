@@ -1,6 +1,7 @@
 """accord.comm: communication backends behind one small protocol.
 
-Registered here: ``gloo`` and ``nccl`` (torch.distributed) and ``mpi`` (mpi4py). Registration is
+Registered here: ``gloo`` and ``nccl`` (torch.distributed), ``mpi`` (mpi4py), ``shm`` and
+``host`` (CUDA tensors staged through host memory over the CPU backend). Registration is
 lazy: importing this package imports neither torch nor mpi4py; a backend's module is imported
 when :func:`get_backend` first asks for it.
 
@@ -30,9 +31,11 @@ AUTO = "auto"
 def backend_name_for(device_type: str, single_host: bool = False) -> str:
     """The backend for tensors on ``device_type`` ("cpu" or "cuda").
 
-    ACCORD_CPU_BACKEND for "cpu", ACCORD_GPU_BACKEND (default nccl) for "cuda". The CPU default,
-    ``auto``, is ``shm`` when ``single_host`` (every rank of a multi-rank job on this host; shared
-    memory is several times faster than Gloo's loopback TCP there) and ``gloo`` otherwise.
+    ACCORD_CPU_BACKEND for "cpu", ACCORD_GPU_BACKEND for "cuda". The CPU default, ``auto``, is
+    ``shm`` when ``single_host`` (every rank of a multi-rank job on this host; shared memory is
+    several times faster than Gloo's loopback TCP there) and ``gloo`` otherwise. The GPU default,
+    ``auto``, is ``nccl`` here; at init :func:`accord.comm.devices.device_backends` falls back to
+    ``host`` for a job NCCL cannot carry (ranks sharing a GPU, no NCCL in torch).
 
     Raises:
         BackendError: no backend is configured for that device type.
@@ -47,6 +50,8 @@ def backend_name_for(device_type: str, single_host: bool = False) -> str:
             f"(known: {', '.join(known_backends())})")) from None
     name = config.get(variable)
     if name.lower() == AUTO:
+        if device_type == "cuda":
+            return "nccl"
         return "shm" if device_type == "cpu" and single_host and sys.platform.startswith("linux") else "gloo"
     return name
 
@@ -75,7 +80,14 @@ def _shm() -> Backend:
     return ShmBackend()
 
 
+def _host() -> Backend:
+    from accord.comm.host_staged import HostStagedBackend
+
+    return HostStagedBackend(get_backend(backend_name_for("cpu")))
+
+
 register_backend("gloo", _gloo)
 register_backend("nccl", _nccl)
 register_backend("mpi", _mpi)
 register_backend("shm", _shm)
+register_backend("host", _host)

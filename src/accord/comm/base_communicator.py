@@ -60,6 +60,19 @@ def _collective(fn: Callable) -> Callable:
     return wrapper
 
 
+def check_writable(tensor: torch.Tensor) -> None:
+    """Refuse an in-place result into a tensor whose elements overlap (an expanded view).
+
+    Raises:
+        ValueError: some dimension of size > 1 has stride 0.
+    """
+    if any(st == 0 and sz > 1 for st, sz in zip(tensor.stride(), tensor.size())):
+        raise ValueError(with_hint(
+            f"cannot write the result into a tensor whose elements overlap in memory "
+            f"(shape {list(tensor.shape)}, strides {list(tensor.stride())})",
+            "pass tensor.contiguous() (or tensor.clone()) instead of an expanded view"))
+
+
 class BaseCommunicator(Communicator):
     """Collectives among ``ranks``; see :class:`accord.comm.backend.Communicator` for the contract.
 
@@ -275,11 +288,8 @@ class BaseCommunicator(Communicator):
     def _contiguous(self, tensor: torch.Tensor, writable: bool) -> torch.Tensor:
         if tensor.is_contiguous():
             return tensor
-        if writable and any(st == 0 and sz > 1 for st, sz in zip(tensor.stride(), tensor.size())):
-            raise ValueError(with_hint(
-                f"cannot write the result into a tensor whose elements overlap in memory "
-                f"(shape {list(tensor.shape)}, strides {list(tensor.stride())})",
-                "pass tensor.contiguous() (or tensor.clone()) instead of an expanded view"))
+        if writable:
+            check_writable(tensor)
         return tensor.contiguous()
 
     def _exchange(self, values: list[int]) -> list[list[int]]:

@@ -66,7 +66,7 @@ def init(process_sets: Sequence[Sequence[int]] | None = None,
 
         runtime = bootstrap()
         try:
-            backends, sets, engine = build_engine(runtime.topology, settings)
+            backends, sets, engine = build_engine(runtime.topology, runtime.store, settings)
             session = _Session(runtime, engine, sets, backends)
             ids = [_add(session, ranks) for ranks in process_sets or []]
             engine.start()

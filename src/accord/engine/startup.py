@@ -16,23 +16,18 @@ from accord.runtime.topology import Topology
 log = logging.getLogger("accord.engine")
 
 
-def device_types() -> list[str]:
-    """The tensor device kinds this process can hand the engine."""
-    return ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
-
-
-def build_engine(topology: Topology, settings: EngineSettings | None
+def build_engine(topology: Topology, store: Any, settings: EngineSettings | None
                  ) -> tuple[dict[str, Any], ProcessSetRegistry, Engine]:
     """Backends by device kind, the set registry (global set wired) and the (unstarted) engine.
 
-    Collective over every rank: each creates the same communicators in the same order.
+    Collective over every rank: each creates the same communicators in the same order. ``store``
+    (the job's) carries what each rank sees of its GPUs (:mod:`accord.comm.devices`).
     """
-    from accord.comm import backend_name_for
-    from accord.comm.backend import get_backend
+    from accord.comm.devices import device_backends
 
     size = topology.size
     single_host = size > 1 and len(set(topology.hostnames)) == 1
-    backends = {d: get_backend(backend_name_for(d, single_host)) for d in device_types()}
+    backends = device_backends(store, topology.rank, topology.hostnames, single_host)
     check_devices(backends)
     registry = ProcessSetRegistry(size)
     for device, backend in backends.items():

@@ -23,7 +23,7 @@
 4. exchange host names (ACCORD_HOSTNAME overrides socket.gethostname()) under one key per rank;
    this is also the start barrier: ranks missing at the deadline are named in the error;
 5. initialise torch.distributed's default process group through the store: backend "gloo",
-   or "cpu:gloo,cuda:nccl" when CUDA is available, timeout ACCORD_COLLECTIVE_TIMEOUT.
+   or "cpu:gloo,cuda:nccl" when CUDA and NCCL are available, timeout ACCORD_COLLECTIVE_TIMEOUT.
 """
 from __future__ import annotations
 
@@ -137,7 +137,10 @@ def bootstrap(*, timeout: float | None = None) -> Runtime:
         hostnames = _exchange_hostnames(store, env, hostname, start_timeout)
         topology = topology_from_hostnames(env.rank, hostnames)
         _check_agrees(env, topology)
-        backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+        # NCCL only where torch has it: a CUDA build without NCCL still runs CPU work (its CUDA
+        # tensors then go through host memory, see accord.comm.devices).
+        cuda_nccl = torch.cuda.is_available() and dist.is_nccl_available()
+        backend = "cpu:gloo,cuda:nccl" if cuda_nccl else "gloo"
         owns_pg = _init_process_group(store, backend, env, collective_timeout)
     except BaseException:
         rdv.leave(None, env.rank, env.size, 0.0)
