@@ -75,9 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "DMLC_PS_ROOT_URI/PORT")
 
     g = p.add_argument_group("rendezvous and processes")
-    g.add_argument("--start-timeout", type=float,
+    g.add_argument("--start-timeout", type=config.finite_float,
                    help="seconds for every rank to check in at the rendezvous (enforced when given)")
-    g.add_argument("--grace-period", type=float,
+    g.add_argument("--grace-period", type=config.finite_float,
                    help=f"seconds between SIGTERM and SIGKILL when stopping workers (default {DEFAULT_GRACE:g})")
     g.add_argument("--store-port", type=int, help="port of accord's rendezvous store (default: free port)")
     g.add_argument("--master-addr", help="MASTER_ADDR for env:// scripts (default: rank 0's host)")
@@ -101,11 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "every parameter-server message)")
 
     g = p.add_argument_group("tuning (passed to the workers' engine)")
-    g.add_argument("--fusion-threshold-mb", type=float, help="fusion buffer size in MiB (0: no fusion)")
-    g.add_argument("--cycle-time-ms", type=float, help="engine cycle time in milliseconds")
+    g.add_argument("--fusion-threshold-mb", type=config.finite_float, help="fusion buffer size in MiB (0: no fusion)")
+    g.add_argument("--cycle-time-ms", type=config.finite_float, help="engine cycle time in milliseconds")
     g.add_argument("--timeline-filename", help="write a chrome://tracing timeline here")
-    g.add_argument("--stall-check-warning-time-seconds", type=float, help="warn after this long stalled")
-    g.add_argument("--stall-check-shutdown-time-seconds", type=float, help="fail after this long stalled")
+    g.add_argument("--stall-check-warning-time-seconds", type=config.finite_float, help="warn after this long stalled")
+    g.add_argument("--stall-check-shutdown-time-seconds", type=config.finite_float, help="fail after this long stalled")
     g.add_argument("--no-stall-check", action="store_true", help="turn the stall inspector off")
     g.add_argument("--hierarchical-allreduce", action="store_true", help="allreduce within hosts, then across")
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import enum
 import itertools
 import logging
+import math
 import socket
 import threading
 import time
@@ -268,14 +269,15 @@ class StoreServer:
             if handler is None:
                 return [Status.ERROR, f"unknown store operation {op!r}"]
             return handler(*args)
-        except (wire.FrameError, TypeError, ValueError, IndexError) as exc:
-            log.warning("accord store got a malformed request from %s: %s", peer, exc)
+        except Exception as exc:  # noqa: BLE001 - no request, however malformed, ends the server
+            log.warning("accord store got a malformed request from %s: %r", peer, exc)
             return [Status.ERROR, f"malformed request: {exc}"]
 
     # --- operations (each returns the response values) ----------------------------------------
 
-    def _wait_for(self, keys: Sequence[str], timeout: float) -> list[str]:
+    def _wait_for(self, keys: Sequence[str], timeout: Any) -> list[str]:
         """Block until every key exists; return those still missing at the deadline."""
+        timeout = _timeout(timeout)
         deadline = None if timeout < 0 else time.monotonic() + timeout
         with self._cond:
             while True:
@@ -287,7 +289,7 @@ class StoreServer:
                     return missing
                 self._cond.wait(remaining)
 
-    def _blocking_result(self, keys: Sequence[str], timeout: float) -> list[Any] | None:
+    def _blocking_result(self, keys: Sequence[str], timeout: Any) -> list[Any] | None:
         missing = self._wait_for(keys, timeout)
         if not missing:
             return None
@@ -302,7 +304,7 @@ class StoreServer:
         return [Status.OK]
 
     def _get(self, key: str, timeout: float) -> list[Any]:
-        failed = self._blocking_result([_key(key)], float(timeout))
+        failed = self._blocking_result([_key(key)], timeout)
         if failed:
             return failed
         with self._cond:
@@ -335,7 +337,7 @@ class StoreServer:
             return [Status.OK, self._data[key]]
 
     def _wait(self, keys: list[str], timeout: float) -> list[Any]:
-        return self._blocking_result([_key(k) for k in keys], float(timeout)) or [Status.OK]
+        return self._blocking_result([_key(k) for k in keys], timeout) or [Status.OK]
 
     def _check(self, keys: list[str]) -> list[Any]:
         with self._cond:
@@ -350,7 +352,7 @@ class StoreServer:
             return [Status.OK, len(self._data)]
 
     def _multi_get(self, keys: list[str], timeout: float) -> list[Any]:
-        failed = self._blocking_result([_key(k) for k in keys], float(timeout))
+        failed = self._blocking_result([_key(k) for k in keys], timeout)
         if failed:
             return failed
         with self._cond:
@@ -370,6 +372,16 @@ class StoreServer:
             self._data[_key(key)] = self._data.get(key, b"") + _value(value)
             self._cond.notify_all()
         return [Status.OK]
+
+
+def _timeout(value: Any) -> float:
+    """A request's timeout in seconds: a finite number; negative waits forever."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"a timeout is a number of seconds, got {type(value).__name__}")
+    if not math.isfinite(value):
+        raise ValueError(f"a timeout must be a finite number of seconds, got {value!r} "
+                         "(a negative one waits forever)")
+    return -1.0 if value < 0 else min(float(value), threading.TIMEOUT_MAX / 2)
 
 
 def _key(key: Any) -> str:
