@@ -119,6 +119,7 @@ VARIABLES: dict[str, Variable] = {
         _v("ACCORD_KVSTORE_BIGARRAY_BOUND", int, 1000000, "Arrays with at least this many elements are split across all servers.", "MXNET_KVSTORE_BIGARRAY_BOUND"),
         _v("ACCORD_KVSTORE_CHUNK_ELEMENTS", int, 1 << 20, "Largest piece of a key sent to a parameter server in one message, in elements."),
         _v("ACCORD_KVSTORE_IPC", parse_bool, True, "Parameter servers also listen on a Unix socket that workers on their host use instead of TCP."),
+        _v("ACCORD_KVSTORE_IPC_DIR", str, None, "Directory in which a parameter server makes its private Unix-socket directory (accordrun: the job's directory, removed with the job even when a server is killed; default: the system's temporary directory)."),
         _v("ACCORD_KVSTORE_PAYLOAD_MAC", parse_bool, True, "Authenticate kvstore array bytes, not only headers (0: trusted networks only, ~15-25% less CPU)."),
         _v("ACCORD_KVSTORE_TIMEOUT", finite_float, 300.0, "Seconds a worker waits for a parameter server's answer before failing."),
         _v("ACCORD_NODE_HOST", str, None, "Address a parameter server advertises to workers (default: loopback, or the route to the store).", "DMLC_NODE_HOST"),

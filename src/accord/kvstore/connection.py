@@ -12,17 +12,16 @@ exited or was killed); every request waiting on that server then fails at once w
 from __future__ import annotations
 
 import logging
-import os
 import secrets
-import stat
 import time
 from typing import Any, Callable, Sequence
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from accord.errors import AccordError, AuthenticationError, RankFailedError, with_hint
+from accord.errors import AccordError, AuthenticationError, ConfigError, RankFailedError, with_hint
 from accord.kvstore import protocol
+from accord.kvstore.address import Advertised, usable_ipc
 
 log = logging.getLogger("accord.kvstore")
 
@@ -38,17 +37,13 @@ class ServerError(AccordError, ValueError):
 
 
 def pick_endpoint(advertised: str) -> str:
-    """The endpoint to connect to from what a server advertised (``tcp://h:p[|ipc://path]``):
-    its Unix socket when that exists on this host, else its TCP endpoint."""
-    choices = advertised.split("|")
-    for choice in choices[1:]:
-        if choice.startswith("ipc://"):
-            try:
-                if stat.S_ISSOCK(os.stat(choice[len("ipc://"):]).st_mode):
-                    return choice
-            except OSError:
-                pass  # another host (or the server is gone): TCP it is
-    return choices[0]
+    """The endpoint to connect to from what a server advertised (see :mod:`.address`): its Unix
+    socket when that exists on this host in a private directory of this user, else its TCP
+    endpoint."""
+    address = Advertised.parse(advertised)
+    if address.ipc is not None and usable_ipc(address.ipc):
+        return address.ipc
+    return address.tcp
 
 
 class ServerConnections:
@@ -69,6 +64,7 @@ class ServerConnections:
         if payload_mac:
             protocol.require_payload_mac()  # a missing package fails here, before any socket
         self.endpoints = list(endpoints)
+        self._addresses = [Advertised.parse(e) for e in self.endpoints]
         self._payload_mac = payload_mac
         self._secret = secret
         self._rank, self._num_workers = rank, num_workers
@@ -115,9 +111,10 @@ class ServerConnections:
         """
         self._poll_monitors()
         self._check_alive(server)
+        self._check_size(server, payloads)
         self._seq += 1
         header = {"op": op, "sid": self._sid, "seq": self._seq, "rank": self._rank,
-                  "nw": self._num_workers, **fields}
+                  "nw": self._num_workers, "to": self._addresses[server].to, **fields}
         frames = protocol.seal(self._secret, protocol.TO_SERVER, header, payloads,
                                payload_mac=self._payload_mac)
         big = any(memoryview(p).nbytes > _COPY_LIMIT for p in payloads)
@@ -126,6 +123,15 @@ class ServerConnections:
         if on_answer is not None:
             self._sinks[self._seq] = on_answer
         return self._seq, tracker
+
+    def _check_size(self, server: int, payloads: Sequence[Any]) -> None:
+        limit = self._addresses[server].max_frame
+        biggest = max((memoryview(p).nbytes for p in payloads), default=0)
+        if limit is not None and biggest > limit:
+            raise ConfigError(with_hint(
+                f"worker {self._rank}: a {biggest}-byte piece exceeds parameter server {server}'s "
+                f"frame limit of {limit} bytes (it would drop the connection)",
+                "set the same ACCORD_KVSTORE_CHUNK_ELEMENTS for every worker and server of the job"))
 
     def wait_sent(self, trackers: Sequence[tuple[int, Any]]) -> None:
         """Wait until zmq no longer reads the tracked payloads ``[(server, tracker)]``."""
@@ -202,7 +208,8 @@ class ServerConnections:
                 log.warning("worker %d dropped a message from server %d: %s", self._rank, server, exc)
                 continue
             seq = header.get("seq")
-            if header.get("sid") != self._sid or self._pending.get(seq) != server:
+            if header.get("sid") != self._sid or self._pending.get(seq) != server \
+                    or header.get("from") != self._addresses[server].to:
                 log.warning("worker %d dropped an unexpected answer from server %d (seq %r)",
                             self._rank, server, seq)
                 continue

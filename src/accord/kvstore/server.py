@@ -47,7 +47,9 @@ import zmq
 
 from accord import config
 from accord.errors import AuthenticationError, ConfigError, RendezvousError, with_hint
+from accord.logs import Refusals
 from accord.kvstore import protocol
+from accord.kvstore.address import Advertised, new_token
 from accord.kvstore.server_core import ServerCore, _Buf
 from accord.kvstore.server_memory import retain_freed_memory
 
@@ -67,43 +69,56 @@ class ParameterServer:
         secret: the job secret. num_workers: workers in the job. server_id: this server's index.
         verbose: PS_VERBOSE level: 1 logs connections, 2 also every message.
         payload_mac: authenticate array bytes too (ACCORD_KVSTORE_PAYLOAD_MAC; see protocol).
+        max_frame: the largest message frame accepted (:func:`protocol.frame_limit`); ZeroMQ
+            drops a peer that announces a bigger one before buffering it, so memory stays
+            bounded before any MAC is checked.
     """
 
     def __init__(self, secret: bytes, num_workers: int, server_id: int = 0, verbose: int = 0,
-                 payload_mac: bool = True) -> None:
+                 payload_mac: bool = True, max_frame: int = protocol.frame_limit()) -> None:
         self._secret = secret
         self._payload_mac = payload_mac
         self.server_id = server_id
         self.verbose = int(verbose)
+        self.token = new_token()  # names this server process in every header (no cross-server replay)
+        self.max_frame = int(max_frame)
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, self.max_frame)
         self._monitor = self._sock.get_monitor_socket(
             zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED) if verbose else None
         self.core = ServerCore(num_workers, server_id, self._send, payload_mac)
         self._seen: dict[str, int] = {}
-        self._refused = 0
+        self._refused = Refusals(log)
+        self._dropped = Refusals(log)
         self._stop_requested = False
         self.endpoint = ""
         self._ipc_dir: str | None = None
 
-    def bind(self, host: str = "127.0.0.1", advertise: str | None = None, ipc: bool = False) -> str:
-        """Bind a free port on ``host``; return what workers connect to.
+    def bind(self, host: str = "127.0.0.1", advertise: str | None = None, ipc: bool = False,
+             ipc_parent: str | None = None) -> str:
+        """Bind a free port on ``host``; return what workers connect to (see
+        :mod:`accord.kvstore.address`: endpoints, this server's token, its frame limit).
 
-        With ``ipc``, also bind a Unix socket in a fresh private (0700) directory and return
-        ``tcp://host:port|ipc:///dir/server.sock``: workers on this host take the Unix socket
-        (about 40% less CPU than TCP loopback for large arrays), others the TCP endpoint. The
-        MAC protects the messages either way; the directory keeps other users off the socket.
+        With ``ipc``, also bind a Unix socket in a fresh private (0700) directory (inside
+        ``ipc_parent`` when given: accordrun passes the job's directory, which it and its
+        guardian remove even when this server is killed): workers on this host take the Unix
+        socket (about 40% less CPU than TCP loopback for large arrays), others the TCP
+        endpoint. The MAC protects the messages either way; the directory keeps other users
+        off the socket.
         """
         self._sock.bind(f"tcp://{host}:*")
         port = self._sock.getsockopt(zmq.LAST_ENDPOINT).decode().rsplit(":", 1)[1]
-        self.endpoint = f"tcp://{advertise or host}:{port}"
+        ipc_endpoint = None
         if ipc and hasattr(zmq, "IPC_PATH_MAX_LEN"):
-            self._ipc_dir = tempfile.mkdtemp(prefix="accord-kv-")
+            self._ipc_dir = tempfile.mkdtemp(prefix="accord-kv-", dir=ipc_parent)
             path = os.path.join(self._ipc_dir, "server.sock")
             if len(path) < zmq.IPC_PATH_MAX_LEN:
                 self._sock.bind(f"ipc://{path}")
-                self.endpoint += f"|ipc://{path}"
+                ipc_endpoint = f"ipc://{path}"
+        self.endpoint = Advertised(f"tcp://{advertise or host}:{port}", ipc_endpoint, self.token,
+                                   self.max_frame).text()
         return self.endpoint
 
     def request_stop(self) -> None:
@@ -147,20 +162,22 @@ class ParameterServer:
             header, payloads = protocol.open_message(self._secret, protocol.TO_SERVER, body,
                                                      self._payload_mac)
         except AuthenticationError:
-            self._refused += 1
-            if self._refused <= 5 or self._refused % 100 == 0:
-                log.warning("server %d refused a message with a wrong MAC (%d so far): a process "
-                            "without the job secret is connecting", self.server_id, self._refused)
+            self._refused.log("server %d refused a message with a wrong MAC: a process without "
+                              "the job secret is connecting", self.server_id)
             self._sock.send_multipart([peer, b"", protocol.REFUSED])
             return
         except protocol.ProtocolError as exc:
-            log.warning("server %d dropped a malformed message: %s", self.server_id, exc)
+            self._dropped.log("server %d dropped a malformed message: %s", self.server_id, exc)
+            return
+        if header.get("to") != self.token:
+            self._dropped.log("server %d refused a message addressed to another server (to %.40r): "
+                              "a recorded message replayed here", self.server_id, header.get("to"))
             return
         sid, seq = str(header.get("sid")), header.get("seq")
         last = self._seen.get(sid)
         if not isinstance(seq, int) or (last is not None and seq <= last):
-            log.warning("server %d dropped a replayed or unnumbered message (session %s, seq %r)",
-                        self.server_id, sid, seq)
+            self._dropped.log("server %d dropped a replayed or unnumbered message (session %.40s, "
+                              "seq %.40r)", self.server_id, sid, seq)
             return
         if last is None and self.verbose:
             log.info("server %d: worker rank %s connected (session %s)", self.server_id,
@@ -174,7 +191,7 @@ class ParameterServer:
 
     def _send(self, peer: Any, request: dict, fields: dict, payloads: list, digests: list,
               buf: _Buf | None) -> None:
-        answer = {"sid": request.get("sid"), "seq": request.get("seq"), **fields}
+        answer = {"sid": request.get("sid"), "seq": request.get("seq"), "from": self.token, **fields}
         frames = protocol.seal(self._secret, protocol.TO_WORKER, answer, payloads, digests or None,
                                self._payload_mac)
         big = any(memoryview(p).nbytes > _COPY_LIMIT for p in payloads)
@@ -314,8 +331,10 @@ def _serve(secret: bytes, workers: int, verbose: int) -> int:
         server_id = int(index) if index is not None else conn.add(SERVER_COUNTER, 1) - 1
         bind, advertise = _advertised(host)
         server = ParameterServer(secret, workers, server_id, verbose,
-                                 bool(config.get("ACCORD_KVSTORE_PAYLOAD_MAC")))
-        endpoint = server.bind(bind, advertise, ipc=bool(config.get("ACCORD_KVSTORE_IPC")))
+                                 bool(config.get("ACCORD_KVSTORE_PAYLOAD_MAC")),
+                                 protocol.frame_limit(int(config.get("ACCORD_KVSTORE_CHUNK_ELEMENTS"))))
+        endpoint = server.bind(bind, advertise, ipc=bool(config.get("ACCORD_KVSTORE_IPC")),
+                               ipc_parent=config.get("ACCORD_KVSTORE_IPC_DIR"))
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: server.request_stop())
         conn.set(SERVER_KEY.format(index=server_id), endpoint)

@@ -20,6 +20,7 @@ import itertools
 import logging
 import math
 import socket
+import struct
 import threading
 import time
 from typing import Any, Callable, Sequence
@@ -28,6 +29,8 @@ from accord.errors import AuthenticationError, RendezvousError, with_hint
 from accord.store import wire
 
 log = logging.getLogger("accord.store")
+
+_INT64 = (-(1 << 63), (1 << 63) - 1)
 
 # Largest frame accepted before a connection has authenticated itself.
 _FIRST_FRAME_LIMIT = 64 * 1024
@@ -239,11 +242,7 @@ class StoreServer:
                     break
                 sock.settimeout(None)
                 channel.max_frame = self._max_frame
-                response = wire.encode(self._dispatch(payload, peer))
-                if len(response) > self._max_frame:
-                    response = wire.encode([Status.ERROR, f"the answer ({len(response)} bytes) "
-                                            f"exceeds the frame limit of {self._max_frame} bytes"])
-                channel.send(response)
+                channel.send(self._respond(payload, peer))
         except TimeoutError:
             log.warning("accord store dropped connection from %s: no authenticated request "
                         "within %.1fs", peer, self._handshake_timeout)
@@ -258,6 +257,18 @@ class StoreServer:
             sock.close()
             with self._lock:
                 self._conns.pop(conn_id, None)
+
+    def _respond(self, payload: bytes, peer: str) -> bytes:
+        """The encoded answer to one authenticated request (an error answer when the request
+        or its answer is unusable: nothing a key holder sends ends the connection)."""
+        try:
+            response = wire.encode(self._dispatch(payload, peer))
+        except (TypeError, ValueError, struct.error) as exc:
+            response = wire.encode([Status.ERROR, f"the answer cannot be encoded: {exc}"])
+        if len(response) > self._max_frame:
+            response = wire.encode([Status.ERROR, f"the answer ({len(response)} bytes) "
+                                    f"exceeds the frame limit of {self._max_frame} bytes"])
+        return response
 
     def _dispatch(self, payload: bytes, peer: str) -> list[Any]:
         # The frame is authenticated; a bad request from a key holder is a bug, answered with
@@ -311,12 +322,17 @@ class StoreServer:
             return [Status.OK, self._data[key]]
 
     def _add(self, key: str, delta: int) -> list[Any]:
+        if isinstance(delta, bool) or not isinstance(delta, int):
+            raise TypeError(f"add takes an integer, got {type(delta).__name__}")
         with self._cond:
             current = self._data.get(_key(key), b"0")
             try:
-                value = int(current) + int(delta)
+                value = int(current) + delta
             except ValueError:
                 return [Status.ERROR, f"key {key!r} holds {current[:32]!r}, not a counter"]
+            if not _INT64[0] <= value <= _INT64[1]:  # counters are 64-bit, as torch's TCPStore
+                return [Status.ERROR, f"adding {delta} to counter {key!r} ({int(current)}) "
+                        "leaves the 64-bit range"]
             self._data[key] = str(value).encode()
             self._cond.notify_all()
         return [Status.OK, value]
