@@ -2,16 +2,19 @@
 
 :class:`StoreServer` keeps ``str -> bytes`` pairs in memory and serves them over
 :mod:`accord.store.wire` (every frame carries an HMAC-SHA256 with the per-job secret, checked
-before anything is decoded). One daemon thread accepts, one thread serves each connection, so a
-client blocked in ``get``/``wait`` holds up nobody else. Counters made by ``add`` are stored as
+before anything is decoded). One daemon thread accepts and runs every handshake
+(:mod:`accord.store.handshake`: bounded, no thread per stranger); each connection that has sent
+an authentic first frame gets a thread of its own, so a client blocked in ``get``/``wait`` holds
+up nobody else. Counters made by ``add`` are stored as
 ASCII decimals, like torch's TCPStore, so ``get`` of a counter returns ``b"3"``.
 
 :class:`StoreConnection` is the client end (one socket, not thread-safe); the launcher uses it
 directly, and :class:`accord.runtime.store_client.StoreClient` pools them for torch.
 
-Security: a connection whose hello or MAC is wrong is closed and logged on the ``accord.store``
-logger; malformed or oversized frames close only that connection. The server binds loopback
-unless the caller asks for another address.
+Security: a connection whose hello or MAC is wrong is closed and logged (at a bounded rate) on
+the ``accord.store`` logger; malformed or oversized frames close only that connection; every
+authenticated request gets an answer, an error one when it is malformed. The server binds
+loopback unless the caller asks for another address.
 """
 from __future__ import annotations
 
@@ -26,7 +29,9 @@ import time
 from typing import Any, Callable, Sequence
 
 from accord.errors import AuthenticationError, RendezvousError, with_hint
+from accord.logs import Refusals
 from accord.store import wire
+from accord.store.handshake import HandshakePool
 
 log = logging.getLogger("accord.store")
 
@@ -70,7 +75,9 @@ class StoreServer:
         secret: the per-job secret every client must prove it holds.
         max_frame: largest frame accepted, in bytes; bigger ones close the connection.
         handshake_timeout: seconds a new connection has to send its first authenticated frame.
-        max_connections: connections beyond this many are refused (and logged).
+        max_connections: authenticated connections beyond this many are refused (and logged).
+        max_pending: most connections waiting to authenticate at once (one more drops the
+            oldest); they never count against ``max_connections``.
 
     Example::
 
@@ -85,8 +92,9 @@ class StoreServer:
         secret: bytes | None = None,
         *,
         max_frame: int = wire.DEFAULT_MAX_FRAME,
-        handshake_timeout: float = 10.0,
+        handshake_timeout: float = 5.0,
         max_connections: int = 4096,
+        max_pending: int = 128,
     ) -> None:
         if not secret:
             raise ValueError(with_hint("StoreServer needs a non-empty secret", "pass secret=os.urandom(32)"))
@@ -96,6 +104,9 @@ class StoreServer:
         self._max_frame = max_frame
         self._handshake_timeout = handshake_timeout
         self._max_connections = max_connections
+        self._max_pending = max_pending
+        self._refusals = Refusals(log)
+        self._pool: HandshakePool | None = None
         self._data: dict[str, bytes] = {}
         self._cond = threading.Condition()
         self._closed = False
@@ -129,8 +140,13 @@ class StoreServer:
         return self._listener.getsockname()[1]
 
     @property
+    def refusal_count(self) -> int:
+        """How many connections were refused or dropped before authenticating (or over the cap)."""
+        return self._refusals.count
+
+    @property
     def connection_count(self) -> int:
-        """How many client connections are open right now."""
+        """How many authenticated client connections are open right now."""
         with self._lock:
             return len(self._conns)
 
@@ -162,8 +178,12 @@ class StoreServer:
             ) from None
         listener.listen(512)
         self._listener = listener
+        self._pool = HandshakePool(listener, self._secret, timeout=self._handshake_timeout,
+                                   max_pending=self._max_pending,
+                                   first_frame_limit=min(self._max_frame, _FIRST_FRAME_LIMIT),
+                                   on_authenticated=self._admit, refusals=self._refusals)
         self._accept_thread = threading.Thread(
-            target=self._accept_loop, name="accord-store-accept", daemon=True
+            target=self._pool.run, name="accord-store-accept", daemon=True
         )
         self._accept_thread.start()
         log.debug("store serving on %s:%d", self.host, self.port)
@@ -176,6 +196,8 @@ class StoreServer:
                 return
             self._closed = True
             self._cond.notify_all()  # wake blocked get/wait so their threads can finish
+        if self._pool is not None:
+            self._pool.close()
         if self._listener is not None:
             try:
                 self._listener.shutdown(socket.SHUT_RDWR)  # wakes accept() on Linux
@@ -202,54 +224,37 @@ class StoreServer:
 
     # --- connections -------------------------------------------------------------------------
 
-    def _accept_loop(self) -> None:
-        assert self._listener is not None
-        while not self._closed:
-            try:
-                sock, addr = self._listener.accept()
-            except OSError:
-                break  # listener shut down by close()
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            with self._lock:
-                if self._closed:
-                    sock.close()
-                    break
-                if len(self._conns) >= self._max_connections:
-                    log.warning("accord store refused a connection from %s: already %d open",
-                                addr, len(self._conns))
-                    sock.close()
-                    continue
+    def _admit(self, channel: wire.Channel, first: bytes, peer: str) -> None:
+        """Serve a connection that has authenticated (its first frame's MAC was right)."""
+        with self._lock:
+            if not self._closed and len(self._conns) < self._max_connections:
                 conn_id = next(self._conn_ids)
                 thread = threading.Thread(
-                    target=self._serve, args=(conn_id, sock, addr),
+                    target=self._serve, args=(conn_id, channel, first, peer),
                     name=f"accord-store-conn-{conn_id}", daemon=True,
                 )
-                self._conns[conn_id] = (sock, thread)
-            thread.start()
+                self._conns[conn_id] = (channel.sock, thread)
+                thread.start()
+                return
+            count = len(self._conns)
+        if not self._closed:
+            self._refusals.log("accord store refused a connection from %s: already %d open",
+                               peer, count)
+        channel.close()
 
-    def _serve(self, conn_id: int, sock: socket.socket, addr: Any) -> None:
-        peer = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
+    def _serve(self, conn_id: int, channel: wire.Channel, first: bytes, peer: str) -> None:
+        sock = channel.sock
         try:
-            # Until its first authenticated frame (clients open with a PING), a client gets
-            # handshake_timeout seconds and a small frame limit: a stranger can hold neither a
-            # thread for long nor much memory.
-            sock.settimeout(self._handshake_timeout)
-            channel = wire.server_handshake(sock, self._secret,
-                                            min(self._max_frame, _FIRST_FRAME_LIMIT))
-            while not self._closed:
-                payload = channel.recv()  # MAC checked here, before decoding
-                if payload is None:
-                    break
-                sock.settimeout(None)
-                channel.max_frame = self._max_frame
+            sock.settimeout(None)
+            channel.max_frame = self._max_frame
+            payload: bytes | None = first
+            while payload is not None and not self._closed:
                 channel.send(self._respond(payload, peer))
-        except TimeoutError:
-            log.warning("accord store dropped connection from %s: no authenticated request "
-                        "within %.1fs", peer, self._handshake_timeout)
+                payload = channel.recv()  # MAC checked here, before decoding
         except AuthenticationError as exc:
-            log.warning("accord store refused connection from %s: %s", peer, exc)
+            self._refusals.log("accord store refused connection from %s: %s", peer, exc)
         except wire.FrameError as exc:
-            log.warning("accord store dropped connection from %s: %s", peer, exc)
+            self._refusals.log("accord store dropped connection from %s: %s", peer, exc)
         except (OSError, ValueError) as exc:
             if not self._closed:
                 log.debug("accord store connection from %s ended: %s", peer, exc)
