@@ -114,6 +114,7 @@ VARIABLES: dict[str, Variable] = {
         _v("ACCORD_CACHE_CAPACITY", int, 1024, "Names whose agreed signature the engine remembers, so that steady-state negotiation is one small allreduce (0 counts as 1).", "HOROVOD_CACHE_CAPACITY"),
         _v("ACCORD_INTERFACE", str, None, "Network interface to bind and advertise.", "DMLC_INTERFACE", "HOROVOD_GLOO_IFACE"),
         _v("ACCORD_VERBOSE", parse_level, 0, "Verbosity of the launcher and parameter servers: 0 quiet, 1 node registration and connections, 2 also every server message.", "PS_VERBOSE"),
+        _v("ACCORD_MAX_OBJECT_BYTES", int, 1 << 31, "Largest pickled object broadcast_object / allgather_object accept from a rank; a larger announced length is refused before anything is allocated."),
         _v("ACCORD_SHM_CHUNK_BYTES", int, 1 << 20, "Slot size of the shm backend: each op moves data through shared memory in pieces of this many bytes."),
         # --- kvstore and parameter servers (MXNet's launch.py / ps-lite names accepted) ---
         _v("ACCORD_KVSTORE_BIGARRAY_BOUND", int, 1000000, "Arrays with at least this many elements are split across all servers.", "MXNET_KVSTORE_BIGARRAY_BOUND"),
