@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 import zmq
 
+from accord.kvstore import protocol
+from accord.kvstore.address import Advertised
 from accord.kvstore.connection import ServerConnections, pick_endpoint
 from accord.kvstore.server import SERVER_KEY
 from accord.store.connection import StoreConnection
@@ -60,20 +62,16 @@ def test_a_300_mib_frame_without_the_secret_leaves_the_servers_memory_and_values
             _ask(conns, 0, "init", {**space, "key": "w#0", "dtype": "<f4", "n": 1000}, [start])
             _ask(conns, 0, "push", {**space, "key": "w#0", "dtype": "<f4"}, [np.ones(1000, np.float32)])
             before = _peak_rss_kib(cl.servers[0].pid)
-            # The peer without the secret: one 300 MiB frame of garbage, on TCP like a remote host.
-            ctx = zmq.Context()
-            attacker = ctx.socket(zmq.DEALER)
-            attacker.setsockopt(zmq.LINGER, 0)
-            attacker.connect(_tcp(advertised))
             garbage = bytearray(300 << 20)
-            attacker.send_multipart([os.urandom(64), b"{}", garbage], copy=False)
+            # The peer without the secret, on TCP like a remote host: one 300 MiB frame, then
+            # 300 MiB as 20 frames of 15 MiB (each under the frame limit) in one message.
+            _attack(_tcp(advertised), [[os.urandom(64), b"{}", garbage],
+                                       [os.urandom(64), b"{}"] + [memoryview(garbage)[:15 << 20]] * 20])
+            # A peer that read the connect password off the wire (not the secret): one 300 MiB frame.
+            to = Advertised.parse(advertised).to
+            _attack(_tcp(advertised), [[os.urandom(64), b"{}", garbage]],
+                    password=protocol.connect_password(cl.secret, to))
             del garbage
-            # Today's server answers REFUSED once it has buffered and checked the whole frame;
-            # a bounded one drops the connection at the frame's length. Give it time either way.
-            attacker.poll(4000)
-            time.sleep(0.5)
-            attacker.close(linger=0)
-            ctx.term()
             grown_mib = (_peak_rss_kib(cl.servers[0].pid) - before) / 1024
             assert grown_mib < 16, f"the server's peak RSS grew by {grown_mib:.0f} MiB"
             # The job goes on, its values untouched: the sync round's value, then another round.
@@ -87,14 +85,39 @@ def test_a_300_mib_frame_without_the_secret_leaves_the_servers_memory_and_values
             conns.close()
 
 
+def _attack(endpoint: str, messages: list, password: bytes | None = None) -> None:
+    """Send ``messages`` from a fresh DEALER; wait long enough for any server to have buffered
+    and answered them (today's server answers REFUSED after checking the whole message)."""
+    ctx = zmq.Context()
+    attacker = ctx.socket(zmq.DEALER)
+    attacker.setsockopt(zmq.LINGER, 0)
+    if password is not None:
+        attacker.setsockopt(zmq.PLAIN_USERNAME, protocol.CONNECT_USER)
+        attacker.setsockopt(zmq.PLAIN_PASSWORD, password)
+    try:
+        attacker.setsockopt(zmq.SNDTIMEO, 2000)  # a refused handshake may leave nowhere to send
+        attacker.connect(endpoint)
+        for frames in messages:
+            try:
+                attacker.send_multipart(frames, copy=False)
+            except zmq.Again:
+                pass
+        deadline = time.monotonic() + 2.5
+        while time.monotonic() < deadline:
+            if attacker.poll(200):
+                attacker.recv_multipart()
+        time.sleep(0.3)
+    finally:
+        attacker.close(linger=0)
+        ctx.term()
+
+
 # --- item 2: no replay across servers ------------------------------------------------------------
 
 class _Recorder:
     """Keeps every list of frames the worker side seals, by the op in its header."""
 
     def __init__(self, monkeypatch):
-        from accord.kvstore import protocol
-
         self.frames: list[tuple[str, list[bytes]]] = []
         real = protocol.seal
 
@@ -110,11 +133,14 @@ class _Recorder:
         return [frames for name, frames in self.frames if name == op][-1]
 
 
-def _replay(endpoint: str, frames: list[bytes], wait_ms: int = 1500) -> list[bytes] | None:
-    """Send recorded frames from a fresh socket; the answer, or None when none came."""
+def _replay(endpoint: str, frames: list[bytes], password: bytes, wait_ms: int = 1500) -> list[bytes] | None:
+    """Send recorded frames from a fresh socket that knows the server's connect password (read
+    off the wire with the frames); the answer, or None when none came."""
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.PLAIN_USERNAME, protocol.CONNECT_USER)
+    sock.setsockopt(zmq.PLAIN_PASSWORD, password)
     try:
         sock.connect(endpoint)
         sock.send_multipart(frames)
@@ -136,10 +162,11 @@ def test_frames_recorded_for_one_server_are_refused_by_another(monkeypatch, tmp_
             assert _ask(conns, 1, "ping", {})[0]["server"] == 1
             assert _ask(conns, 0, "ping", {})[0]["server"] == 0  # recorded, for server 0
             for_server_0 = recorder.last("ping")
+            passwords = [protocol.connect_password(cl.secret, Advertised.parse(e).to) for e in endpoints]
             # Replayed to server 0 itself: a replay (its seq was seen) is dropped too.
-            assert _replay(_tcp(endpoints[0]), for_server_0) is None
+            assert _replay(_tcp(endpoints[0]), for_server_0, passwords[0]) is None
             # Sent to server 1, which never saw this session's later sequence numbers.
-            assert _replay(_tcp(endpoints[1]), for_server_0) is None
+            assert _replay(_tcp(endpoints[1]), for_server_0, passwords[1]) is None
             # A stop meant for server 0 stops server 0 only; replayed to server 1 it is refused.
             _ask(conns, 0, "stop", {"ns": -1, "sync": True})
             stop_for_0 = recorder.last("stop")
@@ -147,7 +174,7 @@ def test_frames_recorded_for_one_server_are_refused_by_another(monkeypatch, tmp_
             while all(p.poll() is None for p in cl.servers) and time.monotonic() < deadline:
                 time.sleep(0.02)
             (server_1,) = [p for p in cl.servers if p.poll() is None]
-            assert _replay(_tcp(endpoints[1]), stop_for_0) is None
+            assert _replay(_tcp(endpoints[1]), stop_for_0, passwords[1]) is None
             time.sleep(0.5)
             assert server_1.poll() is None, "server 1 obeyed a stop recorded for server 0"
             assert _ask(conns, 1, "ping", {})[0]["server"] == 1  # and keeps serving its worker

@@ -126,6 +126,9 @@ class _Worker:
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.PLAIN_USERNAME, protocol.CONNECT_USER)
+        self.sock.setsockopt(zmq.PLAIN_PASSWORD,
+                             protocol.connect_password(SECRET, Advertised.parse(endpoint).to))
         self.sock.connect(endpoint.split("|")[0])
         self.seq = 0
         self.fields = {"sid": "fuzz", "nw": 2, "to": Advertised.parse(endpoint).to}

@@ -78,7 +78,11 @@ class ServerConnections:
             endpoint = pick_endpoint(advertised)
             sock = self._ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
-            mon = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+            sock.setsockopt(zmq.PLAIN_USERNAME, protocol.CONNECT_USER)
+            sock.setsockopt(zmq.PLAIN_PASSWORD,
+                            protocol.connect_password(secret, Advertised.parse(advertised).to))
+            mon = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
+                                          | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
             sock.connect(endpoint)
             self._socks.append(sock)
             self._monitors.append(mon)
@@ -88,6 +92,7 @@ class ServerConnections:
         self._mon_index = {m: i for i, m in enumerate(self._monitors)}
         self._connected = [False] * len(self._socks)
         self._dead: dict[int, str] = {}
+        self._refused: set[int] = set()  # servers that refused our password
         self._sid = secrets.token_hex(8)
         self._seq = 0
         self._pending: dict[int, int] = {}  # seq -> server index
@@ -195,12 +200,7 @@ class ServerConnections:
             except zmq.Again:
                 return
             if len(frames) == 2 and frames[1].bytes == protocol.REFUSED:
-                raise AuthenticationError(with_hint(
-                    f"parameter server {server} at {self.endpoints[server]} refused our messages: "
-                    "their MAC does not match its secret",
-                    "every worker and server of the job must use the same secret "
-                    "(ACCORD_JOB_SECRET or ACCORD_SECRET_FILE) and the same "
-                    "ACCORD_KVSTORE_PAYLOAD_MAC"))
+                raise _refused_error(server, self.endpoints[server])
             try:
                 header, payloads = protocol.open_message(self._secret, protocol.TO_WORKER, frames,
                                                          self._payload_mac)
@@ -236,6 +236,8 @@ class ServerConnections:
                 if self._verbose:
                     log.info("worker %d connected to server %d at %s", self._rank, server,
                              self.endpoints[server])
+            elif event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                self._refused.add(server)
             elif event["event"] == zmq.EVENT_DISCONNECTED:
                 self._mark_dead(server, "closed the connection (it exited or was killed)")
 
@@ -248,6 +250,8 @@ class ServerConnections:
     def _check_alive(self, server: int) -> None:
         if self._closed:
             raise RankFailedError(with_hint("this kvstore was closed", "create a new store"))
+        if server in self._refused:
+            raise _refused_error(server, self.endpoints[server])
         why = self._dead.get(server)
         if why is not None:
             raise RankFailedError(with_hint(
@@ -273,3 +277,11 @@ class ServerConnections:
             mon.close(linger=0)
             sock.close(linger=0)
         self._ctx.term()
+
+
+def _refused_error(server: int, endpoint: str) -> AuthenticationError:
+    return AuthenticationError(with_hint(
+        f"parameter server {server} at {endpoint} refused our messages: our password or MAC does "
+        "not match its secret",
+        "every worker and server of the job must use the same secret (ACCORD_JOB_SECRET or "
+        "ACCORD_SECRET_FILE) and the same ACCORD_KVSTORE_PAYLOAD_MAC"))

@@ -33,9 +33,14 @@ pending). A request's ``to`` names the random token of the one server process it
 answer's ``from`` carries it back (:mod:`accord.kvstore.address`), so a message recorded for one
 server is refused by every other, in this job or a later one with the same secret.
 
-Memory is bounded before any tag is checked: a server's socket accepts no frame larger than
-:func:`frame_limit` (ZeroMQ's ZMQ_MAXMSGSIZE, checked on the announced length, before the frame
-is buffered), and drops the peer that announces one.
+Memory is bounded before any tag is checked. ZeroMQ buffers a whole multipart message before
+the server sees its first frame, so a peer must first pass ZeroMQ's PLAIN handshake with the
+password :func:`connect_password` (derived from the secret and the server's token): the server
+answers ZeroMQ's authentication requests (ZAP) itself and refuses every other peer before it
+can send a single message. And no frame may exceed :func:`frame_limit` (ZMQ_MAXMSGSIZE, checked
+on the announced length before the frame is buffered; the peer is dropped). PLAIN sends the
+password in clear: a peer that can read the job's traffic on the wire may learn it and then make
+a server buffer messages (each frame bounded) but still not get one past the MACs.
 
 A job on a network it trusts, like the one Gloo and NCCL need for their unauthenticated data
 plane, may set ACCORD_KVSTORE_PAYLOAD_MAC=0 on every process: messages then carry no payload tag
@@ -61,7 +66,8 @@ from accord import config
 from accord.errors import AuthenticationError, ConfigError, RendezvousError, with_hint
 from accord.store.secret import read_secret_file, secret_from_hex
 
-__all__ = ["PayloadSeal", "ProtocolError", "REFUSED", "TO_SERVER", "TO_WORKER", "frame_limit",
+__all__ = ["CONNECT_USER", "PayloadSeal", "ProtocolError", "REFUSED", "TO_SERVER", "TO_WORKER",
+           "connect_password", "frame_limit",
            "load_secret", "open_message", "require_payload_mac", "seal"]
 
 DOMAIN = b"accord-kvstore-v2"
@@ -108,6 +114,14 @@ def frame_limit(chunk_elements: int = 1 << 20) -> int:
     """The largest frame a server accepts when workers send pieces of at most ``chunk_elements``
     elements (ACCORD_KVSTORE_CHUNK_ELEMENTS): the header limit plus the widest such piece."""
     return MAX_HEADER + max(1, int(chunk_elements)) * MAX_ITEMSIZE
+
+
+CONNECT_USER = b"accord"
+
+
+def connect_password(secret: bytes, token: str) -> bytes:
+    """The PLAIN password that lets a worker connect to the server with ``token`` (hex)."""
+    return hmac.digest(secret, DOMAIN + b"connect" + token.encode(), "sha256").hex().encode()
 
 
 def _view(frame: Any) -> memoryview:

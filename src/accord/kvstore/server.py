@@ -32,6 +32,7 @@ the launcher does not import this module); :func:`start_servers` does it for tes
 """
 from __future__ import annotations
 
+import hmac
 import logging
 import os
 import shutil
@@ -83,9 +84,16 @@ class ParameterServer:
         self.token = new_token()  # names this server process in every header (no cross-server replay)
         self.max_frame = int(max_frame)
         self._ctx = zmq.Context()
+        # ZeroMQ asks this socket whether a new peer may connect (ZAP); serve() answers
+        self._zap = self._ctx.socket(zmq.REP)
+        self._zap.setsockopt(zmq.LINGER, 0)
+        self._zap.bind("inproc://zeromq.zap.01")
+        self._password = protocol.connect_password(secret, self.token)
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.MAXMSGSIZE, self.max_frame)
+        self._sock.setsockopt(zmq.PLAIN_SERVER, 1)
+        self._sock.setsockopt(zmq.ZAP_DOMAIN, b"accord-kvstore")
         self._monitor = self._sock.get_monitor_socket(
             zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED) if verbose else None
         self.core = ServerCore(num_workers, server_id, self._send, payload_mac)
@@ -130,6 +138,7 @@ class ParameterServer:
         raise to stop the server (the job's store is gone)."""
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
+        poller.register(self._zap, zmq.POLLIN)
         if self._monitor is not None:
             poller.register(self._monitor, zmq.POLLIN)
         next_beat = time.monotonic() + interval
@@ -138,6 +147,8 @@ class ParameterServer:
                 events = dict(poller.poll(200))
             except zmq.ZMQError:  # interrupted by a signal
                 continue
+            if self._zap in events:
+                self._admit_peers()
             if self._sock in events:
                 self._drain()
             if self._monitor is not None and self._monitor in events:
@@ -145,6 +156,23 @@ class ParameterServer:
             if heartbeat is not None and time.monotonic() >= next_beat:
                 heartbeat()
                 next_beat = time.monotonic() + interval
+
+    def _admit_peers(self) -> None:
+        """Answer ZeroMQ's authentication requests: only the job's password gets in."""
+        while True:
+            try:
+                request = self._zap.recv_multipart(flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            ok = len(request) == 8 and request[5] == b"PLAIN" and request[6] == protocol.CONNECT_USER \
+                and hmac.compare_digest(request[7], self._password)
+            if not ok:
+                address = request[3].decode(errors="replace") if len(request) > 3 else "?"
+                self._refused.log("server %d refused a connection from %s: it does not hold the job "
+                                  "secret", self.server_id, address)
+            request_id = request[1] if len(request) > 1 else b""
+            self._zap.send_multipart([b"1.0", request_id, b"200" if ok else b"400",
+                                      b"OK" if ok else b"refused", b"", b""])
 
     def _drain(self) -> None:
         for _ in range(1000):  # fairness: return to the poll loop now and then
@@ -221,6 +249,7 @@ class ParameterServer:
             self._monitor.close(linger=0)
             self._monitor = None
         self._sock.close(linger=0)
+        self._zap.close(linger=0)
         self._ctx.term()
         if self._ipc_dir is not None:
             shutil.rmtree(self._ipc_dir, ignore_errors=True)
