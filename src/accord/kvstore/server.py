@@ -15,8 +15,11 @@ A server reads its configuration from the environment (accord names, MXNet's acc
 
 It takes its index from ACCORD_SERVER_INDEX (else the next value of a store counter), binds a
 ZeroMQ ROUTER socket on a free port (loopback when the store is on loopback, else every
-interface) and a Unix socket (ACCORD_KVSTORE_IPC), publishes ``tcp://host:port|ipc://path``
-under ``accord/kvstore/server/<index>`` (workers on the same host take the Unix socket) and serves
+interface) and a Unix socket (ACCORD_KVSTORE_IPC), publishes its address
+(:mod:`accord.kvstore.address`: endpoints, a random token, its frame limit) under
+``accord/kvstore/server/<index>`` (workers on the same host take the Unix socket), admits only
+peers that pass ZeroMQ's PLAIN handshake with the job's connect password (answering ZeroMQ's
+authentication requests in its own loop) and serves
 until a ``stop`` request, SIGTERM/SIGINT, or the store stops answering (the job is over), so no
 server outlives its job.
 
