@@ -8,6 +8,7 @@ environment) or :func:`set_variables`.
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
@@ -38,6 +39,15 @@ def parse_level(text: str) -> int:
         return int(parse_bool(value))
     except ValueError:
         raise ValueError(f"not a level (0, 1, 2) or a boolean: {text!r}") from None
+
+
+def finite_float(text: str) -> float:
+    """Parse a finite number; NaN and infinity are refused (a NaN timeout never expires, an
+    infinite one overflows the clocks it is added to)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"not a finite number: {text!r} (NaN and infinity are not accepted)")
+    return value
 
 
 # Horovod's level names (HOROVOD_LOG_LEVEL) as Python logging levels; Python has no trace.
@@ -89,28 +99,30 @@ VARIABLES: dict[str, Variable] = {
         _v("ACCORD_CPU_BACKEND", str.strip, "auto", "Backend for CPU tensors: auto (shm when every rank is on one host, else gloo), gloo, shm, mpi, or a registered name.", "HOROVOD_CPU_OPERATIONS"),
         _v("ACCORD_GPU_BACKEND", str.strip, "auto", "Backend for CUDA tensors: auto (nccl, or host when NCCL cannot carry the job: ranks sharing a GPU, or torch without NCCL), nccl (an error at init in those cases), host (through host memory over the CPU backend), or a registered name."),
         _v("ACCORD_FUSION_THRESHOLD", int, 64 * 1024 * 1024, "Bytes per fusion buffer; 0 turns fusion off.", "HOROVOD_FUSION_THRESHOLD"),
-        _v("ACCORD_CYCLE_TIME", float, None, "Most milliseconds the engine gathers requests into one cycle after the first arrives (default by CPU backend: 1 on gloo/mpi, 1000 on shm). A caller waiting on a handle always starts the cycle; on gloo/mpi so does a full fusion buffer.", "HOROVOD_CYCLE_TIME"),
-        _v("ACCORD_CYCLE_QUIET_TIME", float, None, "Milliseconds without a new request after which a gathering cycle starts (default by CPU backend: 0, as soon as nothing new is queued, on gloo/mpi; the cycle time on shm)."),
+        _v("ACCORD_CYCLE_TIME", finite_float, None, "Most milliseconds the engine gathers requests into one cycle after the first arrives (default by CPU backend: 1 on gloo/mpi, 1000 on shm). A caller waiting on a handle always starts the cycle; on gloo/mpi so does a full fusion buffer.", "HOROVOD_CYCLE_TIME"),
+        _v("ACCORD_CYCLE_QUIET_TIME", finite_float, None, "Milliseconds without a new request after which a gathering cycle starts (default by CPU backend: 0, as soon as nothing new is queued, on gloo/mpi; the cycle time on shm)."),
         _v("ACCORD_TIMELINE", str, None, "Write a chrome://tracing timeline to this path (rank 0).", "HOROVOD_TIMELINE"),
         _v("ACCORD_TIMELINE_MARK_CYCLES", parse_bool, False, "Mark engine cycles in the timeline.", "HOROVOD_TIMELINE_MARK_CYCLES"),
         _v("ACCORD_STALL_CHECK_DISABLE", parse_bool, False, "Turn the stall inspector off.", "HOROVOD_STALL_CHECK_DISABLE"),
-        _v("ACCORD_STALL_CHECK_TIME_SECONDS", float, 60.0, "Warn when ranks wait this long on a name others lack.", "HOROVOD_STALL_CHECK_TIME_SECONDS"),
-        _v("ACCORD_STALL_SHUTDOWN_TIME_SECONDS", float, 0.0, "Raise on every rank after this long stalled (0: never).", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"),
+        _v("ACCORD_STALL_CHECK_TIME_SECONDS", finite_float, 60.0, "Warn when ranks wait this long on a name others lack.", "HOROVOD_STALL_CHECK_TIME_SECONDS"),
+        _v("ACCORD_STALL_SHUTDOWN_TIME_SECONDS", finite_float, 0.0, "Raise on every rank after this long stalled (0: never).", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"),
         _v("ACCORD_HIERARCHICAL_ALLREDUCE", parse_bool, False, "Allreduce within each host, then across hosts (CPU tensors; needs the same number of ranks on every host).", "HOROVOD_HIERARCHICAL_ALLREDUCE"),
-        _v("ACCORD_COLLECTIVE_TIMEOUT", float, 60.0, "Seconds a collective may wait for a peer before the rank is declared lost.", "HOROVOD_GLOO_TIMEOUT_SECONDS"),
-        _v("ACCORD_START_TIMEOUT", float, 30.0, "Seconds for every rank to reach the rendezvous.", "HOROVOD_START_TIMEOUT"),
-        _v("ACCORD_ELASTIC_TIMEOUT", float, 60.0, "Seconds elastic ranks wait for live peers to regroup after a failure.", "HOROVOD_ELASTIC_TIMEOUT"),
+        _v("ACCORD_COLLECTIVE_TIMEOUT", finite_float, 60.0, "Seconds a collective may wait for a peer before the rank is declared lost.", "HOROVOD_GLOO_TIMEOUT_SECONDS"),
+        _v("ACCORD_START_TIMEOUT", finite_float, 30.0, "Seconds for every rank to reach the rendezvous.", "HOROVOD_START_TIMEOUT"),
+        _v("ACCORD_ELASTIC_TIMEOUT", finite_float, 60.0, "Seconds elastic ranks wait for live peers to regroup after a failure.", "HOROVOD_ELASTIC_TIMEOUT"),
         _v("ACCORD_LOG_LEVEL", parse_log_level, "warning", "Level of accord's log messages in workers: trace, debug, info, warning, error, fatal.", "HOROVOD_LOG_LEVEL"),
         _v("ACCORD_CACHE_CAPACITY", int, 1024, "Names whose agreed signature the engine remembers, so that steady-state negotiation is one small allreduce (0 counts as 1).", "HOROVOD_CACHE_CAPACITY"),
         _v("ACCORD_INTERFACE", str, None, "Network interface to bind and advertise.", "DMLC_INTERFACE", "HOROVOD_GLOO_IFACE"),
         _v("ACCORD_VERBOSE", parse_level, 0, "Verbosity of the launcher and parameter servers: 0 quiet, 1 node registration and connections, 2 also every server message.", "PS_VERBOSE"),
+        _v("ACCORD_MAX_OBJECT_BYTES", int, 1 << 31, "Largest pickled object broadcast_object / allgather_object accept from a rank; a larger announced length is refused before anything is allocated."),
         _v("ACCORD_SHM_CHUNK_BYTES", int, 1 << 20, "Slot size of the shm backend: each op moves data through shared memory in pieces of this many bytes."),
         # --- kvstore and parameter servers (MXNet's launch.py / ps-lite names accepted) ---
         _v("ACCORD_KVSTORE_BIGARRAY_BOUND", int, 1000000, "Arrays with at least this many elements are split across all servers.", "MXNET_KVSTORE_BIGARRAY_BOUND"),
         _v("ACCORD_KVSTORE_CHUNK_ELEMENTS", int, 1 << 20, "Largest piece of a key sent to a parameter server in one message, in elements."),
         _v("ACCORD_KVSTORE_IPC", parse_bool, True, "Parameter servers also listen on a Unix socket that workers on their host use instead of TCP."),
+        _v("ACCORD_KVSTORE_IPC_DIR", str, None, "Directory in which a parameter server makes its private Unix-socket directory (accordrun: the job's directory, removed with the job even when a server is killed; default: the system's temporary directory)."),
         _v("ACCORD_KVSTORE_PAYLOAD_MAC", parse_bool, True, "Authenticate kvstore array bytes, not only headers (0: trusted networks only, ~15-25% less CPU)."),
-        _v("ACCORD_KVSTORE_TIMEOUT", float, 300.0, "Seconds a worker waits for a parameter server's answer before failing."),
+        _v("ACCORD_KVSTORE_TIMEOUT", finite_float, 300.0, "Seconds a worker waits for a parameter server's answer before failing."),
         _v("ACCORD_NODE_HOST", str, None, "Address a parameter server advertises to workers (default: loopback, or the route to the store).", "DMLC_NODE_HOST"),
         _v("ACCORD_NUM_SERVERS", int, 0, "Parameter servers in the job (0: dist_sync runs on the engine, without servers).", "DMLC_NUM_SERVER"),
         _v("ACCORD_NUM_WORKERS", int, None, "Workers in a parameter-server job (default ACCORD_SIZE).", "DMLC_NUM_WORKER"),

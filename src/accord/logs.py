@@ -7,6 +7,7 @@ handler, unless the program set up logging of its own (root handlers), which the
 from __future__ import annotations
 
 import logging
+import threading
 
 from accord import config
 
@@ -31,3 +32,22 @@ def apply_log_level() -> int:
     for handler in ours:
         handler.setLevel(level)
     return level
+
+
+class Refusals:
+    """Counts refused peers or messages and logs the first few, then every ``every``-th with the
+    running count, so that a flood of garbage cannot flood the log. Thread-safe."""
+
+    def __init__(self, logger: logging.Logger, first: int = 5, every: int = 100) -> None:
+        self._logger, self._first, self._every = logger, first, every
+        self._lock = threading.Lock()
+        self.count = 0
+
+    def log(self, message: str, *args: object) -> None:
+        """Count one refusal; log ``message % args`` (with the count) when it is due."""
+        with self._lock:
+            self.count += 1
+            n = self.count
+        if n <= self._first or n % self._every == 0:
+            self._logger.warning(message + " (%d refused so far%s)", *args, n,
+                                 "" if n < self._first else f"; logging every {self._every}th")

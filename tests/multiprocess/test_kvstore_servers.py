@@ -171,8 +171,9 @@ def test_workers_on_the_servers_host_use_its_unix_socket_and_others_tcp(tmp_path
     with _cluster(1, 1) as cl:
         with StoreConnection("127.0.0.1", cl.store.port, cl.secret, timeout=10) as conn:
             advertised = conn.get(SERVER_KEY.format(index=0)).decode()
-        tcp, ipc = advertised.split("|")
+        tcp, ipc, to, limit = advertised.split("|")
         assert tcp.startswith("tcp://127.0.0.1:") and ipc.startswith("ipc://")
+        assert len(to) == len("to=") + 32 and limit == f"max={64 * 1024 + 16 * (1 << 20)}"
         path = ipc[len("ipc://"):]
         assert stat.S_ISSOCK(os.stat(path).st_mode)
         assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700  # private to the user
@@ -180,7 +181,7 @@ def test_workers_on_the_servers_host_use_its_unix_socket_and_others_tcp(tmp_path
         # A worker on another host does not see the path: it takes TCP.
         assert pick_endpoint(f"{tcp}|ipc://{tmp_path}/elsewhere.sock") == tcp
         assert pick_endpoint(tcp) == tcp
-        for endpoint in (advertised, tcp):  # both ways reach the same server
+        for endpoint in (advertised, f"{tcp}|{to}"):  # both ways reach the same server
             conns = ServerConnections([endpoint], cl.secret, rank=0, num_workers=1, timeout=10)
             try:
                 seq, _ = conns.request(0, "ping", {})

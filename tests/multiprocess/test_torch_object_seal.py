@@ -35,3 +35,68 @@ def test_objects_travel_sealed_and_a_bad_seal_is_refused():
             assert refused is not None and "failed its authentication check" in refused and "HINT:" in refused
         else:
             assert refused is None
+
+
+def _replays(rank, size):
+    import os
+
+    import accord.torch as hvd
+    from accord.torch import functions
+
+    hvd.init()
+    sealed, kind = {}, [""]
+    real_dumps = functions._dumps
+
+    def recording_dumps(*args):
+        payload = real_dumps(*args)
+        sealed[kind[0]] = payload.clone()  # what this rank sealed, by kind of call
+        return payload
+
+    functions._dumps = recording_dumps
+    kind[0] = "broadcast"
+    first = hvd.broadcast_object({"step": 1}, root_rank=0, name="state")
+    kind[0] = "allgather"
+    gathered = hvd.allgather_object(("rank", rank, 1), name="meta")
+    # Now each rank's data plane replays what it sealed before: rank 0 its earlier broadcast,
+    # rank 1 its earlier allgather item, each into a later call of the same kind and name.
+    functions._dumps = lambda *args: sealed[kind[0]].clone()
+    outcome = {}
+    kind[0] = "broadcast"
+    try:
+        outcome["broadcast"] = hvd.broadcast_object({"step": 2}, root_rank=0, name="state")
+    except hvd.HorovodInternalError as exc:
+        outcome["broadcast"] = str(exc)
+    if rank == 0:
+        functions._dumps = real_dumps  # only rank 1 replays into the allgather
+    kind[0] = "allgather"
+    try:
+        outcome["allgather"] = hvd.allgather_object(("rank", rank, 2), name="meta")
+    except hvd.HorovodInternalError as exc:
+        outcome["allgather"] = str(exc)
+    functions._dumps = real_dumps
+    # An announced length above ACCORD_MAX_OBJECT_BYTES is refused on every rank, nothing allocated.
+    os.environ["ACCORD_MAX_OBJECT_BYTES"] = "200"
+    try:
+        outcome["big"] = hvd.broadcast_object("x" * 1000, root_rank=0, name="big")
+    except hvd.HorovodInternalError as exc:
+        outcome["big"] = str(exc)
+    finally:
+        del os.environ["ACCORD_MAX_OBJECT_BYTES"]
+    after = hvd.broadcast_object({"step": 3}, root_rank=0, name="state")  # the job goes on
+    hvd.shutdown()
+    return first, gathered, outcome, after
+
+
+def test_a_sealed_object_from_an_earlier_call_is_refused_in_a_later_one():
+    out = run_ranks(_replays, 2, init="accord", timeout=45)
+    for rank, (first, gathered, outcome, after) in enumerate(out):
+        assert first == {"step": 1} and after == {"step": 3}
+        assert gathered == [("rank", 0, 1), ("rank", 1, 1)]
+        if rank == 0:  # the root keeps its own object
+            assert outcome["broadcast"] == {"step": 2}
+        else:  # rank 0's replayed broadcast is refused
+            assert "failed its authentication check" in outcome["broadcast"]
+            assert "HINT:" in outcome["broadcast"]
+        # rank 1's replayed allgather item is refused everywhere (rank 1 checks its own too)
+        assert "failed its authentication check" in outcome["allgather"]
+        assert "announced 1" in outcome["big"] and "ACCORD_MAX_OBJECT_BYTES" in outcome["big"]

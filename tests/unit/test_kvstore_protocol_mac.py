@@ -63,13 +63,14 @@ def test_a_tampered_payload_byte_is_refused_before_anything_is_used():
         protocol.open_message(SECRET, W, [odd[0], odd[1], payload[::-1].copy()])
     # and a server never hands the request to its core
     server = ParameterServer(SECRET, num_workers=1)
+    frames = _seal({"op": "push", "sid": "s", "seq": 1, "to": server.token}, [payload])
     seen = []
     server.core.handle = lambda peer, header, payloads: seen.append((header, payloads))
     try:
         raw = bytearray(payload.tobytes())
         raw[5] ^= 0x80
         server._handle([zmq.Frame(f) for f in (b"peer", frames[0], frames[1], bytes(raw))])
-        assert seen == [] and server._refused == 1
+        assert seen == [] and server._refused.count == 1
         server._handle([zmq.Frame(b"peer"), *(zmq.Frame(f) for f in frames)])
         assert len(seen) == 1 and seen[0][0]["seq"] == 1
         np.testing.assert_array_equal(np.frombuffer(seen[0][1][0].buffer, np.float32), payload)
@@ -126,12 +127,13 @@ def test_a_replayed_message_is_still_dropped_by_the_server():
     seen = []
     server.core.handle = lambda peer, header, payloads: seen.append(header["seq"])
     try:
-        first = _seal({"op": "ping", "sid": "ab", "seq": 1}, [b"x"])
-        second = _seal({"op": "ping", "sid": "ab", "seq": 2}, [b"x"])
+        first = _seal({"op": "ping", "sid": "ab", "seq": 1, "to": server.token}, [b"x"])
+        second = _seal({"op": "ping", "sid": "ab", "seq": 2, "to": server.token}, [b"x"])
         for frames in (first, first, second, first, second):  # valid tags, old seqs
             server._handle([zmq.Frame(b"peer"), *(zmq.Frame(f) for f in frames)])
         assert seen == [1, 2]
-        assert server._refused == 0  # authentic, so dropped as replays, not refused
+        assert server._refused.count == 0  # authentic, so dropped as replays, not refused
+        assert server._dropped.count == 3
     finally:
         server.close()
 

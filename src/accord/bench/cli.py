@@ -18,6 +18,7 @@ from typing import Any, Sequence
 from accord.bench import launch, options, report
 from accord.bench.placement import Placement, default_threads, placement
 from accord.bench.environment import load_average
+from accord.config import finite_float
 from accord.errors import AccordError, ConfigError, WorkerFailedError, with_hint
 
 
@@ -92,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--compression", choices=options.COMPRESSIONS, default="none",
                    help="accord's gradient compression (the baseline never compresses)")
     t.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    t.add_argument("--lr", type=float, default=0.01)
+    t.add_argument("--lr", type=finite_float, default=0.01)
     t.add_argument("--seed", type=int, default=0)
     _common(t)
     return parser

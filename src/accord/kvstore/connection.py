@@ -12,17 +12,16 @@ exited or was killed); every request waiting on that server then fails at once w
 from __future__ import annotations
 
 import logging
-import os
 import secrets
-import stat
 import time
 from typing import Any, Callable, Sequence
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from accord.errors import AccordError, AuthenticationError, RankFailedError, with_hint
+from accord.errors import AccordError, AuthenticationError, ConfigError, RankFailedError, with_hint
 from accord.kvstore import protocol
+from accord.kvstore.address import Advertised, usable_ipc
 
 log = logging.getLogger("accord.kvstore")
 
@@ -38,17 +37,13 @@ class ServerError(AccordError, ValueError):
 
 
 def pick_endpoint(advertised: str) -> str:
-    """The endpoint to connect to from what a server advertised (``tcp://h:p[|ipc://path]``):
-    its Unix socket when that exists on this host, else its TCP endpoint."""
-    choices = advertised.split("|")
-    for choice in choices[1:]:
-        if choice.startswith("ipc://"):
-            try:
-                if stat.S_ISSOCK(os.stat(choice[len("ipc://"):]).st_mode):
-                    return choice
-            except OSError:
-                pass  # another host (or the server is gone): TCP it is
-    return choices[0]
+    """The endpoint to connect to from what a server advertised (see :mod:`.address`): its Unix
+    socket when that exists on this host in a private directory of this user, else its TCP
+    endpoint."""
+    address = Advertised.parse(advertised)
+    if address.ipc is not None and usable_ipc(address.ipc):
+        return address.ipc
+    return address.tcp
 
 
 class ServerConnections:
@@ -69,6 +64,7 @@ class ServerConnections:
         if payload_mac:
             protocol.require_payload_mac()  # a missing package fails here, before any socket
         self.endpoints = list(endpoints)
+        self._addresses = [Advertised.parse(e) for e in self.endpoints]
         self._payload_mac = payload_mac
         self._secret = secret
         self._rank, self._num_workers = rank, num_workers
@@ -82,7 +78,11 @@ class ServerConnections:
             endpoint = pick_endpoint(advertised)
             sock = self._ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
-            mon = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+            sock.setsockopt(zmq.PLAIN_USERNAME, protocol.CONNECT_USER)
+            sock.setsockopt(zmq.PLAIN_PASSWORD,
+                            protocol.connect_password(secret, Advertised.parse(advertised).to))
+            mon = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
+                                          | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
             sock.connect(endpoint)
             self._socks.append(sock)
             self._monitors.append(mon)
@@ -92,6 +92,7 @@ class ServerConnections:
         self._mon_index = {m: i for i, m in enumerate(self._monitors)}
         self._connected = [False] * len(self._socks)
         self._dead: dict[int, str] = {}
+        self._refused: set[int] = set()  # servers that refused our password
         self._sid = secrets.token_hex(8)
         self._seq = 0
         self._pending: dict[int, int] = {}  # seq -> server index
@@ -115,9 +116,10 @@ class ServerConnections:
         """
         self._poll_monitors()
         self._check_alive(server)
+        self._check_size(server, payloads)
         self._seq += 1
         header = {"op": op, "sid": self._sid, "seq": self._seq, "rank": self._rank,
-                  "nw": self._num_workers, **fields}
+                  "nw": self._num_workers, "to": self._addresses[server].to, **fields}
         frames = protocol.seal(self._secret, protocol.TO_SERVER, header, payloads,
                                payload_mac=self._payload_mac)
         big = any(memoryview(p).nbytes > _COPY_LIMIT for p in payloads)
@@ -126,6 +128,15 @@ class ServerConnections:
         if on_answer is not None:
             self._sinks[self._seq] = on_answer
         return self._seq, tracker
+
+    def _check_size(self, server: int, payloads: Sequence[Any]) -> None:
+        limit = self._addresses[server].max_frame
+        biggest = max((memoryview(p).nbytes for p in payloads), default=0)
+        if limit is not None and biggest > limit:
+            raise ConfigError(with_hint(
+                f"worker {self._rank}: a {biggest}-byte piece exceeds parameter server {server}'s "
+                f"frame limit of {limit} bytes (it would drop the connection)",
+                "set the same ACCORD_KVSTORE_CHUNK_ELEMENTS for every worker and server of the job"))
 
     def wait_sent(self, trackers: Sequence[tuple[int, Any]]) -> None:
         """Wait until zmq no longer reads the tracked payloads ``[(server, tracker)]``."""
@@ -189,12 +200,7 @@ class ServerConnections:
             except zmq.Again:
                 return
             if len(frames) == 2 and frames[1].bytes == protocol.REFUSED:
-                raise AuthenticationError(with_hint(
-                    f"parameter server {server} at {self.endpoints[server]} refused our messages: "
-                    "their MAC does not match its secret",
-                    "every worker and server of the job must use the same secret "
-                    "(ACCORD_JOB_SECRET or ACCORD_SECRET_FILE) and the same "
-                    "ACCORD_KVSTORE_PAYLOAD_MAC"))
+                raise _refused_error(server, self.endpoints[server])
             try:
                 header, payloads = protocol.open_message(self._secret, protocol.TO_WORKER, frames,
                                                          self._payload_mac)
@@ -202,7 +208,8 @@ class ServerConnections:
                 log.warning("worker %d dropped a message from server %d: %s", self._rank, server, exc)
                 continue
             seq = header.get("seq")
-            if header.get("sid") != self._sid or self._pending.get(seq) != server:
+            if header.get("sid") != self._sid or self._pending.get(seq) != server \
+                    or header.get("from") != self._addresses[server].to:
                 log.warning("worker %d dropped an unexpected answer from server %d (seq %r)",
                             self._rank, server, seq)
                 continue
@@ -229,6 +236,8 @@ class ServerConnections:
                 if self._verbose:
                     log.info("worker %d connected to server %d at %s", self._rank, server,
                              self.endpoints[server])
+            elif event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                self._refused.add(server)
             elif event["event"] == zmq.EVENT_DISCONNECTED:
                 self._mark_dead(server, "closed the connection (it exited or was killed)")
 
@@ -241,6 +250,8 @@ class ServerConnections:
     def _check_alive(self, server: int) -> None:
         if self._closed:
             raise RankFailedError(with_hint("this kvstore was closed", "create a new store"))
+        if server in self._refused:
+            raise _refused_error(server, self.endpoints[server])
         why = self._dead.get(server)
         if why is not None:
             raise RankFailedError(with_hint(
@@ -266,3 +277,11 @@ class ServerConnections:
             mon.close(linger=0)
             sock.close(linger=0)
         self._ctx.term()
+
+
+def _refused_error(server: int, endpoint: str) -> AuthenticationError:
+    return AuthenticationError(with_hint(
+        f"parameter server {server} at {endpoint} refused our messages: our password or MAC does "
+        "not match its secret",
+        "every worker and server of the job must use the same secret (ACCORD_JOB_SECRET or "
+        "ACCORD_SECRET_FILE) and the same ACCORD_KVSTORE_PAYLOAD_MAC"))

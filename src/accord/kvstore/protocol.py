@@ -29,7 +29,18 @@ header tag and then the payload tag, and only then parses the header or hands ou
 The direction byte stops a worker's request from being reflected back as an answer; the header's
 ``sid`` (random per worker connection) and strictly increasing ``seq`` stop replays (the server
 drops a seq it has already seen from that sid; a worker accepts only answers to requests it has
-pending).
+pending). A request's ``to`` names the random token of the one server process it is for, and an
+answer's ``from`` carries it back (:mod:`accord.kvstore.address`), so a message recorded for one
+server is refused by every other, in this job or a later one with the same secret.
+
+Memory is bounded before any tag is checked. ZeroMQ buffers a whole multipart message before
+the server sees its first frame, so a peer must first pass ZeroMQ's PLAIN handshake with the
+password :func:`connect_password` (derived from the secret and the server's token): the server
+answers ZeroMQ's authentication requests (ZAP) itself and refuses every other peer before it
+can send a single message. And no frame may exceed :func:`frame_limit` (ZMQ_MAXMSGSIZE, checked
+on the announced length before the frame is buffered; the peer is dropped). PLAIN sends the
+password in clear: a peer that can read the job's traffic on the wire may learn it and then make
+a server buffer messages (each frame bounded) but still not get one past the MACs.
 
 A job on a network it trusts, like the one Gloo and NCCL need for their unauthenticated data
 plane, may set ACCORD_KVSTORE_PAYLOAD_MAC=0 on every process: messages then carry no payload tag
@@ -55,8 +66,9 @@ from accord import config
 from accord.errors import AuthenticationError, ConfigError, RendezvousError, with_hint
 from accord.store.secret import read_secret_file, secret_from_hex
 
-__all__ = ["PayloadSeal", "ProtocolError", "REFUSED", "TO_SERVER", "TO_WORKER", "load_secret",
-           "open_message", "require_payload_mac", "seal"]
+__all__ = ["CONNECT_USER", "PayloadSeal", "ProtocolError", "REFUSED", "TO_SERVER", "TO_WORKER",
+           "connect_password", "frame_limit",
+           "load_secret", "open_message", "require_payload_mac", "seal"]
 
 DOMAIN = b"accord-kvstore-v2"
 TO_SERVER = b"W"
@@ -64,6 +76,7 @@ TO_WORKER = b"S"
 REFUSED = b"accord-kvstore-refused"
 MAX_HEADER = 64 * 1024
 MAX_PAYLOADS = 1 << 16
+MAX_ITEMSIZE = 16  # the widest number type a payload may hold (float128)
 NONCE_BYTES, HEADER_TAG_BYTES, PAYLOAD_TAG_BYTES = 16, 32, 16
 _MODE = {True: b"P", False: b"L"}  # payload bytes covered / lengths only
 _U64 = struct.Struct("!Q")
@@ -95,6 +108,20 @@ def require_payload_mac() -> Any:
                 "trusted network, ACCORD_KVSTORE_PAYLOAD_MAC=0 skips payload authentication")) from None
         _poly1305.append(Poly1305)
     return _poly1305[0]
+
+
+def frame_limit(chunk_elements: int = 1 << 20) -> int:
+    """The largest frame a server accepts when workers send pieces of at most ``chunk_elements``
+    elements (ACCORD_KVSTORE_CHUNK_ELEMENTS): the header limit plus the widest such piece."""
+    return MAX_HEADER + max(1, int(chunk_elements)) * MAX_ITEMSIZE
+
+
+CONNECT_USER = b"accord"
+
+
+def connect_password(secret: bytes, token: str) -> bytes:
+    """The PLAIN password that lets a worker connect to the server with ``token`` (hex)."""
+    return hmac.digest(secret, DOMAIN + b"connect" + token.encode(), "sha256").hex().encode()
 
 
 def _view(frame: Any) -> memoryview:

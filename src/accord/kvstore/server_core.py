@@ -147,7 +147,7 @@ class ServerCore:
             handler(peer, header, payloads)
         except RequestError as exc:
             self.error(peer, header, str(exc))
-        except (KeyError, TypeError, ValueError) as exc:
+        except Exception as exc:  # noqa: BLE001 - an authenticated request never ends the server
             log.warning("server %d: malformed %s request: %r", self.server_id, header.get("op"), exc)
             self.error(peer, header, f"malformed {header.get('op')!r} request: {exc!r}")
 

@@ -76,9 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "DMLC_PS_ROOT_URI/PORT")
 
     g = p.add_argument_group("rendezvous and processes")
-    g.add_argument("--start-timeout", type=float,
+    g.add_argument("--start-timeout", type=config.finite_float,
                    help="seconds for every rank to check in at the rendezvous (enforced when given)")
-    g.add_argument("--grace-period", type=float,
+    g.add_argument("--grace-period", type=config.finite_float,
                    help=f"seconds between SIGTERM and SIGKILL when stopping workers (default {DEFAULT_GRACE:g})")
     g.add_argument("--store-port", type=int, help="port of accord's rendezvous store (default: free port)")
     g.add_argument("--master-addr", help="MASTER_ADDR for env:// scripts (default: rank 0's host)")

@@ -167,6 +167,7 @@ class _Job:
             self._say("accord's rendezvous store is not available; workers get MASTER_ADDR/PORT only")
         self._jobdir = tempfile.mkdtemp(prefix=f"accord-{job_id}-")
         self._guardian = Guardian(cfg.grace_period)
+        self._guardian.remove_on_death(self._jobdir)  # even a SIGKILLed launcher leaves nothing
         if cfg.verbose:
             store = f"{address}:{self._store.port}" if self._store else "none"
             self._say(f"job {job_id}: {describe(cfg)}; store {store}; MASTER {master_addr}:{master_port}")
@@ -218,6 +219,9 @@ class _Job:
         for index in range(cfg.num_servers):
             added = server_env(index, job, cfg.num_servers, cfg.num_proc, tuning=cfg.tuning,
                                user_env=environ, node_host=node_host)
+            # its Unix socket's directory goes inside the job's, removed with it even when the
+            # server is SIGKILLed (by _cleanup, or by the guardian when the launcher is)
+            added["ACCORD_KVSTORE_IPC_DIR"] = self._jobdir or ""
             try:
                 proc = start_process(server_command(), local_environment(environ, added, secret_hex), cfg.cwd)
             except OSError as exc:

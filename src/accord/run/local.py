@@ -8,7 +8,9 @@ Workers must not outlive the launcher, even when the launcher is SIGKILLed. We u
 *guardian*: a tiny Python process (no imports beyond ``os``/``signal``/``time``), in its own
 session, that reads a pipe from the launcher. The launcher writes ``+PGID`` for each worker
 group it starts. When the pipe reaches end-of-file without a ``q`` first (the launcher died),
-the guardian sends SIGTERM to every group, waits the grace period and sends SIGKILL. We chose
+the guardian sends SIGTERM to every group, waits the grace period and sends SIGKILL, then
+removes the directories the launcher named with ``dPATH`` (the job's directory: error files,
+parameter servers' Unix sockets), so that not even a SIGKILLed launcher leaves them. We chose
 this over ``prctl(PR_SET_PDEATHSIG)``: that needs a ``preexec_fn`` (unsafe in a process with
 threads, as accord.spawn's parent may be), follows the *thread* that forked rather than the
 process, and reaches only the direct child, not the worker's own children.
@@ -23,11 +25,11 @@ import time
 from typing import Callable, Iterable, Mapping, Sequence
 
 _GUARDIAN = r"""
-import os, signal, sys, time
+import os, shutil, signal, sys, time
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 signal.signal(signal.SIGHUP, signal.SIG_IGN)
 grace = float(sys.argv[1])
-groups, buf, quit_ = set(), b"", False
+groups, dirs, buf, quit_ = set(), [], b"", False
 while True:
     data = os.read(0, 4096)
     if not data:
@@ -41,7 +43,9 @@ while True:
             groups.add(int(line[1:]))
         elif line[:1] == b"-":
             groups.discard(int(line[1:]))
-if quit_ or not groups:
+        elif line[:1] == b"d":
+            dirs.append(os.fsdecode(line[1:]))
+if quit_:
     sys.exit(0)
 def alive(g):
     try:
@@ -58,6 +62,8 @@ for sig in (signal.SIGTERM, signal.SIGKILL):
     deadline = time.monotonic() + grace
     while sig == signal.SIGTERM and time.monotonic() < deadline and any(alive(g) for g in groups):
         time.sleep(0.05)
+for path in dirs:  # after the kill: nobody writes there any more
+    shutil.rmtree(path, ignore_errors=True)
 """
 
 
@@ -80,6 +86,12 @@ class Guardian:
     def watch(self, pgid: int) -> None:
         """Kill process group ``pgid`` if the launcher dies."""
         self._send(f"+{pgid}\n")
+
+    def remove_on_death(self, path: str) -> None:
+        """Remove directory ``path`` if the launcher dies (after its processes are stopped)."""
+        if "\n" in path:
+            raise ValueError(f"a directory name with a newline cannot be sent to the guardian: {path!r}")
+        self._send(f"d{path}\n")
 
     def forget(self, pgid: int) -> None:
         """Stop watching ``pgid`` (it has been dealt with)."""

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field, make_dataclass
 from typing import Any, Callable, Mapping
 
+from accord import config
 from accord.errors import ConfigError, with_hint
 
 
@@ -144,5 +145,5 @@ def add_arguments(group: argparse._ArgumentGroup) -> None:
         if option.kind == "flag":
             group.add_argument(option.flag, action="store_true", help=option.help)
         else:
-            group.add_argument(option.flag, type=float if option.kind == "float" else str,
+            group.add_argument(option.flag, type=config.finite_float if option.kind == "float" else str,
                                help=option.help)

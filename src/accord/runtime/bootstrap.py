@@ -22,7 +22,9 @@
    the job uses ``accord/g<n>``), so shutdown and a second bootstrap in the same processes work;
 4. exchange host names (ACCORD_HOSTNAME overrides socket.gethostname()) under one key per rank;
    this is also the start barrier: ranks missing at the deadline are named in the error;
-5. initialise torch.distributed's default process group through the store: backend "gloo",
+5. when every rank is on one host, pin Gloo and NCCL to the loopback interface
+   (:meth:`Rendezvous.loopback_data_plane`), so the data plane listens on 127.0.0.1 only;
+6. initialise torch.distributed's default process group through the store: backend "gloo",
    or "cpu:gloo,cuda:nccl" when CUDA and NCCL are available, timeout ACCORD_COLLECTIVE_TIMEOUT.
 """
 from __future__ import annotations
@@ -137,6 +139,8 @@ def bootstrap(*, timeout: float | None = None) -> Runtime:
         hostnames = _exchange_hostnames(store, env, hostname, start_timeout)
         topology = topology_from_hostnames(env.rank, hostnames)
         _check_agrees(env, topology)
+        if topology.local_size == topology.size:
+            rdv.loopback_data_plane()  # one host: nothing of the data plane listens beyond it
         # NCCL only where torch has it: a CUDA build without NCCL still runs CPU work (its CUDA
         # tensors then go through host memory, see accord.comm.devices).
         cuda_nccl = torch.cuda.is_available() and dist.is_nccl_available()

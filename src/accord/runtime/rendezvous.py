@@ -81,6 +81,26 @@ class Rendezvous:
             config.set_variables(self.restore_env)
             self.restore_env = {}
 
+    def loopback_data_plane(self) -> None:
+        """Every rank is on this host: make Gloo and NCCL listen on the loopback interface only
+        (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME for the life of the runtime; left to itself,
+        Gloo binds whatever the host name resolves to, often a LAN address). A variable the
+        user set is respected (and logged); one this runtime set from ACCORD_INTERFACE is not."""
+        lo = loopback_interface()
+        if lo is None:
+            log.warning("no network interface holds 127.0.0.1; Gloo keeps its own choice of address")
+            return
+        wanted = {"GLOO_SOCKET_IFNAME": lo, "NCCL_SOCKET_IFNAME": f"={lo}"}  # NCCL: '=' is exact
+        environ = config.snapshot()
+        changes = {}
+        for name, value in wanted.items():
+            if name in environ and name not in self.restore_env:
+                log.info("single-host job: keeping %s=%s as set", name, environ[name])
+                continue
+            self.restore_env.setdefault(name, None)
+            changes[name] = value
+        config.set_variables(changes)
+
     def _wait_for_others(self, scoped: dist.Store, size: int, timeout: float) -> None:
         keys = [f"left/{r}" for r in range(size)]
         if self.server is None or self.client is None:  # torch's TCPStore, hosted here
@@ -282,6 +302,17 @@ def _is_ip(text: str) -> bool:
         return True
     except OSError:
         return False
+
+
+def loopback_interface() -> str | None:
+    """The name of the interface that holds 127.0.0.1 (``lo`` on Linux), or None."""
+    for _, name in socket.if_nameindex():
+        try:
+            if interface_address(name).startswith("127."):
+                return name
+        except ConfigError:
+            continue
+    return None
 
 
 def interface_address(name: str) -> str:

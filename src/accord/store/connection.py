@@ -7,6 +7,7 @@ raises :class:`~accord.errors.RendezvousError`.
 """
 from __future__ import annotations
 
+import math
 import socket
 import time
 from typing import Any, Sequence
@@ -123,7 +124,12 @@ class StoreConnection:
     # --- plumbing ----------------------------------------------------------------------------
 
     def _timeout(self, timeout: float | None) -> float:
-        return self.timeout if timeout is None else float(timeout)
+        value = self.timeout if timeout is None else float(timeout)
+        if math.isnan(value):
+            raise ValueError(with_hint("a store request's timeout must be a finite number of "
+                                       "seconds, got nan", "pass seconds, or a negative number "
+                                       "to wait without a deadline"))
+        return -1.0 if math.isinf(value) else value
 
     def _call(self, op: Op, *args: Any, wait: float = 0.0) -> list[Any]:
         channel = self._channel

@@ -2,6 +2,7 @@
 payloads with it. Torch-free, so parameter servers and the launcher can use it too."""
 from __future__ import annotations
 
+import errno
 import hashlib
 import hmac
 import os
@@ -24,23 +25,40 @@ def secret_from_hex(text: str, where: str) -> bytes:
 
 
 def read_secret_file(path: str) -> bytes:
-    """The secret in ``path``, refusing a file that group or others may access.
+    """The secret in ``path``: a regular file, not a symlink, owned by this process's effective
+    user, that group and others cannot access.
+
+    The file is opened with O_NOFOLLOW (and O_NONBLOCK, so a FIFO cannot stall us), and the
+    checks run with fstat on the open descriptor, so the file checked is the file read.
 
     Raises:
-        ConfigError: the file is missing or unreadable, has a loose mode, or holds no valid hex.
+        ConfigError: the file is missing or unreadable, a symlink or not a regular file, owned
+            by another user, has a loose mode, or holds no valid hex.
     """
+    def refuse(what: str, hint: str) -> ConfigError:
+        return ConfigError(with_hint(f"ACCORD_SECRET_FILE={path!r} {what}", hint))
+
     try:
-        info = os.stat(path)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
-        raise ConfigError(with_hint(f"ACCORD_SECRET_FILE={path!r} cannot be read: {exc}",
-                                    "point ACCORD_SECRET_FILE at the job's secret file")) from None
-    if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise ConfigError(with_hint(
-            f"ACCORD_SECRET_FILE={path!r} has mode {stat.S_IMODE(info.st_mode):04o}: group or "
-            "others may access the job secret",
-            f"run `chmod 600 {path}` so that only its owner can read it"))
-    with open(path, encoding="ascii", errors="replace") as fh:
-        return secret_from_hex(fh.read().strip(), f"the secret file {path!r}")
+        if exc.errno == errno.ELOOP:
+            raise refuse("is a symbolic link, which is not followed for the job secret",
+                         "point ACCORD_SECRET_FILE at the file itself") from None
+        raise refuse(f"cannot be read: {exc}", "point ACCORD_SECRET_FILE at the job's secret file") from None
+    with os.fdopen(fd, "rb") as fh:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise refuse("is not a regular file", "point ACCORD_SECRET_FILE at a plain file of hex")
+        if info.st_uid != os.geteuid():
+            raise refuse(f"is owned by uid {info.st_uid}, not by this process's user "
+                         f"(uid {os.geteuid()})",
+                         f"create the secret file as the user that runs the job, or `chown "
+                         f"{os.geteuid()} {path}`")
+        if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise refuse(f"has mode {stat.S_IMODE(info.st_mode):04o}: group or others may access "
+                         "the job secret", f"run `chmod 600 {path}` so that only its owner can read it")
+        text = fh.read(4096).decode("ascii", errors="replace")
+    return secret_from_hex(text.strip(), f"the secret file {path!r}")
 
 
 SEAL_BYTES = 32  # an HMAC-SHA256 tag

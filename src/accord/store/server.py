@@ -2,31 +2,40 @@
 
 :class:`StoreServer` keeps ``str -> bytes`` pairs in memory and serves them over
 :mod:`accord.store.wire` (every frame carries an HMAC-SHA256 with the per-job secret, checked
-before anything is decoded). One daemon thread accepts, one thread serves each connection, so a
-client blocked in ``get``/``wait`` holds up nobody else. Counters made by ``add`` are stored as
+before anything is decoded). One daemon thread accepts and runs every handshake
+(:mod:`accord.store.handshake`: bounded, no thread per stranger); each connection that has sent
+an authentic first frame gets a thread of its own, so a client blocked in ``get``/``wait`` holds
+up nobody else. Counters made by ``add`` are stored as
 ASCII decimals, like torch's TCPStore, so ``get`` of a counter returns ``b"3"``.
 
 :class:`StoreConnection` is the client end (one socket, not thread-safe); the launcher uses it
 directly, and :class:`accord.runtime.store_client.StoreClient` pools them for torch.
 
-Security: a connection whose hello or MAC is wrong is closed and logged on the ``accord.store``
-logger; malformed or oversized frames close only that connection. The server binds loopback
-unless the caller asks for another address.
+Security: a connection whose hello or MAC is wrong is closed and logged (at a bounded rate) on
+the ``accord.store`` logger; malformed or oversized frames close only that connection; every
+authenticated request gets an answer, an error one when it is malformed. The server binds
+loopback unless the caller asks for another address.
 """
 from __future__ import annotations
 
 import enum
 import itertools
 import logging
+import math
 import socket
+import struct
 import threading
 import time
 from typing import Any, Callable, Sequence
 
 from accord.errors import AuthenticationError, RendezvousError, with_hint
+from accord.logs import Refusals
 from accord.store import wire
+from accord.store.handshake import HandshakePool
 
 log = logging.getLogger("accord.store")
+
+_INT64 = (-(1 << 63), (1 << 63) - 1)
 
 # Largest frame accepted before a connection has authenticated itself.
 _FIRST_FRAME_LIMIT = 64 * 1024
@@ -66,7 +75,9 @@ class StoreServer:
         secret: the per-job secret every client must prove it holds.
         max_frame: largest frame accepted, in bytes; bigger ones close the connection.
         handshake_timeout: seconds a new connection has to send its first authenticated frame.
-        max_connections: connections beyond this many are refused (and logged).
+        max_connections: authenticated connections beyond this many are refused (and logged).
+        max_pending: most connections waiting to authenticate at once (one more drops the
+            oldest); they never count against ``max_connections``.
 
     Example::
 
@@ -81,8 +92,9 @@ class StoreServer:
         secret: bytes | None = None,
         *,
         max_frame: int = wire.DEFAULT_MAX_FRAME,
-        handshake_timeout: float = 10.0,
+        handshake_timeout: float = 5.0,
         max_connections: int = 4096,
+        max_pending: int = 128,
     ) -> None:
         if not secret:
             raise ValueError(with_hint("StoreServer needs a non-empty secret", "pass secret=os.urandom(32)"))
@@ -92,6 +104,9 @@ class StoreServer:
         self._max_frame = max_frame
         self._handshake_timeout = handshake_timeout
         self._max_connections = max_connections
+        self._max_pending = max_pending
+        self._refusals = Refusals(log)
+        self._pool: HandshakePool | None = None
         self._data: dict[str, bytes] = {}
         self._cond = threading.Condition()
         self._closed = False
@@ -125,8 +140,13 @@ class StoreServer:
         return self._listener.getsockname()[1]
 
     @property
+    def refusal_count(self) -> int:
+        """How many connections were refused or dropped before authenticating (or over the cap)."""
+        return self._refusals.count
+
+    @property
     def connection_count(self) -> int:
-        """How many client connections are open right now."""
+        """How many authenticated client connections are open right now."""
         with self._lock:
             return len(self._conns)
 
@@ -158,8 +178,12 @@ class StoreServer:
             ) from None
         listener.listen(512)
         self._listener = listener
+        self._pool = HandshakePool(listener, self._secret, timeout=self._handshake_timeout,
+                                   max_pending=self._max_pending,
+                                   first_frame_limit=min(self._max_frame, _FIRST_FRAME_LIMIT),
+                                   on_authenticated=self._admit, refusals=self._refusals)
         self._accept_thread = threading.Thread(
-            target=self._accept_loop, name="accord-store-accept", daemon=True
+            target=self._pool.run, name="accord-store-accept", daemon=True
         )
         self._accept_thread.start()
         log.debug("store serving on %s:%d", self.host, self.port)
@@ -172,6 +196,8 @@ class StoreServer:
                 return
             self._closed = True
             self._cond.notify_all()  # wake blocked get/wait so their threads can finish
+        if self._pool is not None:
+            self._pool.close()
         if self._listener is not None:
             try:
                 self._listener.shutdown(socket.SHUT_RDWR)  # wakes accept() on Linux
@@ -198,58 +224,37 @@ class StoreServer:
 
     # --- connections -------------------------------------------------------------------------
 
-    def _accept_loop(self) -> None:
-        assert self._listener is not None
-        while not self._closed:
-            try:
-                sock, addr = self._listener.accept()
-            except OSError:
-                break  # listener shut down by close()
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            with self._lock:
-                if self._closed:
-                    sock.close()
-                    break
-                if len(self._conns) >= self._max_connections:
-                    log.warning("accord store refused a connection from %s: already %d open",
-                                addr, len(self._conns))
-                    sock.close()
-                    continue
+    def _admit(self, channel: wire.Channel, first: bytes, peer: str) -> None:
+        """Serve a connection that has authenticated (its first frame's MAC was right)."""
+        with self._lock:
+            if not self._closed and len(self._conns) < self._max_connections:
                 conn_id = next(self._conn_ids)
                 thread = threading.Thread(
-                    target=self._serve, args=(conn_id, sock, addr),
+                    target=self._serve, args=(conn_id, channel, first, peer),
                     name=f"accord-store-conn-{conn_id}", daemon=True,
                 )
-                self._conns[conn_id] = (sock, thread)
-            thread.start()
+                self._conns[conn_id] = (channel.sock, thread)
+                thread.start()
+                return
+            count = len(self._conns)
+        if not self._closed:
+            self._refusals.log("accord store refused a connection from %s: already %d open",
+                               peer, count)
+        channel.close()
 
-    def _serve(self, conn_id: int, sock: socket.socket, addr: Any) -> None:
-        peer = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
+    def _serve(self, conn_id: int, channel: wire.Channel, first: bytes, peer: str) -> None:
+        sock = channel.sock
         try:
-            # Until its first authenticated frame (clients open with a PING), a client gets
-            # handshake_timeout seconds and a small frame limit: a stranger can hold neither a
-            # thread for long nor much memory.
-            sock.settimeout(self._handshake_timeout)
-            channel = wire.server_handshake(sock, self._secret,
-                                            min(self._max_frame, _FIRST_FRAME_LIMIT))
-            while not self._closed:
+            sock.settimeout(None)
+            channel.max_frame = self._max_frame
+            payload: bytes | None = first
+            while payload is not None and not self._closed:
+                channel.send(self._respond(payload, peer))
                 payload = channel.recv()  # MAC checked here, before decoding
-                if payload is None:
-                    break
-                sock.settimeout(None)
-                channel.max_frame = self._max_frame
-                response = wire.encode(self._dispatch(payload, peer))
-                if len(response) > self._max_frame:
-                    response = wire.encode([Status.ERROR, f"the answer ({len(response)} bytes) "
-                                            f"exceeds the frame limit of {self._max_frame} bytes"])
-                channel.send(response)
-        except TimeoutError:
-            log.warning("accord store dropped connection from %s: no authenticated request "
-                        "within %.1fs", peer, self._handshake_timeout)
         except AuthenticationError as exc:
-            log.warning("accord store refused connection from %s: %s", peer, exc)
+            self._refusals.log("accord store refused connection from %s: %s", peer, exc)
         except wire.FrameError as exc:
-            log.warning("accord store dropped connection from %s: %s", peer, exc)
+            self._refusals.log("accord store dropped connection from %s: %s", peer, exc)
         except (OSError, ValueError) as exc:
             if not self._closed:
                 log.debug("accord store connection from %s ended: %s", peer, exc)
@@ -257,6 +262,18 @@ class StoreServer:
             sock.close()
             with self._lock:
                 self._conns.pop(conn_id, None)
+
+    def _respond(self, payload: bytes, peer: str) -> bytes:
+        """The encoded answer to one authenticated request (an error answer when the request
+        or its answer is unusable: nothing a key holder sends ends the connection)."""
+        try:
+            response = wire.encode(self._dispatch(payload, peer))
+        except (TypeError, ValueError, struct.error) as exc:
+            response = wire.encode([Status.ERROR, f"the answer cannot be encoded: {exc}"])
+        if len(response) > self._max_frame:
+            response = wire.encode([Status.ERROR, f"the answer ({len(response)} bytes) "
+                                    f"exceeds the frame limit of {self._max_frame} bytes"])
+        return response
 
     def _dispatch(self, payload: bytes, peer: str) -> list[Any]:
         # The frame is authenticated; a bad request from a key holder is a bug, answered with
@@ -268,14 +285,15 @@ class StoreServer:
             if handler is None:
                 return [Status.ERROR, f"unknown store operation {op!r}"]
             return handler(*args)
-        except (wire.FrameError, TypeError, ValueError, IndexError) as exc:
-            log.warning("accord store got a malformed request from %s: %s", peer, exc)
+        except Exception as exc:  # noqa: BLE001 - no request, however malformed, ends the server
+            log.warning("accord store got a malformed request from %s: %r", peer, exc)
             return [Status.ERROR, f"malformed request: {exc}"]
 
     # --- operations (each returns the response values) ----------------------------------------
 
-    def _wait_for(self, keys: Sequence[str], timeout: float) -> list[str]:
+    def _wait_for(self, keys: Sequence[str], timeout: Any) -> list[str]:
         """Block until every key exists; return those still missing at the deadline."""
+        timeout = _timeout(timeout)
         deadline = None if timeout < 0 else time.monotonic() + timeout
         with self._cond:
             while True:
@@ -287,7 +305,7 @@ class StoreServer:
                     return missing
                 self._cond.wait(remaining)
 
-    def _blocking_result(self, keys: Sequence[str], timeout: float) -> list[Any] | None:
+    def _blocking_result(self, keys: Sequence[str], timeout: Any) -> list[Any] | None:
         missing = self._wait_for(keys, timeout)
         if not missing:
             return None
@@ -302,19 +320,24 @@ class StoreServer:
         return [Status.OK]
 
     def _get(self, key: str, timeout: float) -> list[Any]:
-        failed = self._blocking_result([_key(key)], float(timeout))
+        failed = self._blocking_result([_key(key)], timeout)
         if failed:
             return failed
         with self._cond:
             return [Status.OK, self._data[key]]
 
     def _add(self, key: str, delta: int) -> list[Any]:
+        if isinstance(delta, bool) or not isinstance(delta, int):
+            raise TypeError(f"add takes an integer, got {type(delta).__name__}")
         with self._cond:
             current = self._data.get(_key(key), b"0")
             try:
-                value = int(current) + int(delta)
+                value = int(current) + delta
             except ValueError:
                 return [Status.ERROR, f"key {key!r} holds {current[:32]!r}, not a counter"]
+            if not _INT64[0] <= value <= _INT64[1]:  # counters are 64-bit, as torch's TCPStore
+                return [Status.ERROR, f"adding {delta} to counter {key!r} ({int(current)}) "
+                        "leaves the 64-bit range"]
             self._data[key] = str(value).encode()
             self._cond.notify_all()
         return [Status.OK, value]
@@ -335,7 +358,7 @@ class StoreServer:
             return [Status.OK, self._data[key]]
 
     def _wait(self, keys: list[str], timeout: float) -> list[Any]:
-        return self._blocking_result([_key(k) for k in keys], float(timeout)) or [Status.OK]
+        return self._blocking_result([_key(k) for k in keys], timeout) or [Status.OK]
 
     def _check(self, keys: list[str]) -> list[Any]:
         with self._cond:
@@ -350,7 +373,7 @@ class StoreServer:
             return [Status.OK, len(self._data)]
 
     def _multi_get(self, keys: list[str], timeout: float) -> list[Any]:
-        failed = self._blocking_result([_key(k) for k in keys], float(timeout))
+        failed = self._blocking_result([_key(k) for k in keys], timeout)
         if failed:
             return failed
         with self._cond:
@@ -370,6 +393,16 @@ class StoreServer:
             self._data[_key(key)] = self._data.get(key, b"") + _value(value)
             self._cond.notify_all()
         return [Status.OK]
+
+
+def _timeout(value: Any) -> float:
+    """A request's timeout in seconds: a finite number; negative waits forever."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"a timeout is a number of seconds, got {type(value).__name__}")
+    if not math.isfinite(value):
+        raise ValueError(f"a timeout must be a finite number of seconds, got {value!r} "
+                         "(a negative one waits forever)")
+    return -1.0 if value < 0 else min(float(value), threading.TIMEOUT_MAX / 2)
 
 
 def _key(key: Any) -> str:

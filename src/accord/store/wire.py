@@ -230,12 +230,30 @@ class Channel:
         header = _recv_exact(self.sock, _LENGTH.size)
         if header is None:
             return None
+        body = _recv_exact(self.sock, self.body_size(header))
+        if body is None:
+            raise FrameError("connection closed after a frame header")
+        return self.open_frame(header, body)
+
+    def body_size(self, header: bytes) -> int:
+        """How many bytes follow a frame's 4-byte length ``header`` (tag and payload).
+
+        Raises:
+            FrameError: the announced payload exceeds ``max_frame`` (nothing more should be read).
+        """
         (size,) = _LENGTH.unpack(header)
         if size > self.max_frame:
             raise FrameError(f"frame of {size} bytes exceeds the limit of {self.max_frame} bytes")
-        body = _recv_exact(self.sock, TAG_SIZE + size)
-        if body is None:
-            raise FrameError("connection closed after a frame header")
+        return TAG_SIZE + size
+
+    def open_frame(self, header: bytes, body: bytes) -> bytes:
+        """The payload of the next frame, read elsewhere as ``header`` and ``body``, after its
+        tag is checked (the counter advances only then).
+
+        Raises:
+            AuthenticationError: the tag does not match.
+        """
+        size = len(body) - TAG_SIZE
         tag, payload = body[:TAG_SIZE], body[TAG_SIZE:]
         expected = self._tag(self._recv_dir, self._recv_count, header, payload)
         if not hmac.compare_digest(tag, expected):

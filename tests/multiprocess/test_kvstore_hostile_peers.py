@@ -1,0 +1,214 @@
+"""Parameter servers against hostile peers (issue #17): a huge frame from a peer without the
+secret does not raise the server's memory, frames recorded for one server are refused by
+another (a replayed ``stop`` included), and a worker takes an advertised Unix socket only from
+a private directory of its own user."""
+from __future__ import annotations
+
+import os
+import pwd
+import socket
+import time
+
+import numpy as np
+import pytest
+import zmq
+
+from accord.kvstore import protocol
+from accord.kvstore.address import Advertised
+from accord.kvstore.connection import ServerConnections, pick_endpoint
+from accord.kvstore.server import SERVER_KEY
+from accord.store.connection import StoreConnection
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def _cluster(num_servers, num_workers, **kw):
+    from accord.kvstore.cluster import LocalCluster
+
+    return LocalCluster(num_servers, num_workers, **kw)
+
+
+def _advertised(cl) -> list[str]:
+    with StoreConnection("127.0.0.1", cl.store.port, cl.secret, timeout=10) as conn:
+        return [conn.get(SERVER_KEY.format(index=i)).decode() for i in range(cl.num_servers)]
+
+
+def _tcp(advertised: str) -> str:
+    return advertised.split("|")[0]
+
+
+def _peak_rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmHWM in /proc/<pid>/status")
+
+
+def _ask(conns: ServerConnections, server: int, op: str, fields: dict, payloads=()) -> tuple[dict, list]:
+    (answer,) = conns.wait([conns.request(server, op, fields, payloads)[0]], op)
+    return answer
+
+
+# --- item 1: memory is bounded before the MAC is checked ----------------------------------------
+
+def test_a_300_mib_frame_without_the_secret_leaves_the_servers_memory_and_values_alone():
+    with _cluster(1, 1) as cl:
+        (advertised,) = _advertised(cl)
+        conns = ServerConnections([advertised], cl.secret, rank=0, num_workers=1, timeout=20)
+        space = {"ns": 1, "sync": True}
+        try:
+            start = np.arange(1000, dtype=np.float32)
+            _ask(conns, 0, "init", {**space, "key": "w#0", "dtype": "<f4", "n": 1000}, [start])
+            _ask(conns, 0, "push", {**space, "key": "w#0", "dtype": "<f4"}, [np.ones(1000, np.float32)])
+            before = _peak_rss_kib(cl.servers[0].pid)
+            garbage = bytearray(300 << 20)
+            # The peer without the secret, on TCP like a remote host: one 300 MiB frame, then
+            # 300 MiB as 20 frames of 15 MiB (each under the frame limit) in one message.
+            _attack(_tcp(advertised), [[os.urandom(64), b"{}", garbage],
+                                       [os.urandom(64), b"{}"] + [memoryview(garbage)[:15 << 20]] * 20])
+            # A peer that read the connect password off the wire (not the secret): one 300 MiB frame.
+            to = Advertised.parse(advertised).to
+            _attack(_tcp(advertised), [[os.urandom(64), b"{}", garbage]],
+                    password=protocol.connect_password(cl.secret, to))
+            del garbage
+            grown_mib = (_peak_rss_kib(cl.servers[0].pid) - before) / 1024
+            assert grown_mib < 16, f"the server's peak RSS grew by {grown_mib:.0f} MiB"
+            # The job goes on, its values untouched: the sync round's value, then another round.
+            header, payloads = _ask(conns, 0, "pull", {**space, "key": "w#0"})
+            np.testing.assert_array_equal(np.frombuffer(payloads[0], np.float32), np.ones(1000))
+            _ask(conns, 0, "push", {**space, "key": "w#0", "dtype": "<f4"}, [np.full(1000, 3, np.float32)])
+            header, payloads = _ask(conns, 0, "pull", {**space, "key": "w#0"})
+            np.testing.assert_array_equal(np.frombuffer(payloads[0], np.float32), np.full(1000, 3))
+            assert cl.servers[0].poll() is None
+        finally:
+            conns.close()
+
+
+def _attack(endpoint: str, messages: list, password: bytes | None = None) -> None:
+    """Send ``messages`` from a fresh DEALER; wait long enough for any server to have buffered
+    and answered them (today's server answers REFUSED after checking the whole message)."""
+    ctx = zmq.Context()
+    attacker = ctx.socket(zmq.DEALER)
+    attacker.setsockopt(zmq.LINGER, 0)
+    if password is not None:
+        attacker.setsockopt(zmq.PLAIN_USERNAME, protocol.CONNECT_USER)
+        attacker.setsockopt(zmq.PLAIN_PASSWORD, password)
+    try:
+        attacker.setsockopt(zmq.SNDTIMEO, 2000)  # a refused handshake may leave nowhere to send
+        attacker.connect(endpoint)
+        for frames in messages:
+            try:
+                attacker.send_multipart(frames, copy=False)
+            except zmq.Again:
+                pass
+        deadline = time.monotonic() + 2.5
+        while time.monotonic() < deadline:
+            if attacker.poll(200):
+                attacker.recv_multipart()
+        time.sleep(0.3)
+    finally:
+        attacker.close(linger=0)
+        ctx.term()
+
+
+# --- item 2: no replay across servers ------------------------------------------------------------
+
+class _Recorder:
+    """Keeps every list of frames the worker side seals, by the op in its header."""
+
+    def __init__(self, monkeypatch):
+        self.frames: list[tuple[str, list[bytes]]] = []
+        real = protocol.seal
+
+        def recording_seal(secret, direction, header, payloads=(), *args, **kw):
+            frames = real(secret, direction, header, payloads, *args, **kw)
+            if direction == protocol.TO_SERVER:
+                self.frames.append((header["op"], [bytes(memoryview(f)) for f in frames]))
+            return frames
+
+        monkeypatch.setattr(protocol, "seal", recording_seal)
+
+    def last(self, op: str) -> list[bytes]:
+        return [frames for name, frames in self.frames if name == op][-1]
+
+
+def _replay(endpoint: str, frames: list[bytes], password: bytes, wait_ms: int = 1500) -> list[bytes] | None:
+    """Send recorded frames from a fresh socket that knows the server's connect password (read
+    off the wire with the frames); the answer, or None when none came."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.PLAIN_USERNAME, protocol.CONNECT_USER)
+    sock.setsockopt(zmq.PLAIN_PASSWORD, password)
+    try:
+        sock.connect(endpoint)
+        sock.send_multipart(frames)
+        if sock.poll(wait_ms):
+            return sock.recv_multipart()
+        return None
+    finally:
+        sock.close(linger=0)
+        ctx.term()
+
+
+def test_frames_recorded_for_one_server_are_refused_by_another(monkeypatch, tmp_path):
+    log_path = tmp_path / "servers.log"
+    recorder = _Recorder(monkeypatch)
+    with open(log_path, "wb") as log, _cluster(2, 1, stderr=log) as cl:
+        endpoints = _advertised(cl)
+        conns = ServerConnections(endpoints, cl.secret, rank=0, num_workers=1, timeout=20)
+        try:
+            assert _ask(conns, 1, "ping", {})[0]["server"] == 1
+            assert _ask(conns, 0, "ping", {})[0]["server"] == 0  # recorded, for server 0
+            for_server_0 = recorder.last("ping")
+            passwords = [protocol.connect_password(cl.secret, Advertised.parse(e).to) for e in endpoints]
+            # Replayed to server 0 itself: a replay (its seq was seen) is dropped too.
+            assert _replay(_tcp(endpoints[0]), for_server_0, passwords[0]) is None
+            # Sent to server 1, which never saw this session's later sequence numbers.
+            assert _replay(_tcp(endpoints[1]), for_server_0, passwords[1]) is None
+            # A stop meant for server 0 stops server 0 only; replayed to server 1 it is refused.
+            _ask(conns, 0, "stop", {"ns": -1, "sync": True})
+            stop_for_0 = recorder.last("stop")
+            deadline = time.monotonic() + 10  # server indexes come from a store counter
+            while all(p.poll() is None for p in cl.servers) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            (server_1,) = [p for p in cl.servers if p.poll() is None]
+            assert _replay(_tcp(endpoints[1]), stop_for_0, passwords[1]) is None
+            time.sleep(0.5)
+            assert server_1.poll() is None, "server 1 obeyed a stop recorded for server 0"
+            assert _ask(conns, 1, "ping", {})[0]["server"] == 1  # and keeps serving its worker
+        finally:
+            conns.close()
+    text = log_path.read_text()
+    assert "server 1 refused a message addressed to another server" in text, text
+
+
+# --- item 9: an advertised Unix socket only from a private directory of this user ---------------
+
+def _socket_in(directory: str) -> str:
+    path = os.path.join(directory, "server.sock")
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(path)
+    sock.close()
+    return path
+
+
+def test_a_worker_takes_an_advertised_unix_socket_only_from_a_private_directory_it_owns(tmp_path):
+    tcp = "tcp://127.0.0.1:5555"
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    os.chmod(private, 0o700)
+    path = _socket_in(str(private))
+    assert pick_endpoint(f"{tcp}|ipc://{path}") == f"ipc://{path}"
+    os.chmod(private, 0o755)  # others may enter (and so may have placed the socket)
+    assert pick_endpoint(f"{tcp}|ipc://{path}") == tcp
+    os.chmod(private, 0o700)
+    if os.geteuid() == 0:  # another user's private directory
+        os.chown(private, pwd.getpwnam("nobody").pw_uid, -1)
+        assert pick_endpoint(f"{tcp}|ipc://{path}") == tcp
+        os.chown(private, os.geteuid(), -1)
+    # A symlinked directory is not taken either (the check is on the directory itself).
+    link = tmp_path / "link"
+    link.symlink_to(private, target_is_directory=True)
+    assert pick_endpoint(f"{tcp}|ipc://{link}/server.sock") == tcp

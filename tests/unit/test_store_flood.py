@@ -1,0 +1,98 @@
+"""The rendezvous store under a flood of strangers (issue #17, item 4): 200 silent sockets and a
+garbage sender neither keep the job's clients out nor fill the log, nor cost a thread each."""
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+import threading
+import time
+
+import pytest
+
+from accord.store.connection import StoreConnection
+from accord.store.server import StoreServer
+
+pytestmark = pytest.mark.timeout(60)
+
+SECRET = os.urandom(32)
+
+
+def _garbage_sender(port: int, stop: threading.Event, sent: list[int]) -> None:
+    rng = random.Random(4)
+    while not stop.is_set():
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=2) as sock:
+                sock.sendall(rng.randbytes(rng.randint(1, 300)))
+                sent[0] += 1
+        except OSError:
+            pass
+
+
+def _job_client(port: int, rank: int, size: int, results: dict) -> None:
+    try:
+        with StoreConnection("127.0.0.1", port, SECRET, timeout=10, connect_timeout=10) as conn:
+            conn.set(f"host/{rank}", f"h{rank}")
+            conn.wait([f"host/{r}" for r in range(size)])
+            arrived = conn.add("arrived", 1)
+            results[rank] = (arrived, sorted(v.decode() for v in conn.multi_get(
+                [f"host/{r}" for r in range(size)])))
+    except Exception as exc:  # noqa: BLE001 - reported by the test
+        results[rank] = exc
+
+
+def test_silent_sockets_and_garbage_neither_block_clients_nor_flood_the_log(caplog):
+    caplog.set_level(logging.WARNING, logger="accord.store")
+    with StoreServer(secret=SECRET, max_connections=64) as server:
+        threads_before = threading.active_count()
+        silent = [socket.create_connection(("127.0.0.1", server.port), timeout=5) for _ in range(200)]
+        stop, sent = threading.Event(), [0]
+        garbage = threading.Thread(target=_garbage_sender, args=(server.port, stop, sent),
+                                   name="accord-test-garbage")
+        garbage.start()
+        try:
+            time.sleep(0.5)
+            # a stranger holds no thread: 200 silent sockets add none
+            assert threading.active_count() - threads_before <= 2  # the garbage sender only
+            results: dict = {}
+            clients = [threading.Thread(target=_job_client, args=(server.port, r, 4, results),
+                                        name=f"accord-test-client-{r}") for r in range(4)]
+            for t in clients:
+                t.start()
+            for t in clients:
+                t.join(30)
+            assert all(not isinstance(v, Exception) for v in results.values()), results
+            assert sorted(a for a, _ in results.values()) == [1, 2, 3, 4]
+            assert all(hosts == ["h0", "h1", "h2", "h3"] for _, hosts in results.values())
+            while sent[0] < 300:  # enough garbage to show the log's bound
+                time.sleep(0.05)
+        finally:
+            stop.set()
+            garbage.join(10)
+            for sock in silent:
+                sock.close()
+        refusals = [r for r in caplog.records if r.name == "accord.store" and r.levelno >= logging.WARNING]
+        assert server.refusal_count >= 300
+        assert len(refusals) <= 5 + server.refusal_count // 100, len(refusals)
+
+
+def test_a_pending_handshake_is_bounded_and_the_oldest_makes_room():
+    with StoreServer(secret=SECRET, max_pending=8, handshake_timeout=30) as server:
+        silent = [socket.create_connection(("127.0.0.1", server.port), timeout=5) for _ in range(20)]
+        try:
+            # the first 12 were dropped to make room: they read the server's hello, then EOF
+            time.sleep(0.3)
+            first = silent[0]
+            first.settimeout(5)
+            assert first.recv(100)[:4] == b"ACW1" and first.recv(100) == b""
+            with StoreConnection("127.0.0.1", server.port, SECRET, timeout=5) as conn:
+                conn.set("k", b"v")
+                assert conn.get("k") == b"v"
+            deadline = time.monotonic() + 5  # the client left; pending sockets never count
+            while server.connection_count and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert server.connection_count == 0
+        finally:
+            for sock in silent:
+                sock.close()
