@@ -25,7 +25,7 @@ from accord.comm.base_communicator import check_writable
 from accord.comm.ops import ReduceOp
 
 
-class HostStagedCommunicator:
+class HostStagedCommunicator(Communicator):
     """A communicator for CUDA tensors that runs ``inner`` (a CPU communicator) on host copies.
 
     Tensors on the CPU are staged too (a plain copy), so the same code path is exercised
@@ -146,7 +146,7 @@ class HostStagedCommunicator:
             close()
 
 
-class HostStagedBackend:
+class HostStagedBackend(Backend):
     """A Backend for CUDA tensors whose communicators stage through ``inner``'s CPU ones."""
 
     device_types = frozenset({"cuda"})

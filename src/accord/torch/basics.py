@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import atexit
 import importlib.util
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 

@@ -37,7 +37,7 @@ from accord.comm.ops import ReduceOp
 from accord.torch import async_ops as A
 from accord.torch import gateway
 from accord.torch.gateway import synchronize
-from accord.torch.process_sets import ProcessSet, global_process_set, set_id_of
+from accord.torch.process_sets import ProcessSet, global_process_set
 
 AVERAGE, SUM = int(ReduceOp.AVERAGE), int(ReduceOp.SUM)
 
