@@ -9,6 +9,7 @@ concatenated batch, from the same initial weights, and compares.
 import numpy as np
 import pytest
 
+from helpers.fake_hosts import fake_host_env
 from helpers.mxnet_env import require_mxnet
 from helpers.ranks import run_ranks
 from helpers.values import close
@@ -203,12 +204,7 @@ def _sync_bn(rank, size):
 
 
 def _fake_hosts(rank):
-    from accord.runtime.topology import topology_from_hostnames
-
-    t = topology_from_hostnames(rank, _HOSTS)
-    return {"ACCORD_HOSTNAME": _HOSTS[rank], "ACCORD_LOCAL_RANK": str(t.local_rank),
-            "ACCORD_LOCAL_SIZE": str(t.local_size), "ACCORD_CROSS_RANK": str(t.cross_rank),
-            "ACCORD_CROSS_SIZE": str(t.cross_size)}
+    return fake_host_env(rank, _HOSTS)
 
 
 def test_sync_batch_norm_equals_batch_norm_on_the_scope_batch():
