@@ -19,6 +19,7 @@ pytestmark = pytest.mark.timeout(200)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLE = os.path.join(ROOT, "examples", "mxnet_module_fit.py")
+GLUON_EXAMPLE = os.path.join(ROOT, "examples", "mxnet_gluon_digits.py")
 
 
 def _run(argv, cwd, timeout=150):
@@ -74,3 +75,13 @@ def test_failing_worker_stops_mxnet_job_and_cleans_up(tmp_path):
     assert elapsed < 90
     left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
     assert left == [], f"processes left behind: {left}"
+
+
+def test_gluon_digits_example_same_accuracy_on_one_and_two_ranks(tmp_path):
+    one = _run([sys.executable, GLUON_EXAMPLE, "--epochs", "3"], tmp_path)
+    two = _run([sys.executable, "-m", "accord.run", "-np", "2", sys.executable, GLUON_EXAMPLE,
+                "--epochs", "3"], tmp_path)
+    assert one.returncode == 0 and two.returncode == 0, one.stderr[-2000:] + two.stderr[-2000:]
+    acc = [float(out.split("test accuracy ")[1].split(",")[0]) for out in (one.stdout, two.stdout)]
+    assert "2 rank(s), global batch 64" in two.stdout
+    assert acc[0] == acc[1] and acc[0] > 0.5, acc

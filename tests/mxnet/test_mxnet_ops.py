@@ -105,12 +105,13 @@ def _collectives(rank, size):
     close(hvd.allreduce(mx.nd.ones(2), average=False).asnumpy(), np.full(2, size))
     assert hvd.remove_process_set(solo) and solo.process_set_id is None
     assert not hvd.remove_process_set(hvd.global_process_set)
+    _parameters(rank, size)
     hvd.shutdown()
     assert not hvd.is_initialized()
     return True
 
 
-def test_every_collective_and_dtype_against_numpy():
+def test_every_collective_and_dtype_against_numpy_and_parameter_broadcast():
     assert run_ranks(_collectives, 2, init="accord", timeout=140) == [True, True]
 
 
@@ -151,11 +152,11 @@ def test_mismatched_shapes_raise_on_every_rank():
 
 
 def _parameters(rank, size):
+    """broadcast_parameters: a Gluon ParameterDict with deferred-init parameters, a dict."""
     import mxnet as mx
 
     import accord.mxnet as hvd
 
-    hvd.init()
     mx.random.seed(100 + rank)  # different initial weights on every rank
     net = mx.gluon.nn.HybridSequential()
     net.add(mx.gluon.nn.Dense(4, in_units=3), mx.gluon.nn.Dense(2))  # the second: deferred init
@@ -174,9 +175,3 @@ def _parameters(rank, size):
     close(arrays["b"].asnumpy(), np.full((2, 2), 5))
     with pytest.raises(ValueError, match="invalid params"):
         hvd.broadcast_parameters([mx.nd.ones(1)])
-    hvd.shutdown()
-    return True
-
-
-def test_broadcast_parameters_including_deferred_init():
-    assert run_ranks(_parameters, 2, init="accord", timeout=120) == [True, True]

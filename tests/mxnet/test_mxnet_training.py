@@ -98,20 +98,21 @@ def _trainers(rank, size):
         _same(_train(mx, net, trainer, batches, mine, BATCH * size), want, 1e-6)
         assert trainer._kvstore.type == "dist_sync_accord" and trainer._kvstore.num_workers == size
         assert trainer._update_on_kvstore is (on_kv is None)
+    _perseus_kvstore(rank, size)
     hvd.shutdown()
     return True
 
 
-def test_trainers_equal_one_process_on_the_concatenated_batch():
+def test_trainers_and_kvstore_plugin_equal_one_process_on_the_concatenated_batch():
     assert run_ranks(_trainers, 2, init="accord", timeout=140) == [True, True]
 
 
 def _perseus_kvstore(rank, size):
+    """Perseus's KVStore extensions on NDArrays: local_rank, init(param_only), push(op=...)."""
     import mxnet as mx
 
     import accord.mxnet as hvd
 
-    hvd.init()
     kv = hvd.create("dist_sync_perseus")
     assert (kv.rank, kv.num_workers, kv.local_rank, kv.type) == (rank, size, rank, "dist_sync_perseus")
     assert isinstance(mx.kv.create("accord"), hvd.AccordKVStore)
@@ -143,12 +144,6 @@ def _perseus_kvstore(rank, size):
         kv.push("w", np.ones(3))
     with pytest.raises(ValueError, match="unknown kvstore type"):
         hvd.create("dist_sync_magic")
-    hvd.shutdown()
-    return True
-
-
-def test_kvstore_plugin_with_perseus_extensions():
-    assert run_ranks(_perseus_kvstore, 2, init="accord", timeout=120) == [True, True]
 
 
 _HOSTS = ["a", "a", "b"]
