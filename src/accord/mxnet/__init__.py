@@ -25,11 +25,12 @@ from accord.mxnet.bridge import require_mxnet
 require_mxnet()
 
 from accord.errors import CollectiveError as HorovodInternalError  # noqa: E402
-from accord.mxnet.basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built,  # noqa: E402
-                                 gloo_built, gloo_enabled, init, is_homogeneous, is_initialized,
-                                 local_rank, local_size, mpi_built, mpi_enabled,
-                                 mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size,
-                                 start_timeline, stop_timeline)
+from accord.comm.build_flags import (ccl_built, cuda_built, ddl_built, gloo_built, mpi_built,  # noqa: E402
+                                     nccl_built, rocm_built)
+from accord.mxnet.basics import (cross_rank, cross_size, gloo_enabled, is_homogeneous,  # noqa: E402
+                                 is_initialized, local_rank, local_size, mpi_enabled,
+                                 mpi_threads_supported, rank, size, start_timeline, stop_timeline)
+from accord.mxnet.lifecycle import init, shutdown  # noqa: E402
 from accord.mxnet.compression import Compression, Compressor  # noqa: E402
 from accord.mxnet.functions import allgather_object, broadcast_object, broadcast_parameters  # noqa: E402
 from accord.mxnet.kvstore import AccordKVStore, create  # noqa: E402

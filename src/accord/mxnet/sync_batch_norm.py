@@ -148,16 +148,11 @@ class SyncBatchNorm(mx.gluon.nn.BatchNorm):
     def hybrid_forward(self, F: Any, x: Any, gamma: Any, beta: Any, running_mean: Any,
                        running_var: Any) -> Any:
         if (F is not mx.nd or self.use_global_stats or not mx.autograd.is_training()
-                or not basics.is_initialized() or len(basics.members(set_id_of(self.process_set))) == 1):
+                or not basics.is_initialized() or self.process_set.size() == 1):
             return super().hybrid_forward(F, x, gamma, beta, running_mean, running_var)
         self._calls += 1
         fn = _SyncBatchNormFunction(self, running_mean, running_var, f"syncbn.{self.name}.{self._calls}")
         return fn(x, gamma, beta)
-
-
-def set_id_of(process_set: ProcessSet) -> int:
-    """The id of a registered process set (the global set is 0)."""
-    return 0 if process_set.process_set_id is None else process_set.process_set_id
 
 
 PerseusSyncBatchNorm = SyncBatchNorm

@@ -369,7 +369,7 @@ class _Job:
         """Stop every worker's and server's process group; return the ranks that were still
         running (the servers still running go to ``_stopped_servers``)."""
         running = [w for w in self._workers if w.proc.poll() is None]
-        self._stopped_servers = [s.index for s in self._servers if s.proc.poll() is None]
+        self._stopped_servers = [s.index for s in self._servers if s.kind == "server" and s.proc.poll() is None]
         for w in running:
             w.stopped = True
             if w.remote and w.proc.stdin is not None:
