@@ -20,7 +20,7 @@ fi
 .venv/bin/python -c "import accord, torch" || { echo "setup: installation failed" >&2; exit 1; }
 
 # MXNet 1.9.1 needs numpy 1.23.5 (it uses np.bool): a second venv, so that pin never reaches
-# .venv. scripts/test.sh runs tests/mxnet there; examples/kvstore_bench.py and
+# .venv. scripts/test.sh runs tests/with_mxnet there; examples/kvstore_bench.py and
 # benchmarks/mxnet_trainer.py take its python. If MXNet cannot be installed, its tests are
 # skipped (with the reason) and everything else still runs.
 [ -x .venv-mxnet/bin/python ] || python3 -m venv .venv-mxnet || true

@@ -32,6 +32,14 @@ def _collectives(rank, size):
     assert (hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size()) == (rank, size, rank, size)
     assert (hvd.cross_rank(), hvd.cross_size(), hvd.is_initialized()) == (0, 1, True)
     everyone = range(size)
+    # the engine's tensors are views of the NDArrays (DLPack), not copies
+    from accord.mxnet.bridge import read_view, write_view
+
+    shared = mx.nd.zeros((2, 3))
+    write_view(shared).fill_(7)
+    close(shared.asnumpy(), np.full((2, 3), 7))
+    shared[:] = 3  # an MXNet write: the next view waits for it
+    close(read_view(shared).numpy(), np.full((2, 3), 3))
     for i, dtype in enumerate(DTYPES):
         x = _data(i, rank, (5, 3), dtype)
         allx = [_data(i, r, (5, 3), dtype) for r in everyone]
