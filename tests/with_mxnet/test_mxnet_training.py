@@ -98,6 +98,22 @@ def _trainers(rank, size):
         _same(_train(mx, net, trainer, batches, mine, BATCH * size), want, 1e-6)
         assert trainer._kvstore.type == "dist_sync_accord" and trainer._kvstore.num_workers == size
         assert trainer._update_on_kvstore is (on_kv is None)
+        if on_kv is None:  # optimizer state held by the store: gluon saves and loads it there
+            import os
+            import shutil
+            import tempfile
+
+            folder = tempfile.mkdtemp(prefix="accord-mx-states-")
+            try:
+                trainer.save_states(os.path.join(folder, "states"))
+                before = {k: v.asnumpy() for k, v in trainer._kvstore._updater.states.items()}
+                trainer.load_states(os.path.join(folder, "states"))
+            finally:
+                shutil.rmtree(folder)
+            after = trainer._kvstore._updater.states
+            assert before.keys() == after.keys() and len(before) == len(want)
+            for k in before:
+                close(after[k].asnumpy(), before[k])
     _perseus_kvstore(rank, size)
     hvd.shutdown()
     return True

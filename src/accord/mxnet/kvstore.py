@@ -138,6 +138,11 @@ class AccordKVStore(mx.kvstore.KVStoreBase):
         self._mx_updater(key, to_ndarray(merged), weight)
         weight.wait_to_read()  # the store reads ``stored`` right after: MXNet must be done
 
+    @property
+    def _updater(self) -> Any:
+        """The MXNet updater (gluon.Trainer.load_states reads ``kvstore._updater.optimizer``)."""
+        return self._mx_updater
+
     def save_optimizer_states(self, fname: str, dump_optimizer: bool = False) -> None:
         """Write the optimizer state (MXNet's updater format for MXNet optimizers)."""
         if self._mx_updater is None:
