@@ -13,7 +13,8 @@ With ``--num-servers N`` the launcher also starts N parameter servers on this ho
 workers (:mod:`accord.run.servers`): same session handling, guardian and output multiplexing
 (``[serverN]``). A server that ends while workers still run is a failure and the root cause;
 once every worker has succeeded the servers get SIGTERM (a clean stop, not a failure) and the
-exit code is the workers'.
+exit code is the workers'. With ``--ps mxnet`` they are MXNet's own scheduler and servers
+instead (:mod:`accord.run.mxnet_ps`), which ps-lite may end with status 0 as the workers finish.
 """
 from __future__ import annotations
 
@@ -39,8 +40,8 @@ from accord.run.failures import (Failure, describe_returncode, exit_status, form
                                  pick_root_cause, signal_name)
 from accord.run.hosts import is_local
 from accord.run.launch_config import LaunchConfig, describe
-from accord.run.local import Guardian, start_process, stop_groups
 from accord.run import mxnet_ps
+from accord.run.local import Guardian, start_process, stop_groups
 from accord.run.output import OutputMux
 from accord.run.servers import ps_env, server_command, server_dirname, server_env, server_label
 from accord.run.ssh import remote_script, secret_line, ssh_argv
