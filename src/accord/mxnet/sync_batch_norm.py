@@ -78,8 +78,9 @@ class _SyncBatchNormFunction(mx.autograd.Function):
         channels = xt.shape[1]
         flat = xt.transpose(0, 1).reshape(channels, -1).to(acc)
         count = flat.shape[1]
+        dev = flat.device
         var, mean = torch.var_mean(flat, dim=1, unbiased=False) if count else (
-            torch.zeros(channels, dtype=acc), torch.zeros(channels, dtype=acc))
+            torch.zeros(channels, dtype=acc, device=dev), torch.zeros(channels, dtype=acc, device=dev))
         row = torch.cat([torch.tensor([float(count)], dtype=acc, device=flat.device), mean, var * count])
         rows = run(Op.ALLGATHER, [row.reshape(1, -1)], f"{self.name}.stats", block.process_set)[0]
         counts, means, m2s = rows[:, :1], rows[:, 1:1 + channels], rows[:, 1 + channels:]
@@ -97,8 +98,8 @@ class _SyncBatchNormFunction(mx.autograd.Function):
                                          .to(read_view(self.running_var).dtype))
         shape = [1, channels] + [1] * (xt.dim() - 2)
         xhat = (xt.to(acc) - mean.view(shape)) * invstd.view(shape)
-        g = read_view(gamma).to(acc) if block.scale else torch.ones(channels, dtype=acc)
-        b = read_view(beta).to(acc) if block.center else torch.zeros(channels, dtype=acc)
+        g = read_view(gamma).to(acc) if block.scale else torch.ones(channels, dtype=acc, device=dev)
+        b = read_view(beta).to(acc) if block.center else torch.zeros(channels, dtype=acc, device=dev)
         out = xhat * g.view(shape) + b.view(shape)
         self.xhat, self.invstd, self.g, self.total = xhat, invstd, g, total
         self.dtype, self.gamma_dtype = xt.dtype, read_view(gamma).dtype
@@ -115,7 +116,7 @@ class _SyncBatchNormFunction(mx.autograd.Function):
         g_dy, g_dy_xhat = sums[:channels], sums[channels:]
         scale = (self.invstd * self.g / self.total).view(shape)
         dx = scale * (self.total * d - g_dy.view(shape) - xhat * g_dy_xhat.view(shape))
-        zeros = torch.zeros(channels, dtype=self.gamma_dtype)
+        zeros = torch.zeros(channels, dtype=self.gamma_dtype, device=xhat.device)
         dgamma = sum_dy_xhat.to(self.gamma_dtype) if self.block.scale else zeros
         dbeta = sum_dy.to(self.gamma_dtype) if self.block.center else zeros
         return (to_ndarray(dx.to(self.dtype).movedim(1, self.block.axis)), to_ndarray(dgamma),
