@@ -1,13 +1,13 @@
 """Push+pull throughput of a parameter-server KVStore: one big float32 key per round.
 
     python examples/kvstore_bench.py --mb 100 --servers 2 --workers 2 --rounds 10
-    python examples/kvstore_bench.py --mxnet-python /path/to/venv-with-mxnet-1.9.1/bin/python
+    python examples/kvstore_bench.py --mxnet-python .venv-mxnet/bin/python   (built by scripts/setup_env.sh)
 
 Starts the servers (LocalCluster) and the workers itself. Each worker runs warm-up rounds, then
 measured rounds of ``push(key, grad); pull(key, out=weight)`` between barriers, and rank 0
 prints rounds/s and GB/s, counting the bytes each worker pushes and pulls (2 x MB per round).
 With ``--mxnet-python`` the same workload then runs on MXNet's own dist_sync (scheduler, servers
-and workers started with DMLC_* variables, loopback) in the same run, and the ratio is printed.
+and workers started by ``accordrun --ps mxnet``, loopback) in the same run, and the ratio is printed.
 """
 from __future__ import annotations
 
@@ -75,29 +75,18 @@ if kv.rank == 0:
 
 
 def run_mxnet(python: str, args: argparse.Namespace) -> dict:
-    """MXNet 1.9.1's dist_sync on the same workload (its own launcher protocol, loopback)."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    env = {**config.snapshot(), "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(port),
-           "DMLC_NUM_SERVER": str(args.servers), "DMLC_NUM_WORKER": str(args.workers),
-           "DMLC_INTERFACE": "lo", "DMLC_NODE_HOST": "127.0.0.1", "OMP_NUM_THREADS": "1"}
-    serve = [python, "-c", "import mxnet"]  # schedulers and servers serve from the import
-    procs = [subprocess.Popen(serve, env={**env, "DMLC_ROLE": "scheduler"})]
-    procs += [subprocess.Popen(serve, env={**env, "DMLC_ROLE": "server"}) for _ in range(args.servers)]
-    workers = [subprocess.Popen([python, "-c", MXNET_WORKER, str(args.mb), str(args.rounds), str(args.warmup)],
-                                env={**env, "DMLC_ROLE": "worker"}, stdout=subprocess.PIPE, text=True)
-               for _ in range(args.workers)]
-    out = "".join(w.communicate()[0] for w in workers)
-    for p in procs:
-        try:
-            p.wait(30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-    print(out.strip(), flush=True)
-    return json.loads(out.strip().splitlines()[-1])
+    """MXNet 1.9.1's dist_sync on the same workload: its own scheduler, servers and workers,
+    started by ``accordrun --ps mxnet`` (DMLC_* roles on loopback) from that Python."""
+    cmd = [python, "-m", "accord.run", "-np", str(args.workers), "--ps", "mxnet",
+           "--num-servers", str(args.servers), python, "-c", MXNET_WORKER,
+           str(args.mb), str(args.rounds), str(args.warmup)]
+    env = {**config.snapshot(), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    lines = [ln.split(":", 1)[1] for ln in proc.stdout.splitlines() if '"kvstore": "mxnet' in ln]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"MXNet's dist_sync failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    print(lines[-1].strip(), flush=True)
+    return json.loads(lines[-1])
 
 
 def run_accord(args: argparse.Namespace) -> dict:

@@ -18,3 +18,16 @@ fi
 .venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 -e '.[dev]' 2>&1 \
   | grep -v -E "^WARNING: Location .* is ignored" || true
 .venv/bin/python -c "import accord, torch" || { echo "setup: installation failed" >&2; exit 1; }
+
+# MXNet 1.9.1 needs numpy 1.23.5 (it uses np.bool): a second venv, so that pin never reaches
+# .venv. scripts/test.sh runs tests/with_mxnet there; examples/kvstore_bench.py and
+# benchmarks/mxnet_trainer.py take its python. If MXNet cannot be installed, its tests are
+# skipped (with the reason) and everything else still runs.
+[ -x .venv-mxnet/bin/python ] || python3 -m venv .venv-mxnet || true
+if [ -x .venv-mxnet/bin/python ]; then
+  .venv-mxnet/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 \
+      -e '.[mxnet,ps,examples]' 'pytest>=8' 'pytest-timeout>=2.3' cloudpickle 2>&1 \
+    | grep -v -E "^WARNING: Location .* is ignored" || true
+  .venv-mxnet/bin/python -c "import mxnet, torch, accord.mxnet" >/dev/null 2>&1 \
+    || echo "setup: MXNet 1.9.1 could not be installed in .venv-mxnet; its tests will be skipped" >&2
+fi

@@ -1,6 +1,28 @@
 #!/usr/bin/env bash
-# Install (into .venv) and run the whole test suite. Extra arguments go to pytest.
+# Install (into .venv and .venv-mxnet) and run the whole test suite. Extra arguments go to pytest.
+#
+# tests/with_mxnet needs MXNet 1.9.1 and its numpy pin, which live in .venv-mxnet: the first run (in
+# .venv) skips them with that reason, the second runs them in .venv-mxnet. With arguments, the
+# second run happens only for arguments naming tests/with_mxnet.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup_env.sh
-exec .venv/bin/python -m pytest -p no:cacheprovider "$@"
+status=0
+.venv/bin/python -m pytest -p no:cacheprovider "$@" || status=$?
+mxnet_args=()
+if [ $# -eq 0 ]; then
+  mxnet_args=(tests/with_mxnet)
+else
+  for arg in "$@"; do
+    case "$arg" in tests/with_mxnet*) mxnet_args=("$@"); break ;; esac
+  done
+fi
+if [ ${#mxnet_args[@]} -gt 0 ]; then
+  if .venv-mxnet/bin/python -c "import mxnet" >/dev/null 2>&1; then
+    echo "== tests/with_mxnet in .venv-mxnet (MXNet 1.9.1, numpy 1.23.5) =="
+    .venv-mxnet/bin/python -m pytest -p no:cacheprovider "${mxnet_args[@]}" || status=$?
+  else
+    echo "tests/with_mxnet: skipped: MXNet 1.9.1 is not installed in .venv-mxnet (see scripts/setup_env.sh's output)"
+  fi
+fi
+exit $status

@@ -62,8 +62,13 @@ def _mpi() -> str:
 
 
 def _mxnet() -> str:
-    mx = importlib.import_module("mxnet")
-    return str(mx.__version__)
+    try:
+        mx = importlib.import_module("mxnet")
+        importlib.import_module("accord.mxnet")  # registers kvstore='accord' with MXNet
+    except Exception as exc:  # noqa: BLE001 - shown as the reason, with the fix
+        raise RuntimeError(f"{type(exc).__name__}: {str(exc).splitlines()[0]} "
+                           "(pip install 'accord[mxnet]' in its own venv)") from None
+    return f"{mx.__version__}, accord.mxnet and kvstore 'accord' ready"
 
 
 def _zmq() -> str:

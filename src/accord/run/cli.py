@@ -24,6 +24,8 @@ examples:
   accordrun --hostfile hosts.txt python train.py        hosts from a file ('node1 slots=4')
   accordrun --ips 10.0.0.1,10.0.0.2 --nproc-per-node 2 python train.py
   accordrun -np 4 --num-servers 2 python train.py       4 workers + 2 parameter servers (kvstore)
+  accordrun -np 2 --ps mxnet python train.py --kv-store dist_sync
+                                                        MXNet's own scheduler, 2 servers, 2 workers
   accordrun --check-build                               which frameworks and backends work here
 """
 
@@ -74,6 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also start N parameter servers on this host (default 0; -np counts workers); "
                         "workers and servers get DMLC_ROLE, DMLC_NUM_SERVER, DMLC_NUM_WORKER, "
                         "DMLC_PS_ROOT_URI/PORT")
+    g.add_argument("--ps", choices=("accord", "mxnet"), default="accord",
+                   help="whose parameter servers: accord's (default) or MXNet's own ps-lite "
+                        "scheduler and servers, which run the same command with DMLC_ROLE="
+                        "scheduler/server (MXNet's tools/launch.py; --num-servers defaults to -np)")
 
     g = p.add_argument_group("rendezvous and processes")
     g.add_argument("--start-timeout", type=config.finite_float,

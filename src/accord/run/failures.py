@@ -43,11 +43,13 @@ class Failure:
     stderr_tail: Sequence[str] = ()
     error: dict[str, Any] | None = None  # the worker's error file, when it wrote one
     local_rank: int = 0
-    kind: str = "worker"  # or "server"
+    kind: str = "worker"  # or "server", or "scheduler" (MXNet's, with --ps mxnet)
 
     @property
     def name(self) -> str:
-        """``rank 3`` or ``server 1``."""
+        """``rank 3``, ``server 1`` or ``scheduler`` (MXNet's)."""
+        if self.kind == "scheduler":
+            return "scheduler"
         return f"server {self.rank}" if self.kind == "server" else f"rank {self.rank}"
 
     @property
@@ -66,7 +68,7 @@ def pick_root_cause(failures: Sequence[Failure]) -> Failure:
     carry an earlier time than the launcher's poll that saw the server end), never the reverse:
     servers keep serving when a worker dies.
     """
-    return min(failures, key=lambda f: (f.kind != "server", f.first_seen, f.rank))
+    return min(failures, key=lambda f: (f.kind not in ("server", "scheduler"), f.first_seen, f.rank))
 
 
 def _indent(text: str, pad: str = "    ") -> str:
@@ -97,12 +99,13 @@ def format_root_cause(
         light,
         "Root Cause (first observed failure):",
         f"  server     : {root.rank} (parameter server, host {root.host})" if root.kind == "server"
+        else f"  scheduler  : MXNet's ps-lite scheduler (host {root.host})" if root.kind == "scheduler"
         else f"  rank       : {root.rank} (local_rank {root.local_rank}, host {root.host})",
         f"  pid        : {root.pid}",
         f"  status     : {describe_returncode(root.returncode)}",
         f"  time       : {stamp}",
     ]
-    if root.kind == "server" and root.returncode == 0:
+    if root.kind in ("server", "scheduler") and root.returncode == 0:
         lines.append("  (the server ended before the workers did)")
     if root.error:
         lines.append(f"  error      : {root.error.get('type', '?')}: {root.error.get('message', '')}")

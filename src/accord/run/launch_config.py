@@ -57,6 +57,7 @@ class LaunchConfig:
     interface_ip: str | None = None
     verbose: bool = False
     num_servers: int = 0  # parameter servers (--num-servers), started on the launch host
+    ps: str = "accord"  # whose parameter servers: accord's or MXNet's (--ps mxnet)
     min_np: int | None = None  # elastic: failed workers are left out while this many remain
 
     @property
@@ -194,7 +195,14 @@ def config_from_args(ns: argparse.Namespace, environ: Mapping[str, str], cwd: st
                                     f"use one of {', '.join(LOG_LEVELS)}"))
     # a level: --verbose means at least 1; PS_VERBOSE=2 keeps its 2 for the servers
     verbose = max(1 if ns.verbose else 0, int(config.get("ACCORD_VERBOSE", environ)))
+    ps = getattr(ns, "ps", None) or "accord"
     num_servers = _count(ns.num_servers, "--num-servers")
+    if ps == "mxnet":
+        if ns.num_servers is None:
+            num_servers = num_proc  # as MXNet's tools/launch.py: -s defaults to -n
+        if num_servers < 1:
+            raise ConfigError(with_hint("--ps mxnet needs at least one server, got --num-servers 0",
+                                        "pass --num-servers 1 (or more), or leave it out for one per worker"))
     min_np = _elastic(ns, num_proc)
     given = {o.name: getattr(ns, o.name) for o in tuning_table.OPTIONS if o.cli}
     if ns.timeline_filename:
@@ -226,6 +234,7 @@ def config_from_args(ns: argparse.Namespace, environ: Mapping[str, str], cwd: st
         verbose=verbose > 0,
         num_servers=num_servers,
         min_np=min_np,
+        ps=ps,
     )
 
 
@@ -239,5 +248,6 @@ def describe(cfg: LaunchConfig) -> dict[str, Any]:
         "grace_period": cfg.grace_period,
         "start_timeout": cfg.start_timeout,
         "num_servers": cfg.num_servers,
+        "ps": cfg.ps,
         "min_np": cfg.min_np,
     }

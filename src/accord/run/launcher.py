@@ -13,7 +13,8 @@ With ``--num-servers N`` the launcher also starts N parameter servers on this ho
 workers (:mod:`accord.run.servers`): same session handling, guardian and output multiplexing
 (``[serverN]``). A server that ends while workers still run is a failure and the root cause;
 once every worker has succeeded the servers get SIGTERM (a clean stop, not a failure) and the
-exit code is the workers'.
+exit code is the workers'. With ``--ps mxnet`` they are MXNet's own scheduler and servers
+instead (:mod:`accord.run.mxnet_ps`), which ps-lite may end with status 0 as the workers finish.
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ from accord.run.failures import (Failure, describe_returncode, exit_status, form
                                  pick_root_cause, signal_name)
 from accord.run.hosts import is_local
 from accord.run.launch_config import LaunchConfig, describe
+from accord.run import mxnet_ps
 from accord.run.local import Guardian, start_process, stop_groups
 from accord.run.output import OutputMux
 from accord.run.servers import ps_env, server_command, server_dirname, server_env, server_label
@@ -72,6 +74,8 @@ class _Server:
     index: int
     proc: subprocess.Popen[bytes]
     returncode: int | None = None
+    label: str = ""  # its output prefix: server0, ..., or MXNet's scheduler
+    kind: str = "server"  # or "scheduler"
 
 
 def launch(cfg: LaunchConfig, console_out: BinaryIO | None = None, console_err: BinaryIO | None = None,
@@ -113,6 +117,7 @@ class _Job:
         self._mux: OutputMux | None = None
         self._jobdir: str | None = None
         self._previous: dict[int, Any] = {}
+        self._mxnet: mxnet_ps.MXNetJob | None = None
 
     # --- helpers -------------------------------------------------------------------------------
     def _say(self, text: str) -> None:
@@ -189,7 +194,9 @@ class _Job:
             err_path = None if remote else os.path.join(self._jobdir, f"rank.{slot.rank}.error.json")
             added = worker_env(slot, job, tuning=cfg.tuning, user_env=environ, cpu_count=cpus,
                                devices=cfg.devices, error_file=err_path)
-            if cfg.num_servers:
+            if cfg.num_servers and cfg.ps == "mxnet":
+                added.update(mxnet_ps.node_env("worker", self._mxnet_job(job), environ))
+            elif cfg.num_servers:
                 added.update(ps_env("worker", job, cfg.num_servers, cfg.num_proc))
             try:
                 if remote:
@@ -211,9 +218,41 @@ class _Job:
             self._workers.append(_Worker(slot, proc, remote, err_path))
             self._mux.add(slot.rank, proc.stdout, proc.stderr)
 
+    def _mxnet_job(self, job: JobEnv) -> mxnet_ps.MXNetJob:
+        if self._mxnet is None:
+            assert job.store_addr is not None or not self.cfg.remote
+            self._mxnet = mxnet_ps.MXNetJob(
+                root_uri=job.store_addr or "127.0.0.1", root_port=job_store.free_port(),
+                num_workers=self.cfg.num_proc, num_servers=self.cfg.num_servers,
+                local=not self.cfg.remote, interface=self.cfg.tuning.network_interface)
+        return self._mxnet
+
+    def _start_mxnet_nodes(self, job: JobEnv, environ: dict[str, str], secret_hex: str) -> None:
+        """MXNet's own scheduler and servers (--ps mxnet): the user's command in those roles."""
+        assert self._guardian is not None and self._mux is not None
+        mx_job = self._mxnet_job(job)
+        for index, (label, role) in enumerate(mxnet_ps.roles(self.cfg.num_servers)):
+            added = mxnet_ps.node_env(role, mx_job, environ)
+            try:
+                proc = start_process(self.cfg.command, local_environment(environ, added, secret_hex),
+                                     self.cfg.cwd)
+            except OSError as exc:
+                raise LaunchError(with_hint(f"could not start MXNet's {label} ({self.cfg.command[0]}): "
+                                            f"{exc}", "check that the program exists")) from None
+            self._guardian.watch(proc.pid)
+            kind = "scheduler" if role == "scheduler" else "server"
+            self._servers.append(_Server(index - 1 if role == "server" else 0, proc, label=label, kind=kind))
+            self._mux.add(label, proc.stdout, proc.stderr, dirname=label)
+        if self.cfg.verbose:
+            self._say(f"started MXNet's scheduler on {mx_job.root_uri}:{mx_job.root_port} and "
+                      f"{self.cfg.num_servers} servers (pids {[s.proc.pid for s in self._servers]})")
+
     def _start_servers(self, job: JobEnv, environ: dict[str, str], secret_hex: str) -> None:
         cfg = self.cfg
         assert self._guardian is not None and self._mux is not None
+        if cfg.ps == "mxnet":
+            self._start_mxnet_nodes(job, environ, secret_hex)
+            return
         # multi-host: servers run here and advertise the address remote workers reach us at
         node_host = job.store_addr if cfg.remote else None
         for index in range(cfg.num_servers):
@@ -229,7 +268,7 @@ class _Job:
                     f"could not start parameter server {index} ({' '.join(server_command())}): {exc}",
                     "check that accord is installed for this Python")) from None
             self._guardian.watch(proc.pid)
-            self._servers.append(_Server(index, proc))
+            self._servers.append(_Server(index, proc, label=server_label(index)))
             self._mux.add(server_label(index), proc.stdout, proc.stderr, dirname=server_dirname(index))
         if self._servers and cfg.verbose:
             self._say(f"started {len(self._servers)} parameter servers (pids "
@@ -257,10 +296,11 @@ class _Job:
                         else:
                             failures.extend(lost + [failure])  # the earliest is the root cause
                             lost = []
-            for s in self._servers:  # any end of a server, even status 0, is too early
+            for s in self._servers:  # any end of a server, even status 0, is too early...
                 if s.returncode is None:
                     s.returncode = s.proc.poll()
-                    if s.returncode is not None:
+                    # ...except for MXNet's nodes, which ps-lite ends as its workers finish
+                    if s.returncode is not None and (s.returncode != 0 or cfg.ps != "mxnet"):
                         failures.append(self._server_failure(s))
             if failures or all(w.returncode is not None for w in self._workers):
                 break
@@ -274,7 +314,7 @@ class _Job:
         self._mux.close(timeout=2.0)
         if failures:
             for f in failures:
-                key = server_label(f.rank) if f.kind == "server" else f.rank
+                key = self._label(f) if f.kind in ("server", "scheduler") else f.rank
                 f.stderr_tail = self._mux.stderr_tail(key)[-20:]
             root = pick_root_cause(failures)
             others = [f for f in failures if f is not root]
@@ -325,13 +365,16 @@ class _Job:
     def _server_failure(self, s: _Server) -> Failure:
         assert s.returncode is not None
         host = socket.gethostname() if self.cfg.remote else "localhost"
-        return Failure(rank=s.index, host=host, pid=s.proc.pid, returncode=s.returncode, kind="server")
+        return Failure(rank=s.index, host=host, pid=s.proc.pid, returncode=s.returncode, kind=s.kind)
+
+    def _label(self, f: Failure) -> str:
+        return next(s.label for s in self._servers if s.kind == f.kind and s.index == f.rank)
 
     def _stop_all(self, sig: int) -> list[int]:
         """Stop every worker's and server's process group; return the ranks that were still
         running (the servers still running go to ``_stopped_servers``)."""
         running = [w for w in self._workers if w.proc.poll() is None]
-        self._stopped_servers = [s.index for s in self._servers if s.proc.poll() is None]
+        self._stopped_servers = [s.index for s in self._servers if s.kind == "server" and s.proc.poll() is None]
         for w in running:
             w.stopped = True
             if w.remote and w.proc.stdin is not None:

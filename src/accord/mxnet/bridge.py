@@ -1,0 +1,109 @@
+"""MXNet NDArrays <-> the engine's torch tensors, without copies, respecting MXNet's engine.
+
+MXNet runs operators asynchronously: an NDArray handed to Python may still be written by a
+pending operator (a gradient still being computed by backward). The views made here wait
+first, through MXNet's own DLPack export: ``to_dlpack_for_read`` waits for pending writes,
+``to_dlpack_for_write`` for pending reads and writes. The torch tensor then shares the
+NDArray's memory (CPU or GPU) until the caller is done with it. Every accord.mxnet collective
+blocks until the engine has finished writing, so MXNet operators pushed after it can never see
+a half-written result.
+
+Results of unknown shape (allgather, alltoall, reducescatter) come back as torch tensors from
+the engine and become NDArrays through ``mx.nd.from_dlpack`` (no copy either).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.utils.dlpack
+
+from accord.errors import AccordError, with_hint
+
+INSTALL_HINT = "pip install 'accord[mxnet]'"
+
+
+def require_mxnet() -> Any:
+    """Import and return the ``mxnet`` module.
+
+    Raises:
+        ImportError: MXNet is not installed (or does not import), with the install HINT.
+    """
+    try:
+        import mxnet
+    except Exception as exc:  # MXNet 1.9.1 with numpy >= 1.24 fails with AttributeError (np.bool)
+        raise ImportError(with_hint(
+            f"accord.mxnet needs MXNet 1.9.1, which could not be imported: "
+            f"{type(exc).__name__}: {exc}",
+            f"{INSTALL_HINT} (it pins mxnet==1.9.1 and numpy==1.23.5, which MXNet needs); "
+            f"keep it in its own virtual environment if other packages need a newer numpy")) from exc
+    return mxnet
+
+
+mx = require_mxnet()
+
+# MXNet's dtype names (and numpy's) -> torch dtypes, for checks and error messages.
+TORCH_DTYPES = {
+    "float16": torch.float16, "float32": torch.float32, "float64": torch.float64,
+    "uint8": torch.uint8, "int8": torch.int8, "int32": torch.int32, "int64": torch.int64,
+    "bool": torch.bool,
+}
+
+
+def is_ndarray(value: Any) -> bool:
+    """True for an ``mx.nd.NDArray`` (dense; sparse arrays are not NDArrays' dense kind)."""
+    return isinstance(value, mx.nd.NDArray)
+
+
+def check_ndarray(value: Any, what: str) -> None:
+    """Raise a clear TypeError unless ``value`` is a dense NDArray."""
+    if not is_ndarray(value):
+        raise TypeError(with_hint(f"{what} takes an mxnet NDArray, got {type(value).__name__}",
+                                  "pass mx.nd.array(...) (accord.torch takes torch tensors)"))
+    if getattr(value, "stype", "default") != "default":
+        raise TypeError(with_hint(f"{what} takes a dense NDArray, got storage type {value.stype!r}",
+                                  "convert it with .tostype('default')"))
+
+
+def read_view(array: Any) -> torch.Tensor:
+    """A torch tensor sharing ``array``'s memory, once every pending write to it has finished."""
+    return torch.utils.dlpack.from_dlpack(array.to_dlpack_for_read())
+
+
+def write_view(array: Any) -> torch.Tensor:
+    """A torch tensor sharing ``array``'s memory, once every pending read and write of it has
+    finished: the caller may overwrite it."""
+    return torch.utils.dlpack.from_dlpack(array.to_dlpack_for_write())
+
+
+def to_ndarray(tensor: torch.Tensor) -> Any:
+    """An NDArray sharing ``tensor``'s memory (kept alive by the NDArray)."""
+    if not tensor.is_contiguous():
+        tensor = tensor.contiguous()
+    if tensor.dtype == torch.bool:  # MXNet 1.x's legacy NDArray has no bool
+        tensor = tensor.to(torch.uint8)
+    return mx.nd.from_dlpack(torch.utils.dlpack.to_dlpack(tensor))
+
+
+def empty_like(array: Any) -> Any:
+    """A new NDArray with ``array``'s shape, dtype and context (uninitialized)."""
+    return mx.nd.empty(array.shape, ctx=array.context, dtype=array.dtype)
+
+
+_ERROR_TYPES: dict[type, type] = {}
+
+
+def mxnet_error(exc: BaseException) -> BaseException:
+    """``exc`` as an error that is also an ``mx.base.MXNetError`` (Horovod's MXNet collectives
+    fail with MXNetError), keeping its own class (``except HorovodInternalError`` still works)."""
+    base = mx.base.MXNetError
+    cls = type(exc)
+    if isinstance(exc, base) or not isinstance(exc, AccordError):
+        return exc
+    both = _ERROR_TYPES.get(cls)
+    if both is None:
+        both = _ERROR_TYPES[cls] = type(cls.__name__, (cls, base), {"__module__": cls.__module__})
+    new = both.__new__(both)
+    new.__dict__.update(exc.__dict__)
+    new.args = exc.args
+    return new

@@ -1,0 +1,217 @@
+"""accord's KVStore as an MXNet KVStore plug-in: ``kvstore='accord'`` (and Perseus's
+``'dist_sync_perseus'``) for ``gluon.Trainer``, ``Module.fit`` and ``mx.kv.create``.
+
+Importing :mod:`accord.mxnet` registers the types through MXNet's ``KVStoreBase`` registry.
+A store holds NDArray keys the way MXNet's ``dist_sync`` does: ``init`` keeps rank 0's value,
+``push`` sums the pushed values over devices and workers (or takes their max / min with
+Perseus's ``op=``) and either stores the sum or, with an optimizer, applies it; ``pull`` copies
+the stored value out; ``pushpull`` and ``broadcast`` are the coalesced forms gluon uses. The
+values move through :mod:`accord.kvstore` (the engine, or accord's parameter servers when
+``accordrun --num-servers`` started them) as torch views of the NDArrays (DLPack, no copies).
+An MXNet optimizer (``set_optimizer``, what ``gluon.Trainer`` and ``Module`` do for
+``update_on_kvstore``) runs on every worker on the same summed gradient, so the replicas stay
+identical. Every call returns with its results written.
+
+MXNet creates no KVStore at all for a string type on one device unless the type contains
+``dist``; so that ``kvstore='accord'`` still reduces across workers, importing this module makes
+MXNet's ``_create_kvstore`` build accord's types from their names.
+"""
+from __future__ import annotations
+
+import pickle
+from typing import Any, Callable
+
+from accord.errors import with_hint
+from accord.mxnet.bridge import is_ndarray, mx, read_view, to_ndarray, write_view
+
+# type names -> what ``kv.type`` reports (MXNet's trainer and Module treat 'dist' + '_sync'
+# stores as synchronous multi-worker stores: batch sizes count every worker's samples).
+TYPES = {"accord": "dist_sync_accord", "dist_sync_perseus": "dist_sync_perseus"}
+
+
+def _views(value: Any, view: Callable[[Any], Any]) -> Any:
+    """The torch views of an NDArray, a list of them, or a list of such lists."""
+    if isinstance(value, (list, tuple)):
+        return [_views(v, view) for v in value]
+    if not is_ndarray(value):
+        raise TypeError(with_hint(f"accord's MXNet KVStore takes NDArrays, got {type(value).__name__}",
+                                  "pass mx.nd arrays (accord.kvstore takes torch tensors)"))
+    return view(value)
+
+
+class AccordKVStore(mx.kvstore.KVStoreBase):
+    """MXNet KVStore on accord (see the module docstring)."""
+
+    type_name = "accord"
+
+    def __init__(self) -> None:
+        import accord.kvstore
+
+        self._kv = accord.kvstore.create("dist_sync")
+        self._mx_updater: Any = None
+        self._weights: dict[Any, tuple[int, Any]] = {}  # key -> (data_ptr, NDArray view) of stored
+
+    # --- properties ---------------------------------------------------------------------------
+    @property
+    def type(self) -> str:
+        return TYPES[self.type_name]
+
+    @property
+    def rank(self) -> int:
+        return int(self._kv.rank)
+
+    @property
+    def num_workers(self) -> int:
+        return int(self._kv.num_workers)
+
+    @property
+    def local_rank(self) -> int:
+        """This worker's rank among the workers on its host (Perseus)."""
+        return int(self._kv.local_rank)
+
+    def is_capable(self, capability: str) -> bool:
+        return bool(self._kv.is_capable(capability))
+
+    # --- classic and Perseus API --------------------------------------------------------------
+    def init(self, key: Any, value: Any, param_only: bool = False) -> None:
+        """Initialise keys with rank 0's values; ``param_only`` keys average their pushes and
+        never go through the optimizer (Perseus)."""
+        self._kv.init(key, _views(value, read_view), param_only=param_only)
+
+    def push(self, key: Any, value: Any, priority: int = 0, op: str = "sum") -> None:
+        """Sum (or ``op='max'|'min'``) the values over devices and workers into the store."""
+        self._kv.push(key, _views(value, read_view), priority, op=op)
+
+    def pull(self, key: Any, out: Any = None, priority: int = 0, ignore_sparse: bool = True) -> Any:
+        """Copy the stored values into ``out`` (new NDArrays when ``out`` is None)."""
+        if out is None:
+            fresh = self._kv.pull(key)
+            return [to_ndarray(v) for v in fresh] if isinstance(fresh, list) else to_ndarray(fresh)
+        self._kv.pull(key, _views(out, write_view), priority)
+        return out
+
+    def row_sparse_pull(self, key: Any, out: Any = None, priority: int = 0, row_ids: Any = None) -> Any:
+        """Pull only the rows ``row_ids`` (zeros elsewhere), into dense NDArrays."""
+        ids = _views(row_ids, read_view) if row_ids is not None else None
+        self._kv.row_sparse_pull(key, _views(out, write_view) if out is not None else None,
+                                 priority, row_ids=ids)
+        return out
+
+    def barrier(self) -> None:
+        """Wait for every worker."""
+        self._kv.barrier()
+
+    _barrier = barrier
+
+    # --- MXNet's KVStoreBase ------------------------------------------------------------------
+    def broadcast(self, key: Any, value: Any, out: Any, priority: int = 0) -> None:
+        """Initialise ``key`` with rank 0's ``value`` and write it into ``out`` everywhere."""
+        self.init(key, value)
+        self.pull(key, out, priority)
+
+    def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0) -> None:
+        """Push ``value``, then pull into ``out`` (into ``value`` when ``out`` is None)."""
+        self.push(key, value, priority)
+        self.pull(key, value if out is None else out, priority)
+
+    def set_optimizer(self, optimizer: Any) -> None:
+        """Apply an MXNet optimizer (or an accord.kvstore one) to every later sum push."""
+        if not isinstance(optimizer, mx.optimizer.Optimizer):
+            self._kv.set_optimizer(optimizer)
+            self._mx_updater = None
+            return
+        if not hasattr(self._kv, "set_updater"):
+            raise ValueError(with_hint(
+                "an MXNet optimizer cannot run on accord's parameter servers (they run accord's "
+                "own optimizers)",
+                "use update_on_kvstore=False (gluon.Trainer), or start the job without "
+                "--num-servers so the optimizer runs on every worker"))
+        self._mx_updater = mx.optimizer.get_updater(optimizer)
+        self._kv.set_updater(self._update)
+
+    def _update(self, key: Any, merged: Any, stored: Any) -> None:
+        """Run the MXNet updater on torch tensors (stored is updated in place, synchronously)."""
+        cached = self._weights.get(key)
+        if cached is None or cached[0] != stored.data_ptr():
+            cached = self._weights[key] = (stored.data_ptr(), to_ndarray(stored))
+        weight = cached[1]
+        self._mx_updater(key, to_ndarray(merged), weight)
+        weight.wait_to_read()  # the store reads ``stored`` right after: MXNet must be done
+
+    @property
+    def _updater(self) -> Any:
+        """The MXNet updater (gluon.Trainer.load_states reads ``kvstore._updater.optimizer``)."""
+        return self._mx_updater
+
+    def save_optimizer_states(self, fname: str, dump_optimizer: bool = False) -> None:
+        """Write the optimizer state (MXNet's updater format for MXNet optimizers)."""
+        if self._mx_updater is None:
+            self._kv.save_optimizer_states(fname, dump_optimizer)
+            return
+        with open(fname, "wb") as f:
+            f.write(self._mx_updater.get_states(dump_optimizer))
+
+    def load_optimizer_states(self, fname: str) -> None:
+        """Load a state written by :meth:`save_optimizer_states`."""
+        if self._mx_updater is None:
+            self._kv.load_optimizer_states(fname)
+            return
+        with open(fname, "rb") as f:
+            self._mx_updater.set_states(f.read())
+
+    def set_gradient_compression(self, compression_params: dict) -> None:
+        """2-bit compression of pushes: ``{'type': '2bit', 'threshold': t}``."""
+        self._kv.set_gradient_compression(compression_params)
+
+    def __getstate__(self) -> Any:
+        raise pickle.PicklingError("an accord KVStore holds a live connection; it cannot be pickled")
+
+
+def _register() -> None:
+    """Register every accord type in MXNet's registry (a subclass per name: MXNet constructs
+    registered classes without arguments)."""
+    for name in TYPES:
+        cls = type(name, (AccordKVStore,), {"type_name": name, "__module__": __name__})
+        mx.kvstore.KVStoreBase.kv_registry[name] = cls
+    _route_create_kvstore()
+
+
+def _route_create_kvstore() -> None:
+    """Make MXNet build accord's types from their names even on one device (see the module doc)."""
+    import mxnet.gluon.trainer as trainer
+    import mxnet.model as model
+    import mxnet.module.module as module
+
+    original = model._create_kvstore
+    if getattr(original, "_accord", False):
+        return
+
+    def create_kvstore(kvstore: Any, num_device: int, arg_params: Any) -> Any:
+        if isinstance(kvstore, str) and kvstore.lower() in TYPES:
+            kvstore = mx.kv.create(kvstore)
+        return original(kvstore, num_device, arg_params)
+
+    create_kvstore._accord = True  # type: ignore[attr-defined]
+    for where in (model, trainer, module):
+        where._create_kvstore = create_kvstore
+
+
+def create(name: str = "dist_sync_perseus") -> Any:
+    """Perseus's ``perseus_kv.create(name)``: accord's store for ``'accord'``, the
+    ``'dist_sync*'`` and ``'dist_sync_perseus'`` types; MXNet's own for ``'local'`` / ``'device'``.
+
+    Raises:
+        ValueError: a type neither accord nor MXNet knows.
+    """
+    key = str(name).lower()
+    if key in TYPES:
+        return mx.kv.create(key)
+    if key in ("dist_sync", "dist_device_sync", "dist_sync_device"):
+        return mx.kv.create("dist_sync_perseus")
+    if key in ("local", "device", "local_update_cpu", "local_allreduce_cpu", "local_allreduce_device"):
+        return mx.kv.create(key)
+    raise ValueError(with_hint(f"unknown kvstore type {name!r} for accord.mxnet.create",
+                               f"use one of {sorted(TYPES)}, 'dist_sync', 'local' or 'device'"))
+
+
+_register()

@@ -1,0 +1,97 @@
+"""`accordrun --ps mxnet` and `accord-mxnet-launch` without starting processes: the flag, the
+DMLC_* roles and environment, launch.py's flags mapped to accordrun's, and their errors."""
+import pytest
+
+from accord.errors import ConfigError
+from accord.run.cli import build_parser
+from accord.run.failures import Failure, format_root_cause, pick_root_cause
+from accord.run.launch_config import config_from_args
+from accord.run.mxnet_launch import accordrun_argv, env_pairs, main, read_hostfile, round_robin
+from accord.run.mxnet_launch import build_parser as launch_parser
+from accord.run.mxnet_ps import MXNetJob, node_env, roles
+
+ENV = {"PATH": "/usr/bin:/bin"}
+
+
+def _cfg(*argv):
+    return config_from_args(build_parser().parse_args(list(argv)), ENV, cwd="/work")
+
+
+def test_ps_flag_defaults_and_server_count():
+    assert _cfg("-np", "2", "python3").ps == "accord"
+    cfg = _cfg("-np", "3", "--ps", "mxnet", "python3", "train.py")
+    assert (cfg.ps, cfg.num_servers, cfg.num_proc) == ("mxnet", 3, 3)  # -s defaults to -n
+    assert _cfg("-np", "2", "--ps", "mxnet", "--num-servers", "1", "python3").num_servers == 1
+    with pytest.raises(ConfigError, match="at least one server"):
+        _cfg("-np", "2", "--ps", "mxnet", "--num-servers", "0", "python3")
+
+
+def test_node_env_on_one_host():
+    job = MXNetJob("127.0.0.1", 9091, num_workers=2, num_servers=1, local=True)
+    assert roles(2) == [("scheduler", "scheduler"), ("server0", "server"), ("server1", "server")]
+    for role in ("scheduler", "server", "worker"):
+        env = node_env(role, job, {})
+        assert env["DMLC_ROLE"] == role
+        assert (env["DMLC_PS_ROOT_URI"], env["DMLC_PS_ROOT_PORT"]) == ("127.0.0.1", "9091")
+        assert (env["DMLC_NUM_WORKER"], env["DMLC_NUM_SERVER"]) == ("2", "1")
+        assert (env["DMLC_INTERFACE"], env["DMLC_NODE_HOST"]) == ("lo", "127.0.0.1")
+        assert ("OMP_NUM_THREADS" in env) == (role != "worker")
+    mine = node_env("server", job, {"DMLC_INTERFACE": "eth1", "DMLC_NODE_HOST": "10.1.1.1",
+                                    "OMP_NUM_THREADS": "2"})
+    assert "DMLC_INTERFACE" not in mine and "DMLC_NODE_HOST" not in mine and "OMP_NUM_THREADS" not in mine
+    with pytest.raises(ValueError, match="unknown MXNet role"):
+        node_env("coordinator", job, {})
+
+
+def test_node_env_across_hosts():
+    job = MXNetJob("10.0.0.5", 9000, 4, 2, local=False, interface="eth0")
+    assert node_env("server", job, {})["DMLC_NODE_HOST"] == "10.0.0.5"  # servers run here
+    worker = node_env("worker", job, {})
+    assert "DMLC_NODE_HOST" not in worker and worker["DMLC_INTERFACE"] == "eth0"
+
+
+def test_scheduler_failure_is_reported_as_the_root_cause():
+    sched = Failure(rank=0, host="localhost", pid=10, returncode=1, kind="scheduler", when=5.0)
+    worker = Failure(rank=1, host="localhost", pid=11, returncode=1, when=1.0)
+    assert pick_root_cause([worker, sched]) is sched and sched.name == "scheduler"
+    assert "MXNet's ps-lite scheduler" in format_root_cause(sched, [worker])
+
+
+def _launch(*argv, has_sync=False):
+    return accordrun_argv(launch_parser().parse_args(list(argv)), has_sync)
+
+
+def test_launch_py_flags_become_accordrun_flags(tmp_path):
+    assert _launch("-n", "2", "python", "t.py", "--kv-store", "dist_sync") == \
+        ["--ps", "mxnet", "-np", "2", "--num-servers", "2", "python", "t.py", "--kv-store", "dist_sync"]
+    assert _launch("-n", "2", "-s", "1", "--launcher", "local", "python", "t.py")[:6] == \
+        ["--ps", "mxnet", "-np", "2", "--num-servers", "1"]
+    hosts = tmp_path / "hosts"
+    hosts.write_text("# cluster\nnode1\n\nnode2:1\nnode3  # spare\n")
+    assert read_hostfile(str(hosts)) == [("node1", None), ("node2", 1), ("node3", None)]
+    assert _launch("-n", "5", "-s", "1", "-H", str(hosts), "python", "t.py")[6:8] == \
+        ["-H", "node1:2,node2:1,node3:2"]  # ssh by default with -H; round-robin, node2 holds 1
+    assert _launch("-n", "2", "-H", str(hosts), "--launcher", "local", "python", "t.py")[6:] == ["python", "t.py"]
+    assert round_robin([("a", None), ("b", None)], 1) == [("a", 1)]
+    assert "--sync-dst-dir" in _launch("-n", "1", "--sync-dst-dir", "/tmp/x", "python", "t.py", has_sync=True)
+    assert env_pairs(["PS_VERBOSE:1", "A=b:c"]) == {"PS_VERBOSE": "1", "A": "b:c"}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["-n", "2", "--launcher", "yarn", "python"], "--launcher yarn is not supported"),
+    (["-n", "2", "--launcher", "ssh", "python"], "needs -H"),
+    (["-n", "0", "python"], "must be >= 1"),
+    (["-n", "2", "-s", "0", "python"], "must be >= 1"),
+    (["-n", "2", "--env-server", "A:1", "python"], "not supported"),
+    (["-n", "2", "--sync-dst-dir", "/x", "python"], "--sync-dst-dir is not available"),
+    (["-n", "2"], "no command"),
+    (["-n", "2", "-H", "/nonexistent/hosts", "python"], "cannot be read"),
+    (["-n", "2", "--env", "novalue", "python"], "is not NAME:VALUE"),
+])
+def test_bad_launch_flags_exit_2_with_a_hint(argv, message, capsys, monkeypatch):
+    import accord.run.cli as cli
+
+    monkeypatch.setattr(cli, "main", lambda argv: pytest.fail("accordrun must not start"))
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "HINT:" in err

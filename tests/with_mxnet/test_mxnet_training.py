@@ -1,0 +1,223 @@
+"""Training with accord.mxnet on real ranks, against one process on the concatenated batch:
+DistributedTrainer (SGD with momentum, Adam, predivide, fp16), DistributedOptimizer, the
+KVStore plug-in in gluon.Trainer (update on the store and off it), Perseus's KVStore
+extensions, and SyncBatchNorm (forward, backward, moving statistics; local and global scope).
+
+Every rank also trains the one-process reference itself (plain gluon, no communication) on the
+concatenated batch, from the same initial weights, and compares.
+"""
+import numpy as np
+import pytest
+
+from helpers.fake_hosts import fake_host_env
+from helpers.mxnet_env import require_mxnet
+from helpers.ranks import run_ranks
+from helpers.values import close
+
+require_mxnet()
+
+pytestmark = pytest.mark.timeout(150)
+
+BATCH, STEPS, FEATURES = 4, 4, 5
+
+
+def _net(mx, seed=0):
+    """A float64 MLP with weights from numpy (identical on every rank, independent of MXNet's RNG)."""
+    net = mx.gluon.nn.HybridSequential()
+    net.add(mx.gluon.nn.Dense(8, in_units=FEATURES, activation="tanh", dtype="float64"),
+            mx.gluon.nn.Dense(3, in_units=8, dtype="float64"))
+    net.initialize()
+    rng = np.random.default_rng(seed)
+    for p in net.collect_params().values():
+        p.set_data(mx.nd.array(rng.normal(0, 0.5, p.shape), dtype="float64"))
+    return net
+
+
+def _batches(size):
+    rng = np.random.default_rng(7)
+    return [(rng.normal(size=(BATCH * size, FEATURES)), rng.integers(0, 3, BATCH * size))
+            for _ in range(STEPS)]
+
+
+def _train(mx, net, trainer, batches, rows, step_size):
+    loss_fn = mx.gluon.loss.SoftmaxCrossEntropyLoss()
+    for x, y in batches:
+        data = mx.nd.array(x[rows], dtype="float64")
+        label = mx.nd.array(y[rows], dtype="float64")
+        with mx.autograd.record():
+            loss = loss_fn(net(data), label)
+        loss.backward()
+        trainer.step(step_size)
+    return [p.data().asnumpy() for p in net.collect_params().values()]  # names differ per net
+
+
+def _reference(mx, optimizer, params, size, batches):
+    net = _net(mx)
+    trainer = mx.gluon.Trainer(net.collect_params(), optimizer, dict(params), kvstore=None)
+    return _train(mx, net, trainer, batches, slice(None), BATCH * size)
+
+
+def _same(got, want, tol):
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        close(g, w, tol)
+
+
+def _trainers(rank, size):
+    import mxnet as mx
+
+    import accord.mxnet as hvd
+
+    hvd.init()
+    mine = slice(rank * BATCH, (rank + 1) * BATCH)
+    batches = _batches(size)
+    cases = [("sgd", {"learning_rate": 0.5, "momentum": 0.9, "wd": 0.01}, {}, 1e-6),
+             ("adam", {"learning_rate": 0.05}, {}, 1e-6),
+             ("sgd", {"learning_rate": 0.5, "momentum": 0.9}, {"gradient_predivide_factor": 2.0}, 1e-6),
+             ("sgd", {"learning_rate": 0.5}, {"compression": hvd.Compression.fp16}, 2e-3)]
+    for i, (optimizer, params, extra, tol) in enumerate(cases):
+        want = _reference(mx, optimizer, params, size, batches)
+        net = _net(mx)
+        trainer = hvd.DistributedTrainer(net.collect_params(), optimizer, dict(params),
+                                         prefix=f"case{i}.", **extra)
+        _same(_train(mx, net, trainer, batches, mine, BATCH), want, tol)
+    # DistributedOptimizer in a plain gluon.Trainer: each rank steps with its own batch size
+    want = _reference(mx, "sgd", {"learning_rate": 0.5, "momentum": 0.9}, size, batches)
+    net = _net(mx)
+    opt = hvd.DistributedOptimizer(mx.optimizer.SGD(learning_rate=0.5, momentum=0.9))
+    trainer = mx.gluon.Trainer(net.collect_params(), opt, kvstore=None)
+    _same(_train(mx, net, trainer, batches, mine, BATCH), want, 1e-6)
+    # the KVStore plug-in: MXNet's dist_sync semantics (gradients summed over workers, step()
+    # given the global batch size), updating on the store (the default) and on each worker
+    for optimizer, params, on_kv in (("sgd", {"learning_rate": 0.5, "momentum": 0.9}, None),
+                                     ("adam", {"learning_rate": 0.05}, False)):
+        want = _reference(mx, optimizer, params, size, batches)
+        net = _net(mx)
+        trainer = mx.gluon.Trainer(net.collect_params(), optimizer, dict(params), kvstore="accord",
+                                   update_on_kvstore=on_kv)
+        _same(_train(mx, net, trainer, batches, mine, BATCH * size), want, 1e-6)
+        assert trainer._kvstore.type == "dist_sync_accord" and trainer._kvstore.num_workers == size
+        assert trainer._update_on_kvstore is (on_kv is None)
+        if on_kv is None:  # optimizer state held by the store: gluon saves and loads it there
+            import os
+            import shutil
+            import tempfile
+
+            folder = tempfile.mkdtemp(prefix="accord-mx-states-")
+            try:
+                trainer.save_states(os.path.join(folder, "states"))
+                before = {k: v.asnumpy() for k, v in trainer._kvstore._updater.states.items()}
+                trainer.load_states(os.path.join(folder, "states"))
+            finally:
+                shutil.rmtree(folder)
+            after = trainer._kvstore._updater.states
+            assert before.keys() == after.keys() and len(before) == len(want)
+            for k in before:
+                close(after[k].asnumpy(), before[k])
+    _perseus_kvstore(rank, size)
+    hvd.shutdown()
+    return True
+
+
+def test_trainers_and_kvstore_plugin_equal_one_process_on_the_concatenated_batch():
+    assert run_ranks(_trainers, 2, init="accord", timeout=140) == [True, True]
+
+
+def _perseus_kvstore(rank, size):
+    """Perseus's KVStore extensions on NDArrays: local_rank, init(param_only), push(op=...)."""
+    import mxnet as mx
+
+    import accord.mxnet as hvd
+
+    kv = hvd.create("dist_sync_perseus")
+    assert (kv.rank, kv.num_workers, kv.local_rank, kv.type) == (rank, size, rank, "dist_sync_perseus")
+    assert isinstance(mx.kv.create("accord"), hvd.AccordKVStore)
+    kv.init("w", mx.nd.ones(3) * (rank + 10))  # rank 0's value wins
+    close(kv.pull("w").asnumpy(), np.full(3, 10))
+    kv.push("w", [mx.nd.ones(3) * (rank + 1), mx.nd.ones(3)])  # two devices, summed, then workers
+    out = mx.nd.zeros(3)
+    kv.pull("w", out=out)
+    close(out.asnumpy(), np.full(3, sum(r + 2 for r in range(size))))
+    kv.push("w", mx.nd.array([rank, -rank, 5.0]), op="max")
+    kv.pull("w", out=out)
+    close(out.asnumpy(), [size - 1, 0, 5])
+    kv.push("w", mx.nd.array([rank, -rank, 5.0]), op="min")
+    kv.pull("w", out=out)
+    close(out.asnumpy(), [0, -(size - 1), 5])
+    # param_only keys average over devices and workers and skip the optimizer (Perseus)
+    kv.set_optimizer(mx.optimizer.SGD(learning_rate=1.0))
+    kv.init([3, 4], [mx.nd.zeros(2), mx.nd.zeros(2)], param_only=True)
+    kv.push(3, mx.nd.ones(2) * rank)
+    close(kv.pull(3).asnumpy(), np.full(2, np.mean(range(size))))
+    # with an MXNet optimizer: stored -= lr * sum of pushes
+    kv.init("v", mx.nd.ones(2))
+    kv.push("v", mx.nd.ones(2) * (rank + 1))
+    close(kv.pull("v").asnumpy(), np.full(2, 1 - sum(r + 1 for r in range(size))))
+    kv.barrier()
+    with pytest.raises(ValueError, match="not been initialised"):
+        kv.push("nope", mx.nd.ones(1))
+    with pytest.raises(TypeError, match="NDArrays"):
+        kv.push("w", np.ones(3))
+    with pytest.raises(ValueError, match="unknown kvstore type"):
+        hvd.create("dist_sync_magic")
+
+
+_HOSTS = ["a", "a", "b"]
+
+
+def _sync_bn(rank, size):
+    import mxnet as mx
+
+    import accord.mxnet as hvd
+
+    hvd.init()
+    channels = 3
+    for scope, peers in ((1, list(range(size))), ("local", [r for r, h in enumerate(_HOSTS)
+                                                           if h == _HOSTS[rank]])):
+        xs = [np.random.default_rng([3, r]).normal(size=(r + 2, channels, 4)) for r in range(size)]
+        ws = [np.random.default_rng([4, r]).normal(size=(r + 2, channels, 4)) for r in range(size)]
+        gamma = np.array([1.0, 2.0, 0.5])
+        beta = np.array([0.1, -0.2, 0.3])
+
+        def run(layer, x, w):
+            layer.cast("float64")
+            layer.initialize()
+            layer.gamma.set_data(mx.nd.array(gamma, dtype="float64"))
+            layer.beta.set_data(mx.nd.array(beta, dtype="float64"))
+            data = mx.nd.array(x, dtype="float64")
+            data.attach_grad()
+            with mx.autograd.record():
+                y = layer(data)
+                loss = (y * mx.nd.array(w, dtype="float64")).sum()
+            loss.backward()
+            return (y.asnumpy(), data.grad.asnumpy(), layer.gamma.grad().asnumpy(),
+                    layer.beta.grad().asnumpy(), layer.running_mean.data().asnumpy(),
+                    layer.running_var.data().asnumpy())
+
+        ref = run(mx.gluon.nn.BatchNorm(in_channels=channels),
+                  np.concatenate([xs[r] for r in peers]), np.concatenate([ws[r] for r in peers]))
+        got = run(hvd.SyncBatchNorm(in_channels=channels, comm_scope=scope),
+                  xs[rank], ws[rank])
+        start = sum(r + 2 for r in peers if r < rank)
+        rows = slice(start, start + rank + 2)
+        close(got[0], ref[0][rows], 1e-9)
+        close(got[1], ref[1][rows], 1e-9)
+        # gamma/beta gradients are local: their sum over the scope is the big batch's
+        both = hvd.allgather_object((got[2], got[3]))
+        close(sum(both[r][0] for r in peers), ref[2], 1e-9)
+        close(sum(both[r][1] for r in peers), ref[3], 1e-9)
+        close(got[4], ref[4], 1e-6)  # MXNet's own update mixes in float32 (momentum): ~2e-7 apart
+        close(got[5], ref[5], 1e-6)
+    with pytest.raises(ValueError, match="comm_scope"):
+        hvd.SyncBatchNorm(comm_scope=2)
+    hvd.shutdown()
+    return True
+
+
+def _fake_hosts(rank):
+    return fake_host_env(rank, _HOSTS)
+
+
+def test_sync_batch_norm_equals_batch_norm_on_the_scope_batch():
+    results = run_ranks(_sync_bn, 3, init="accord", per_rank_env=_fake_hosts, timeout=140)
+    assert results == [True] * 3
