@@ -12,6 +12,12 @@ side.
 Only allreduce changes; every other collective runs on the flat communicator. The layout must
 be homogeneous (the same number of ranks on every host) so that local rank ``i`` holds the same
 part everywhere; :func:`hierarchy_problem` says why a job cannot use it.
+
+Chosen automatically (HOROVOD_HIERARCHICAL_ALLREDUCE unset) when :func:`auto_hierarchy` finds no
+reason against it, for allreduces of at least ``min_bytes``: each host then sends 1.0x the
+buffer across the network instead of ``2 (n - 1) / n`` x (1.5x for 2 hosts x 2 ranks), which
+measured 1.4x faster at 64 MB on 1 Gbit/s links (benchmarks/cluster_hierarchical.py); smaller
+allreduces are latency-bound, and the two extra steps inside the host cost more than they save.
 """
 from __future__ import annotations
 
@@ -19,6 +25,7 @@ from typing import Any, Sequence
 
 import torch
 
+from accord import config
 from accord.comm.backend import Communicator
 from accord.comm.base_communicator import split_rows
 from accord.comm.ops import ReduceOp
@@ -42,6 +49,15 @@ def hierarchy_problem(local_sets: Sequence[Sequence[int]]) -> str | None:
     return None
 
 
+def auto_hierarchy(local_sets: Sequence[Sequence[int]], flat_backend: str) -> str | None:
+    """Why the automatic choice keeps allreduce flat, or None when it goes hierarchical: the
+    layout allows it (:func:`hierarchy_problem`) and the flat communicator is Gloo picked by
+    default (an explicitly chosen CPU backend, e.g. mpi, is left as the user asked)."""
+    if flat_backend != "gloo" or str(config.get("ACCORD_CPU_BACKEND")).lower() != "auto":
+        return f"the CPU backend was chosen explicitly ({flat_backend})"
+    return hierarchy_problem(local_sets)
+
+
 class HierarchicalCommunicator:
     """The flat communicator's collectives, with allreduce done host-first (see the module)."""
 
@@ -49,17 +65,20 @@ class HierarchicalCommunicator:
     # if it has one, would bypass the hierarchy.
     supports_allreduce_many = None
 
-    def __init__(self, flat: Communicator, local: Communicator, cross: Communicator) -> None:
+    def __init__(self, flat: Communicator, local: Communicator, cross: Communicator,
+                 min_bytes: int = 0) -> None:
         self.flat, self.local, self.cross = flat, local, cross
+        self.min_bytes = min_bytes  # smaller allreduces run flat (every rank sees the same size)
         self.backend_name = f"hierarchical({local.backend_name}+{cross.backend_name})"
         self.ranks, self.rank, self.size = flat.ranks, flat.rank, flat.size
         self.hierarchical_allreduces = 0  # allreduces that took the three-step path (tests read it)
 
     def allreduce(self, tensor: torch.Tensor, op: ReduceOp) -> None:
         """Reduce ``tensor`` in place: reduce-scatter in the host, allreduce across hosts,
-        allgather in the host. Tensors smaller than a part per local rank, non-contiguous ones
-        and integer AVERAGE go flat."""
-        if op not in _GROUPABLE or not tensor.is_contiguous() or tensor.numel() < self.local.size:
+        allgather in the host. Tensors smaller than a part per local rank or than ``min_bytes``,
+        non-contiguous ones and integer AVERAGE go flat."""
+        if (op not in _GROUPABLE or not tensor.is_contiguous() or tensor.numel() < self.local.size
+                or tensor.numel() * tensor.element_size() < self.min_bytes):
             self.flat.allreduce(tensor, op)
             return
         whole = tensor.view(-1)

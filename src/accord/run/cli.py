@@ -70,9 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = p.add_argument_group("parameter servers (accord.kvstore, MXNet's launch.py -s)")
     g.add_argument("--num-servers", metavar="N",
-                   help="also start N parameter servers on this host (default 0; -np counts workers); "
+                   help="also start N parameter servers (default 0; -np counts workers); "
                         "workers and servers get DMLC_ROLE, DMLC_NUM_SERVER, DMLC_NUM_WORKER, "
                         "DMLC_PS_ROOT_URI/PORT")
+    g.add_argument("--server-hosts", metavar="HOSTS",
+                   help="hosts of the parameter servers, round robin, e.g. node1,node2 (default: "
+                        "spread over the worker hosts when there are several, else this host)")
 
     g = p.add_argument_group("rendezvous and processes")
     g.add_argument("--start-timeout", type=float,
@@ -83,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--master-addr", help="MASTER_ADDR for env:// scripts (default: rank 0's host)")
     g.add_argument("--master-port", type=int, help="MASTER_PORT for env:// scripts (default: free port)")
     g.add_argument("--network-interface", help="interface to bind and advertise (also DMLC_INTERFACE)")
+    g.add_argument("--sync-dst-dir", metavar="DIR",
+                   help="copy the working directory to DIR on every host with rsync over ssh "
+                        "before starting, and run the workers there (MXNet's launch.py flag)")
 
     g = p.add_argument_group("ssh")
     g.add_argument("-p", "--ssh-port", type=int, help="ssh port of the remote hosts")

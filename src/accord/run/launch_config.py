@@ -25,6 +25,7 @@ from accord.run.hosts import (
     parse_ips,
     parse_rank_list,
 )
+from accord.run.servers import server_placement
 from accord.run.ssh import SshOptions
 from accord.run.worker_env import Tuning
 
@@ -55,13 +56,25 @@ class LaunchConfig:
     master_port: int = 0
     interface_ip: str | None = None
     verbose: bool = False
-    num_servers: int = 0  # parameter servers (--num-servers), started on the launch host
+    num_servers: int = 0  # parameter servers (--num-servers)
+    server_hosts: tuple[str, ...] = ()  # the host of each server (run.servers.server_placement)
     min_np: int | None = None  # elastic: failed workers are left out while this many remain
+    sync_dst_dir: str | None = None  # --sync-dst-dir: workers and servers run from this copy
 
     @property
     def remote(self) -> bool:
-        """True when some worker runs on another host (through ssh)."""
-        return any(not is_local(s.hostname) for s in self.slots)
+        """True when some worker or server runs on another host (through ssh)."""
+        return any(not is_local(h) for h in self.remote_candidates)
+
+    @property
+    def remote_candidates(self) -> tuple[str, ...]:
+        """Every host that runs a worker or a server, in order, each once."""
+        return tuple(dict.fromkeys([s.hostname for s in self.slots] + list(self.server_hosts)))
+
+    @property
+    def worker_cwd(self) -> str:
+        """Where workers and servers run: the --sync-dst-dir copy, else the launcher's folder."""
+        return self.sync_dst_dir or self.cwd
 
 
 def _positive(value: float | None, flag: str, allow_zero: bool = False) -> None:
@@ -143,6 +156,27 @@ def _elastic(ns: argparse.Namespace, num_proc: int) -> int | None:
     return min_np
 
 
+def _server_hosts(ns: argparse.Namespace, num_servers: int, slots: tuple[Slot, ...]) -> tuple[str, ...]:
+    """The host of each server (--server-hosts, else spread over the worker hosts)."""
+    chosen: list[str] = []
+    if ns.server_hosts is not None:
+        chosen = [h.hostname for h in parse_hosts(ns.server_hosts)]
+        if num_servers == 0:
+            raise ConfigError(with_hint("--server-hosts is given but --num-servers is 0",
+                                        "add --num-servers N, or drop --server-hosts"))
+    return tuple(server_placement(num_servers, chosen, [s.hostname for s in slots]))
+
+
+def _sync_dir(ns: argparse.Namespace) -> str | None:
+    if ns.sync_dst_dir is None:
+        return None
+    path = ns.sync_dst_dir.rstrip("/") or "/"
+    if not os.path.isabs(path) or path == "/":
+        raise ConfigError(with_hint(f"--sync-dst-dir must be an absolute folder other than /, got "
+                                    f"{ns.sync_dst_dir!r}", "pass e.g. --sync-dst-dir /tmp/myjob"))
+    return path
+
+
 def config_from_args(ns: argparse.Namespace, environ: Mapping[str, str], cwd: str | None = None) -> LaunchConfig:
     """Validate the parsed command line into a LaunchConfig.
 
@@ -206,6 +240,7 @@ def config_from_args(ns: argparse.Namespace, environ: Mapping[str, str], cwd: st
     # a level: --verbose means at least 1; PS_VERBOSE=2 keeps its 2 for the servers
     verbose = max(1 if ns.verbose else 0, int(config.get("ACCORD_VERBOSE", environ)))
     num_servers = _count(ns.num_servers, "--num-servers")
+    server_hosts = _server_hosts(ns, num_servers, slots)
     min_np = _elastic(ns, num_proc)
     tuning = Tuning(
         fusion_threshold_mb=ns.fusion_threshold_mb,
@@ -243,7 +278,9 @@ def config_from_args(ns: argparse.Namespace, environ: Mapping[str, str], cwd: st
         interface_ip=interface_ip,
         verbose=verbose > 0,
         num_servers=num_servers,
+        server_hosts=server_hosts,
         min_np=min_np,
+        sync_dst_dir=_sync_dir(ns),
     )
 
 
@@ -257,5 +294,7 @@ def describe(cfg: LaunchConfig) -> dict[str, Any]:
         "grace_period": cfg.grace_period,
         "start_timeout": cfg.start_timeout,
         "num_servers": cfg.num_servers,
+        "server_hosts": list(cfg.server_hosts),
+        "sync_dst_dir": cfg.sync_dst_dir,
         "min_np": cfg.min_np,
     }
