@@ -327,12 +327,13 @@ class _Job:
         assert w.returncode is not None
         error = error_file.read_error_file(w.error_file) if w.error_file else None
         return Failure(rank=w.slot.rank, host=w.slot.hostname, pid=w.proc.pid, returncode=w.returncode,
-                       error=error, local_rank=w.slot.local_rank)
+                       error=error, local_rank=w.slot.local_rank, remote=w.remote)
 
     def _server_failure(self, s: _Server) -> Failure:
         assert s.returncode is not None
         host = s.host if s.remote else socket.gethostname() if self.cfg.remote else "localhost"
-        return Failure(rank=s.index, host=host, pid=s.proc.pid, returncode=s.returncode, kind="server")
+        return Failure(rank=s.index, host=host, pid=s.proc.pid, returncode=s.returncode, kind="server",
+                       remote=s.remote)
 
     def _stop_all(self, sig: int) -> list[int]:
         """Stop every worker's and server's process group; return the ranks that were still
