@@ -97,7 +97,7 @@ VARIABLES: dict[str, Variable] = {
         _v("ACCORD_STALL_CHECK_TIME_SECONDS", float, 60.0, "Warn when ranks wait this long on a name others lack.", "HOROVOD_STALL_CHECK_TIME_SECONDS"),
         _v("ACCORD_STALL_SHUTDOWN_TIME_SECONDS", float, 0.0, "Raise on every rank after this long stalled (0: never).", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"),
         _v("ACCORD_HIERARCHICAL_ALLREDUCE", parse_bool, None, "Allreduce within each host, then across hosts (CPU tensors; needs the same number of ranks on every host). 1 forces it, 0 turns it off; unset, a job on several hosts with several ranks on each (on the default gloo/shm backends) uses it for allreduces of at least ACCORD_HIERARCHICAL_MIN_BYTES.", "HOROVOD_HIERARCHICAL_ALLREDUCE"),
-        _v("ACCORD_HIERARCHICAL_MIN_BYTES", int, 64 * 1024, "Smallest allreduce (bytes) that takes the hierarchical path when it was chosen automatically (smaller ones are latency-bound and run flat)."),
+        _v("ACCORD_HIERARCHICAL_MIN_BYTES", int, 1024 * 1024, "Smallest allreduce (bytes) that takes the hierarchical path when it was chosen automatically (smaller ones are latency-bound and run flat)."),
         _v("ACCORD_COLLECTIVE_TIMEOUT", float, 60.0, "Seconds a collective may wait for a peer before the rank is declared lost.", "HOROVOD_GLOO_TIMEOUT_SECONDS"),
         _v("ACCORD_START_TIMEOUT", float, 30.0, "Seconds for every rank to reach the rendezvous.", "HOROVOD_START_TIMEOUT"),
         _v("ACCORD_ELASTIC_TIMEOUT", float, 60.0, "Seconds elastic ranks wait for live peers to regroup after a failure.", "HOROVOD_ELASTIC_TIMEOUT"),

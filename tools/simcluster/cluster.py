@@ -123,7 +123,7 @@ class Cluster:
         return self
 
     def __enter__(self) -> "Cluster":
-        return self.start()
+        return self if self._started else self.start()
 
     def __exit__(self, *exc: Any) -> None:
         self.close()

@@ -38,7 +38,7 @@ class EngineSettings:
     # (comm.hierarchical.auto_hierarchy), and allreduces below hierarchical_min_bytes run flat.
     hierarchical_allreduce: bool = False
     hierarchical_auto: bool = False
-    hierarchical_min_bytes: int = 64 * 1024
+    hierarchical_min_bytes: int = 1024 * 1024
 
     def __post_init__(self) -> None:
         if self.fusion_threshold < 0:
