@@ -14,7 +14,7 @@ from typing import Any, Sequence
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tools"))
 
-from simcluster import Cluster, missing_prerequisites  # noqa: E402
+from simcluster import Cluster, missing_prerequisites  # noqa: E402,F401 (Cluster: for the scripts)
 
 ACCORDRUN = os.path.join(os.path.dirname(sys.executable), "accordrun")
 
