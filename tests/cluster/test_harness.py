@@ -28,6 +28,18 @@ def test_hosts_are_separate_machines(cluster):
     cluster.run("h1", ["rm", "-f", "/tmp/only-h1", "/dev/shm/only-h1"])
 
 
+def test_a_host_added_later_is_reachable_by_name(make_cluster):
+    cluster = make_cluster(hosts=2)
+    cluster.add_host()
+    res = cluster.run("h1", ["ssh", "h3", "hostname; getent hosts h2"])
+    assert res.returncode == 0 and res.stdout.split() == ["h3", "10.77.0.2", "h2"], res
+    cluster.stop_host("h3", unplug=True)  # unplugged: ssh times out instead of being refused
+    res = cluster.run("h1", ["ssh", "-o", "ConnectTimeout=1", "h3", "true"])
+    assert res.returncode == 255 and "timed out" in res.stderr, res
+    cluster.start_host("h3")
+    assert cluster.run("h1", ["ssh", "h3", "true"]).returncode == 0
+
+
 def test_rate_limit_is_set_on_both_ends_of_each_link(cluster):
     try:
         cluster.set_rate("1gbit")

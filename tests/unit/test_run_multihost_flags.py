@@ -33,7 +33,7 @@ def test_server_hosts_flag_and_remote():
     assert cfg.server_hosts == ("a", "b", "a")
     cfg = _cfg("-np", "2", "--num-servers", "2", "--server-hosts", "nodeS", "python3")
     assert cfg.server_hosts == ("nodeS", "nodeS") and cfg.remote  # only a server is elsewhere
-    assert cfg.remote_candidates == ("localhost", "nodeS")
+    assert cfg.job_hosts == ("localhost", "nodeS")
     assert not _cfg("-np", "2", "--num-servers", "1", "python3").remote
     with pytest.raises(ConfigError, match="(?s)--num-servers is 0.*HINT"):
         _cfg("-np", "2", "--server-hosts", "a", "python3")

@@ -173,9 +173,9 @@ class Cluster:
     def start_host(self, name: str, timeout: float = 10.0) -> Host:
         """(Re)start ``name``'s sshd in fresh UTS and mount namespaces, its cable plugged in."""
         host = self.hosts[name]
+        network.set_plugged(self.switch, host.index, True)
         if host.proc is not None and host.proc.poll() is None:
             return host
-        network.set_plugged(self.switch, host.index, True)
         script = "\n".join([
             "set -e",
             f"hostname {host.name}",

@@ -64,10 +64,10 @@ class LaunchConfig:
     @property
     def remote(self) -> bool:
         """True when some worker or server runs on another host (through ssh)."""
-        return any(not is_local(h) for h in self.remote_candidates)
+        return any(not is_local(h) for h in self.job_hosts)
 
     @property
-    def remote_candidates(self) -> tuple[str, ...]:
+    def job_hosts(self) -> tuple[str, ...]:
         """Every host that runs a worker or a server, in order, each once."""
         return tuple(dict.fromkeys([s.hostname for s in self.slots] + list(self.server_hosts)))
 

@@ -88,7 +88,7 @@ def _advertised_address(cfg: LaunchConfig) -> str:
         return "127.0.0.1"
     if cfg.interface_ip:
         return cfg.interface_ip
-    remote = next(h for h in cfg.remote_candidates if not is_local(h))
+    remote = next(h for h in cfg.job_hosts if not is_local(h))
     try:  # the source address of the route towards a remote host; UDP connect sends nothing
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
             sock.connect((remote, 9))
@@ -176,7 +176,7 @@ class _Job:
     def _sync(self, environ: dict[str, str]) -> None:
         cfg = self.cfg
         assert cfg.sync_dst_dir is not None
-        hosts = [None if is_local(h) else h for h in cfg.remote_candidates]
+        hosts = [None if is_local(h) else h for h in cfg.job_hosts]
         if cfg.verbose:
             self._say(f"--sync-dst-dir: copying {cfg.cwd} to {cfg.sync_dst_dir} on "
                       f"{', '.join(h or 'this host' for h in dict.fromkeys(hosts))}")
