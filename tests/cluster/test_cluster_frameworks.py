@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from expected import sum_digests, trained_weights
+from cluster_expected import sum_digests, trained_weights
 from helpers.cluster_jobs import PYTHON, accordrun, reports, script
 
 pytestmark = pytest.mark.timeout(150)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from expected import sum_digests, trained_weights
+from cluster_expected import sum_digests, trained_weights
 from helpers.cluster_jobs import PYTHON, accordrun, reports, script, start_accordrun, wait_for_files
 
 pytestmark = pytest.mark.timeout(150)
