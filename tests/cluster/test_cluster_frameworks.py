@@ -1,5 +1,6 @@
-"""Other ways of running across simulated hosts: a torch DDP env:// script under accordrun,
-accord's mpi backend under a bare Open MPI mpirun, and --sync-dst-dir on three hosts."""
+"""Other ways of running across simulated hosts: accord's mpi backend under a bare Open MPI
+mpirun (flat allreduce: the same digests as the hierarchical path of test_cluster_launch.py), and
+--sync-dst-dir on three hosts."""
 from __future__ import annotations
 
 import shutil
@@ -12,19 +13,8 @@ from helpers.cluster_jobs import PYTHON, accordrun, reports, script
 pytestmark = pytest.mark.timeout(150)
 
 
-def test_ddp_env_script_trains_identically_on_every_rank(cluster):
-    res = accordrun(cluster, "-np", "4", "-H", "h1:2,h2:2", PYTHON, script("ddp_train.py"))
-    assert res.returncode == 0, res.stderr
-    got = reports(res.stdout)
-    assert [(got[r]["hostname"], got[r]["local_rank"], got[r]["group_rank"]) for r in range(4)] == \
-        [("h1", 0, 0), ("h1", 1, 0), ("h2", 0, 1), ("h2", 1, 1)]
-    assert {got[r]["master"] for r in range(4)} == {"10.77.0.1"}
-    expected = trained_weights(4)
-    for r in range(4):
-        assert got[r]["weights"] == pytest.approx(expected, abs=1e-5), f"rank {r}"
-
-
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI's mpirun is not installed")
+@pytest.mark.timeout(300)  # 40-120 s on the loaded 2-core machine: 4 ranks, MPI and torch start-up
 def test_mpirun_across_hosts_with_the_mpi_backend(cluster):
     """Open MPI starts the remote ranks through ssh (its orted on h2); accord bootstraps from
     MPI's environment and allreduces on the mpi backend."""
@@ -34,7 +24,7 @@ def test_mpirun_across_hosts_with_the_mpi_backend(cluster):
     res = cluster.run("h1", ["mpirun", "--allow-run-as-root", "-np", "4", "-H", "h1:2,h2:2",
                              "-x", "ACCORD_CPU_BACKEND=mpi", "-x", "OMP_NUM_THREADS",
                              "--mca", "btl_tcp_if_include", "eth0", "--mca", "oob_tcp_if_include", "eth0",
-                             PYTHON, script("hvd_job.py")], env=env, timeout=120)
+                             PYTHON, script("hvd_job.py")], env=env, timeout=280)
     assert res.returncode == 0, res.stdout + res.stderr
     got = reports(res.stdout)
     f32, i64 = sum_digests(4)

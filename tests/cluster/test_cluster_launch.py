@@ -1,6 +1,8 @@
 """accordrun across simulated hosts through real ssh: -H, --hostfile, --ips, placement values,
 prefixes and per-rank files, --network-interface (nothing on 0.0.0.0), automatic hierarchical
-allreduce equal to flat, Horovod-style training, parameter servers spread over the hosts."""
+allreduce chosen automatically, Horovod-style training, a DDP env:// script, parameter servers
+spread over the hosts. (Flat and hierarchical give the same values: test_cluster_frameworks.py's
+mpirun job, flat on the mpi backend, checks the same digests.)"""
 from __future__ import annotations
 
 import time
@@ -9,7 +11,7 @@ import pytest
 from cluster_expected import sum_digests, trained_weights
 from helpers.cluster_jobs import PYTHON, accordrun, reports, script, start_accordrun, wait_for_files
 
-pytestmark = pytest.mark.timeout(150)
+pytestmark = pytest.mark.timeout(240)
 
 PLACES = [("h1", 0, 0), ("h1", 1, 0), ("h2", 0, 1), ("h2", 1, 1)]  # host, local rank, cross rank
 
@@ -38,10 +40,10 @@ def test_hosts_interface_servers_and_automatic_hierarchy(cluster, shared_dir):
                            "--num-servers", "2", "--output-filename", str(logs), PYTHON,
                            script("hvd_job.py"), "--pause", str(pause))
     try:
-        wait_for_files([pause / f"ready.{r}" for r in range(4)], timeout=100, proc=proc)
+        wait_for_files([pause / f"ready.{r}" for r in range(4)], timeout=200, proc=proc)
         listeners = {h: cluster.listening(h) for h in ("h1", "h2")}
         (pause / "go").touch()
-        out, err = proc.communicate(timeout=60)
+        out, err = proc.communicate(timeout=100)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -74,14 +76,19 @@ def test_hosts_interface_servers_and_automatic_hierarchy(cluster, shared_dir):
     assert (logs / "server.0").is_dir() and (logs / "server.1").is_dir()
 
 
-def test_ips_and_forced_flat_allreduce(cluster):
-    """--ips ... --nproc-per-node 2 with HOROVOD_HIERARCHICAL_ALLREDUCE=0: same values, flat path."""
+def test_ips_with_a_ddp_env_script(cluster):
+    """--ips ... --nproc-per-node 2 running a plain torch DDP env:// script: placement, master
+    address, and the same trained weights on every rank as computed here."""
     res = accordrun(cluster, "--ips", "10.77.0.1,10.77.0.2", "--nproc-per-node", "2", PYTHON,
-                    script("hvd_job.py"), HOROVOD_HIERARCHICAL_ALLREDUCE="0")
+                    script("ddp_train.py"))
     assert res.returncode == 0, res.stderr
     got = reports(res.stdout)
-    _check_training_job(got, "TorchCommunicator")
-    assert [got[r]["env_hostname"] for r in range(4)] == ["10.77.0.1"] * 2 + ["10.77.0.2"] * 2
+    assert [(got[r]["hostname"], got[r]["local_rank"], got[r]["group_rank"]) for r in range(4)] == \
+        [("h1", 0, 0), ("h1", 1, 0), ("h2", 0, 1), ("h2", 1, 1)]
+    assert {got[r]["master"] for r in range(4)} == {"10.77.0.1"}
+    expected = trained_weights(4)
+    for r in range(4):
+        assert got[r]["weights"] == pytest.approx(expected, abs=1e-5), f"rank {r}"
 
 
 def test_hostfile_and_a_worker_dying_on_the_second_host(cluster, shared_dir):

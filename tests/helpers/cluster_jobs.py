@@ -31,7 +31,7 @@ def job_env(**extra: str) -> dict[str, str]:
     return Cluster.env({"OMP_NUM_THREADS": "1", **extra})
 
 
-def accordrun(cluster: Any, *args: str, host: str = "h1", timeout: float = 90,
+def accordrun(cluster: Any, *args: str, host: str = "h1", timeout: float = 180,
               cwd: str | Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:
     """``accordrun args`` run inside ``host`` (the login node) to completion."""
     return cluster.run(host, [ACCORDRUN, *args], timeout=timeout, cwd=str(cwd or REPO), env=job_env(**env))

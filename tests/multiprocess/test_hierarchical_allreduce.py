@@ -131,6 +131,16 @@ def _flat_fallback(rank, size):
     return kind, t.tolist()
 
 
+@pytest.mark.parametrize("value, kind", [(None, "HierarchicalCommunicator"), ("0", "TorchCommunicator")])
+def test_unset_chooses_the_hierarchy_and_zero_keeps_it_flat(value, kind):
+    hosts = ["hostA", "hostA", "hostB", "hostB"]
+    env = {"ACCORD_CPU_BACKEND": "auto"} if value is None else {"HOROVOD_HIERARCHICAL_ALLREDUCE": value}
+    out = run_ranks(_flat_fallback, 4, init="accord", per_rank_env=_hosts_env(hosts), timeout=60, env=env)
+    for got, values in out:
+        assert got == kind
+        assert values == [10.0] * 5
+
+
 def test_uneven_hosts_stay_flat():
     hosts = ["hostA", "hostA", "hostB"]
     out = run_ranks(_flat_fallback, 3, init="accord", per_rank_env=_hosts_env(hosts), timeout=60,
