@@ -60,3 +60,43 @@ def test_below_min_bytes_an_automatic_hierarchy_runs_flat():
     comm.allreduce(torch.zeros(256), ReduceOp.SUM)  # 1024 bytes
     assert local.calls[0] == ("reduce_scatter", 256) and cross.calls == [("allreduce", 128)]
     assert comm.hierarchical_allreduces == 1 and len(flat.calls) == 1
+
+
+def test_path_chooser_pairs_sizes_and_keeps_the_faster():
+    from accord.comm.path_choice import FLAT, HIERARCHICAL, PathChooser
+
+    chooser = PathChooser(pairs=2)
+    assert chooser.next_path(1000) == HIERARCHICAL
+    assert not chooser.record(1000, HIERARCHICAL, 5.0)
+    assert chooser.next_path(1000) == FLAT and chooser.next_path(5000) == HIERARCHICAL  # its own class
+    assert not chooser.record(1000, FLAT, 1.0)  # one pair
+    assert not chooser.record(5000, HIERARCHICAL, 2.0)  # unpaired: not counted
+    assert chooser.record(1000, HIERARCHICAL, 4.0) is False and chooser.record(1000, FLAT, 1.5)
+    assert chooser.totals() == [9.0, 2.5]
+    assert chooser.decide([9.0, 2.5]) == FLAT and chooser.next_path(1000) == FLAT
+
+
+class _Slow(_Recorder):
+    def __init__(self, name, delay):
+        super().__init__(name)
+        self.delay = delay
+
+    def allreduce(self, tensor, op):
+        import time
+
+        time.sleep(self.delay if tensor.numel() > 2 else 0)  # the agreement's 2 sums are quick
+        super().allreduce(tensor, op)
+
+
+@pytest.mark.parametrize("flat_delay, kept", [(0.03, "hierarchical"), (0.0, "flat")])
+def test_measured_communicator_keeps_the_faster_path(flat_delay, kept):
+    flat, local, cross = _Slow("gloo", flat_delay), _Recorder("shm"), _Slow("gloo", 0.01)
+    comm = HierarchicalCommunicator(flat, local, cross, min_bytes=0, measure=True)
+    for _ in range(6):  # 3 pairs: hierarchical, flat, hierarchical, flat, ...
+        comm.allreduce(torch.zeros(1000), ReduceOp.SUM)
+    assert comm.chooser.choice == kept
+    assert flat.calls[-1] == ("allreduce", 2)  # the agreement on the summed timings
+    before = (len(flat.calls), comm.hierarchical_allreduces)
+    comm.allreduce(torch.zeros(1000), ReduceOp.SUM)
+    took_hierarchy = comm.hierarchical_allreduces > before[1]
+    assert took_hierarchy == (kept == "hierarchical") and (len(flat.calls) > before[0]) != took_hierarchy

@@ -18,14 +18,17 @@ reason against it, for allreduces of at least ``min_bytes`` (1 MiB by default): 
 sends 1.0x the buffer across the network instead of ``2 (n - 1) / n`` x (1.5x for 2 hosts x 2
 ranks). Big allreduces are pipelined in pieces (:data:`PIECE_BYTES`), so that the steps inside
 the host overlap the transfer between hosts. On simulated hosts with 1 Gbit/s links this measured
-1.37-1.45x flat at 64 MB (benchmarks/cluster_hierarchical.py); smaller allreduces are
+1.2-1.45x flat at 64 MB (benchmarks/cluster_hierarchical.py); smaller allreduces are
 latency-bound. Where the links are as fast as the host's CPU (10 Gbit/s and more on the 2-core
-test machine) the gain disappears; HOROVOD_HIERARCHICAL_ALLREDUCE=0 keeps such jobs flat.
+test machine) the gain turns into a loss (0.5x), so the automatic choice times both paths on the
+job's first big allreduces and keeps the faster (:mod:`accord.comm.path_choice`).
 """
 from __future__ import annotations
 
+import logging
 import queue
 import threading
+import time
 from typing import Any, Sequence
 
 import torch
@@ -34,6 +37,9 @@ from accord import config
 from accord.comm.backend import Communicator
 from accord.comm.base_communicator import split_rows
 from accord.comm.ops import ReduceOp
+from accord.comm.path_choice import HIERARCHICAL, PathChooser
+
+log = logging.getLogger("accord")
 
 # Ops whose result does not depend on how the ranks are grouped. Integer AVERAGE (the only
 # AVERAGE that reaches a communicator: the engine turns floating AVERAGE into SUM) does, through
@@ -75,9 +81,11 @@ class HierarchicalCommunicator:
     supports_allreduce_many = None
 
     def __init__(self, flat: Communicator, local: Communicator, cross: Communicator,
-                 min_bytes: int = 0) -> None:
+                 min_bytes: int = 0, measure: bool = False) -> None:
         self.flat, self.local, self.cross = flat, local, cross
         self.min_bytes = min_bytes  # smaller allreduces run flat (every rank sees the same size)
+        # automatic choice: time both paths on the first big allreduces, keep the faster
+        self.chooser = PathChooser() if measure else None
         self.piece_bytes = PIECE_BYTES
         self.backend_name = f"hierarchical({local.backend_name}+{cross.backend_name})"
         self.ranks, self.rank, self.size = flat.ranks, flat.rank, flat.size
@@ -86,11 +94,38 @@ class HierarchicalCommunicator:
     def allreduce(self, tensor: torch.Tensor, op: ReduceOp) -> None:
         """Reduce ``tensor`` in place: reduce-scatter in the host, allreduce across hosts,
         allgather in the host. Tensors smaller than a part per local rank or than ``min_bytes``,
-        non-contiguous ones and integer AVERAGE go flat."""
+        non-contiguous ones and integer AVERAGE go flat; with ``measure``, the first big ones
+        time both paths and the faster is kept (:mod:`accord.comm.path_choice`)."""
         if (op not in _GROUPABLE or not tensor.is_contiguous() or tensor.numel() < self.local.size
                 or tensor.numel() * tensor.element_size() < self.min_bytes):
             self.flat.allreduce(tensor, op)
             return
+        if self.chooser is not None and self.chooser.choice != HIERARCHICAL:
+            self._measured(tensor, op)
+            return
+        self._hierarchical(tensor, op)
+
+    def _measured(self, tensor: torch.Tensor, op: ReduceOp) -> None:
+        """Run the path the chooser asks for, timed; agree on the faster one when it is due."""
+        assert self.chooser is not None
+        nbytes = tensor.numel() * tensor.element_size()
+        path = self.chooser.next_path(nbytes)
+        start = time.perf_counter()
+        if path == HIERARCHICAL:
+            self._hierarchical(tensor, op)
+        else:
+            self.flat.allreduce(tensor, op)
+        if self.chooser.choice is None and self.chooser.record(nbytes, path, time.perf_counter() - start):
+            totals = torch.tensor(self.chooser.totals(), dtype=torch.float64)
+            self.flat.allreduce(totals, ReduceOp.SUM)  # the same sums, so the same choice, everywhere
+            choice = self.chooser.decide(totals.tolist())
+            if self.rank == 0:
+                log.info("automatic hierarchical allreduce: %s (timed over %d pairs: hierarchical "
+                         "%.1f ms, flat %.1f ms, summed over ranks)", choice, self.chooser.pairs,
+                         totals[0].item() * 1e3, totals[1].item() * 1e3)
+
+    def _hierarchical(self, tensor: torch.Tensor, op: ReduceOp) -> None:
+        """The three steps, pipelined in pieces when the tensor is big."""
         whole = tensor.view(-1)
         count = max(1, min(whole.numel() * whole.element_size() // self.piece_bytes,
                            whole.numel() // self.local.size))

@@ -142,11 +142,11 @@ def _hierarchical(topology: Topology, flat: Any, settings: EngineSettings) -> An
     cross_backend = get_backend(backend_name_for("cpu", single_host=False))
     cross = [c for c in (cross_backend.create(r) for r in cross_sets(topology)) if c is not None]
     if auto and topology.rank == 0:
-        log.info("allreduce is hierarchical (chosen automatically for %d hosts x %d ranks, from %d "
-                 "bytes); HOROVOD_HIERARCHICAL_ALLREDUCE=0 turns it off", len(hosts), len(hosts[0]),
-                 settings.hierarchical_min_bytes)
+        log.info("allreduce may be hierarchical (%d hosts x %d ranks, from %d bytes, if faster on "
+                 "the first ones); HOROVOD_HIERARCHICAL_ALLREDUCE=0|1 decides instead", len(hosts),
+                 len(hosts[0]), settings.hierarchical_min_bytes)
     return HierarchicalCommunicator(flat, local[0], cross[0],
-                                    min_bytes=settings.hierarchical_min_bytes if auto else 0)
+                                    min_bytes=settings.hierarchical_min_bytes if auto else 0, measure=auto)
 
 
 def _check_settings_agree(settings: EngineSettings, comm: Any) -> None:
