@@ -86,7 +86,9 @@ def _engine_path() -> str:
         comm = session._current().registry.communicator(0, "cpu")
     except Exception as exc:  # the session's internals moved
         return f"unknown ({exc})"
-    return f"{type(comm).__name__} ({getattr(comm, 'hierarchical_allreduces', 0)} hierarchical)"
+    chooser = getattr(comm, "chooser", None)
+    kept = f", kept: {chooser.choice}" if chooser is not None else ""
+    return f"{type(comm).__name__} ({getattr(comm, 'hierarchical_allreduces', 0)} hierarchical{kept})"
 
 
 def main(argv: list[str] | None = None) -> int:
