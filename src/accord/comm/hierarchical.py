@@ -68,9 +68,10 @@ def auto_hierarchy(local_sets: Sequence[Sequence[int]], flat_backend: str) -> st
     """Why the automatic choice keeps allreduce flat, or None when it goes hierarchical: the
     layout allows it (:func:`hierarchy_problem`) and the flat communicator is Gloo picked by
     default (an explicitly chosen CPU backend, e.g. mpi, is left as the user asked)."""
-    if flat_backend != "gloo" or str(config.get("ACCORD_CPU_BACKEND")).lower() != "auto":
+    problem = hierarchy_problem(local_sets)
+    if problem is None and (flat_backend != "gloo" or str(config.get("ACCORD_CPU_BACKEND")).lower() != "auto"):
         return f"the CPU backend was chosen explicitly ({flat_backend})"
-    return hierarchy_problem(local_sets)
+    return problem
 
 
 class HierarchicalCommunicator:
