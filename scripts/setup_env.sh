@@ -4,13 +4,29 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-# Open MPI from Debian for the mpi backend and the mpirun tests (optional: tests skip without it).
-if ! command -v mpirun >/dev/null 2>&1; then
+# From Debian (optional: the tests that need them skip without them):
+# - Open MPI for the mpi backend and the mpirun tests;
+# - openssh-server/client, iproute2 (ip, tc) and rsync for the simulated cluster of tests/cluster
+#   (network namespaces with their own sshd; see docs/simulated-cluster.md). Installing
+#   openssh-server starts no daemon in a container; the tests run their own sshd per host.
+need=()
+command -v mpirun >/dev/null 2>&1 || need+=(openmpi-bin libopenmpi-dev)
+[ -x /usr/sbin/sshd ] || need+=(openssh-server)
+command -v ssh >/dev/null 2>&1 || need+=(openssh-client)
+command -v tc >/dev/null 2>&1 && command -v ip >/dev/null 2>&1 || need+=(iproute2)
+command -v rsync >/dev/null 2>&1 || need+=(rsync)
+if [ ${#need[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1 && SUDO="sudo -n"
-  if command -v apt-get >/dev/null 2>&1; then
-    ($SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq openmpi-bin libopenmpi-dev) >/dev/null 2>&1 \
-      || echo "setup: could not install Open MPI; MPI tests will be skipped" >&2
+  # no service may start on install (a system sshd on port 22): a policy-rc.d that says no,
+  # only for the time of the install and only where the machine has none
+  policy=""
+  if [ ! -e /usr/sbin/policy-rc.d ] && [ "$(id -u)" -eq 0 ]; then
+    policy=/usr/sbin/policy-rc.d
+    printf '#!/bin/sh\nexit 101\n' > "$policy" && chmod 755 "$policy"
   fi
+  ($SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}") >/dev/null 2>&1 \
+    || echo "setup: could not install ${need[*]}; the tests that need them will be skipped" >&2
+  if [ -n "$policy" ]; then rm -f "$policy"; fi
 fi
 
 [ -x .venv/bin/python ] || python3 -m venv .venv

@@ -58,6 +58,14 @@ def _hierarchical_checks(rank, size):
         h = session.submit("allreduce", t, f"{n}.{dt}.{op}", in_place=True, reduce_op=ops[op])
         session.synchronize(h)
         results[(n, dt, op)] = t.float().tolist()
+    if parts is not None:  # pipelined: pieces of 1 KB, the network step on a helper thread
+        comm.piece_bytes = 1024
+        for dt, op in (("float32", "sum"), ("int32", "max")):
+            t = _values(rank, 5003, getattr(torch, dt))
+            session.synchronize(session.submit("allreduce", t, f"piped.{dt}", in_place=True,
+                                               reduce_op=ops[op]))
+            results[(5003, dt, op)] = t.float().tolist()
+        comm.piece_bytes = 1 << 30
     # a fused batch of gradients (one buffer through the hierarchy)
     grads = [_values(rank, 257 + i, torch.float32) for i in range(6)]
     handles = [session.submit("allreduce", g, f"grad.{i}", in_place=True) for i, g in enumerate(grads)]
@@ -99,6 +107,9 @@ def test_two_hosts_of_two_ranks_reduce_hierarchically():
                 np.testing.assert_allclose(got, want, rtol=0.05, atol=0.1)
             else:
                 np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+        for dt, op in (("float32", "sum"), ("int32", "max")):  # the pipelined path
+            np.testing.assert_allclose(np.array(res["results"][(5003, dt, op)]), _expected(4, 5003, dt, op),
+                                       rtol=1e-6, atol=1e-6)
         for i, g in enumerate(res["results"]["batch"]):
             np.testing.assert_allclose(np.array(g), _expected(4, 257 + i, "float32", "sum"), rtol=1e-6, atol=1e-6)
         assert res["results"]["allgather"] == [0.0, 1.0, 1.0, 2.0, 2.0, 2.0, 3.0, 3.0, 3.0, 3.0]
@@ -118,6 +129,16 @@ def _flat_fallback(rank, size):
     session.synchronize(session.submit("allreduce", t, "x", in_place=True))
     session.shutdown()
     return kind, t.tolist()
+
+
+@pytest.mark.parametrize("value, kind", [(None, "HierarchicalCommunicator"), ("0", "TorchCommunicator")])
+def test_unset_chooses_the_hierarchy_and_zero_keeps_it_flat(value, kind):
+    hosts = ["hostA", "hostA", "hostB", "hostB"]
+    env = {"ACCORD_CPU_BACKEND": "auto"} if value is None else {"HOROVOD_HIERARCHICAL_ALLREDUCE": value}
+    out = run_ranks(_flat_fallback, 4, init="accord", per_rank_env=_hosts_env(hosts), timeout=60, env=env)
+    for got, values in out:
+        assert got == kind
+        assert values == [10.0] * 5
 
 
 def test_uneven_hosts_stay_flat():

@@ -54,7 +54,7 @@ def test_more_horovod_aliases():
     assert config.get("ACCORD_STALL_SHUTDOWN_TIME_SECONDS",
                       {"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "7.5"}) == 7.5
     assert config.get("ACCORD_HIERARCHICAL_ALLREDUCE", {"HOROVOD_HIERARCHICAL_ALLREDUCE": "1"}) is True
-    assert config.get("ACCORD_HIERARCHICAL_ALLREDUCE", {}) is False
+    assert config.get("ACCORD_HIERARCHICAL_ALLREDUCE", {}) is None  # unset: chosen by the layout
     assert config.get("ACCORD_CACHE_CAPACITY", {"HOROVOD_CACHE_CAPACITY": "64"}) == 64
     assert config.get("ACCORD_CACHE_CAPACITY", {}) == 1024
 

@@ -33,8 +33,12 @@ class EngineSettings:
     max_backoff: float = 0.01
     cache_capacity: int = 1024
     # Allreduce CPU tensors of the global set within each host, then across hosts (Horovod's
-    # HOROVOD_HIERARCHICAL_ALLREDUCE; the session builds the communicators).
+    # HOROVOD_HIERARCHICAL_ALLREDUCE; the session builds the communicators). Forced on by
+    # hierarchical_allreduce; with hierarchical_auto (the variable unset) the layout decides
+    # (comm.hierarchical.auto_hierarchy), and allreduces below hierarchical_min_bytes run flat.
     hierarchical_allreduce: bool = False
+    hierarchical_auto: bool = False
+    hierarchical_min_bytes: int = 1024 * 1024
 
     def __post_init__(self) -> None:
         if self.fusion_threshold < 0:
@@ -49,6 +53,9 @@ class EngineSettings:
         if self.cache_capacity < 1:
             raise ConfigError(with_hint(f"cache capacity must be >= 1, got {self.cache_capacity}",
                                         "set ACCORD_CACHE_CAPACITY to a count of names, e.g. 1024"))
+        if self.hierarchical_min_bytes < 0:
+            raise ConfigError(with_hint(f"hierarchical min bytes must be >= 0, got {self.hierarchical_min_bytes}",
+                                        "set ACCORD_HIERARCHICAL_MIN_BYTES to a byte count, e.g. 65536"))
         if self.cycle_time < 0:
             raise ConfigError(with_hint(f"cycle time must be >= 0, got {self.cycle_time * 1e3} ms",
                                         "set ACCORD_CYCLE_TIME to milliseconds, e.g. 1"))
@@ -71,13 +78,14 @@ class EngineSettings:
     def from_config(cls, cpu_backend: str | None = None, **overrides) -> "EngineSettings":
         """Read ACCORD_FUSION_THRESHOLD, ACCORD_CYCLE_TIME and ACCORD_CYCLE_QUIET_TIME (ms), ACCORD_TIMELINE, ACCORD_STALL_*,
         ACCORD_COLLECTIVE_TIMEOUT, ACCORD_CACHE_CAPACITY,
-        ACCORD_HIERARCHICAL_ALLREDUCE (and their Horovod aliases); ``overrides`` win. Cycle times
+        ACCORD_HIERARCHICAL_ALLREDUCE, ACCORD_HIERARCHICAL_MIN_BYTES (and their Horovod aliases); ``overrides`` win. Cycle times
         that are not set default by ``cpu_backend`` (see :func:`default_cycle_times`)."""
         cycle, quiet, early = default_cycle_times(cpu_backend)
         set_cycle, set_quiet = config.get("ACCORD_CYCLE_TIME"), config.get("ACCORD_CYCLE_QUIET_TIME")
         if set_cycle is not None:
             cycle = set_cycle / 1000.0
         quiet = min(quiet, cycle) if set_quiet is None else set_quiet / 1000.0
+        hierarchical = config.get("ACCORD_HIERARCHICAL_ALLREDUCE")  # None: decided by the layout
         values = dict(
             fusion_threshold=config.get("ACCORD_FUSION_THRESHOLD"),
             cycle_time=cycle,
@@ -91,7 +99,9 @@ class EngineSettings:
             collective_timeout=config.get("ACCORD_COLLECTIVE_TIMEOUT"),
             # Horovod's 0 turns its cache off; accord's negotiation always keeps one entry.
             cache_capacity=config.get("ACCORD_CACHE_CAPACITY") or 1,
-            hierarchical_allreduce=config.get("ACCORD_HIERARCHICAL_ALLREDUCE"),
+            hierarchical_allreduce=bool(hierarchical),
+            hierarchical_auto=hierarchical is None,
+            hierarchical_min_bytes=config.get("ACCORD_HIERARCHICAL_MIN_BYTES"),
         )
         values.update(overrides)
         return cls(**values)

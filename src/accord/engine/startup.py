@@ -35,8 +35,8 @@ def build_engine(topology: Topology, store: Any, settings: EngineSettings | None
     cpu = registry.communicator(GLOBAL_ID, "cpu")
     settings = settings or EngineSettings.from_config(cpu_backend=backends["cpu"].name)
     check_settings_agree(settings, cpu)
-    if settings.hierarchical_allreduce and size > 1:
-        registry.set_communicator(GLOBAL_ID, "cpu", hierarchical(topology, cpu))
+    if (settings.hierarchical_allreduce or settings.hierarchical_auto) and size > 1:
+        registry.set_communicator(GLOBAL_ID, "cpu", hierarchical(topology, cpu, settings))
     # The engine negotiates on the global CPU communicator: its own process group, not the
     # default one, so collectives a frontend runs directly never interleave with it.
     return backends, registry, Engine(topology.rank, size, cpu, registry, settings)
@@ -54,19 +54,21 @@ def check_devices(backends: dict[str, Any]) -> None:
                 "use gloo, shm or mpi for CPU tensors and nccl for CUDA tensors"))
 
 
-def hierarchical(topology: Topology, flat: Any) -> Any:
-    """The global CPU communicator under ACCORD_HIERARCHICAL_ALLREDUCE: allreduce within each
-    host (the one-host CPU backend, shm by default), then across hosts (the multi-host one,
-    gloo by default). ``flat`` when the layout does not allow it (logged once, on rank 0)."""
+def hierarchical(topology: Topology, flat: Any, settings: EngineSettings) -> Any:
+    """The global CPU communicator under ACCORD_HIERARCHICAL_ALLREDUCE (forced, or chosen
+    automatically when unset): allreduce within each host (the one-host CPU backend, shm by
+    default), then across hosts (the multi-host one, gloo by default). ``flat`` when the layout
+    does not allow it (logged once, on rank 0, when forced) or, automatically, does not gain."""
     from accord.comm import backend_name_for
     from accord.comm.backend import get_backend
-    from accord.comm.hierarchical import HierarchicalCommunicator, hierarchy_problem
+    from accord.comm.hierarchical import HierarchicalCommunicator, auto_hierarchy, hierarchy_problem
     from accord.runtime.groups import cross_sets, local_sets
 
     hosts = local_sets(topology)
-    problem = hierarchy_problem(hosts)
+    auto = not settings.hierarchical_allreduce
+    problem = auto_hierarchy(hosts, flat.backend_name) if auto else hierarchy_problem(hosts)
     if problem is not None:
-        if topology.rank == 0:
+        if topology.rank == 0 and not auto:
             log.warning("ACCORD_HIERARCHICAL_ALLREDUCE is set, but allreduce stays flat: %s", problem)
         return flat
     # create() is collective over every rank: all ranks create every host's and every local
@@ -75,13 +77,18 @@ def hierarchical(topology: Topology, flat: Any) -> Any:
     local = [c for c in (local_backend.create(r) for r in hosts) if c is not None]
     cross_backend = get_backend(backend_name_for("cpu", single_host=False))
     cross = [c for c in (cross_backend.create(r) for r in cross_sets(topology)) if c is not None]
-    return HierarchicalCommunicator(flat, local[0], cross[0])
+    if auto and topology.rank == 0:
+        log.info("allreduce may be hierarchical (%d hosts x %d ranks, from %d bytes, if faster on "
+                 "the first ones); HOROVOD_HIERARCHICAL_ALLREDUCE=0|1 decides instead", len(hosts),
+                 len(hosts[0]), settings.hierarchical_min_bytes)
+    return HierarchicalCommunicator(flat, local[0], cross[0],
+                                    min_bytes=settings.hierarchical_min_bytes if auto else 0, measure=auto)
 
 
 def check_settings_agree(settings: EngineSettings, comm: Any) -> None:
     """Every rank must fuse and time out stalls alike, or their collectives would not line up."""
     fields = ("fusion_threshold", "cache_capacity", "stall_check_disable", "stall_check_time",
-              "stall_shutdown_time", "hierarchical_allreduce")
+              "stall_shutdown_time", "hierarchical_allreduce", "hierarchical_auto")
     mine = torch.tensor([float(getattr(settings, f)) for f in fields], dtype=torch.float64)
     table = comm.allgather(mine.unsqueeze(0)).tolist()
     for j, name in enumerate(fields):

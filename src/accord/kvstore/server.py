@@ -280,11 +280,42 @@ def _is_loopback(host: str) -> bool:
     return host in ("localhost", "::1") or host.startswith("127.")
 
 
+def _interface_bind() -> str | None:
+    """The address of ACCORD_INTERFACE (--network-interface, DMLC_INTERFACE), or None if unset.
+
+    Raises:
+        ConfigError: the interface does not exist here or has no IPv4 address.
+    """
+    import ipaddress
+
+    from accord.errors import LaunchError
+    from accord.run.hosts import interface_address
+
+    iface = config.get("ACCORD_INTERFACE")
+    if not iface:
+        return None
+    try:
+        return str(ipaddress.ip_address(iface))
+    except ValueError:
+        pass
+    try:
+        return interface_address(iface)
+    except LaunchError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def _advertised(store_host: str) -> tuple[str, str]:
-    """(bind address, advertised address) for a server whose store is at ``store_host``."""
+    """(bind address, advertised address) for a server whose store is at ``store_host``.
+
+    Multi-host: the named interface's address when there is one (nothing on 0.0.0.0), else
+    every interface, advertising ACCORD_NODE_HOST or the source address of the route to the store.
+    """
     node = config.get("ACCORD_NODE_HOST")
     if _is_loopback(store_host):
         return "127.0.0.1", node or "127.0.0.1"
+    bind = _interface_bind()
+    if bind is not None:
+        return bind, node or bind
     if node:
         return "0.0.0.0", node
     try:  # the source address of the route towards the store; UDP connect sends nothing
@@ -313,8 +344,8 @@ def _run_scheduler(secret: bytes, verbose: int) -> int:
     stop = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.append(1))
-    with StoreServer(host="127.0.0.1" if _is_loopback(host) else "0.0.0.0", port=port,
-                     secret=secret) as store:
+    bind = "127.0.0.1" if _is_loopback(host) else (_interface_bind() or "0.0.0.0")
+    with StoreServer(host=bind, port=port, secret=secret) as store:
         log.info("scheduler: store serving on %s:%d for %d servers", host, port, servers)
         # As ps-lite's scheduler, leave once the job is over: every server has stopped.
         while not stop and not (stopped and store.has_keys(stopped)):

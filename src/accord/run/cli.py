@@ -73,13 +73,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = p.add_argument_group("parameter servers (accord.kvstore, MXNet's launch.py -s)")
     g.add_argument("--num-servers", metavar="N",
-                   help="also start N parameter servers on this host (default 0; -np counts workers); "
+                   help="also start N parameter servers (default 0; -np counts workers); "
                         "workers and servers get DMLC_ROLE, DMLC_NUM_SERVER, DMLC_NUM_WORKER, "
                         "DMLC_PS_ROOT_URI/PORT")
     g.add_argument("--ps", choices=("accord", "mxnet"), default="accord",
                    help="whose parameter servers: accord's (default) or MXNet's own ps-lite "
                         "scheduler and servers, which run the same command with DMLC_ROLE="
                         "scheduler/server (MXNet's tools/launch.py; --num-servers defaults to -np)")
+    g.add_argument("--server-hosts", metavar="HOSTS",
+                   help="hosts of the parameter servers, round robin, e.g. node1,node2 (default: "
+                        "spread over the worker hosts when there are several, else this host)")
 
     g = p.add_argument_group("rendezvous and processes")
     g.add_argument("--start-timeout", type=config.finite_float,
@@ -90,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--master-addr", help="MASTER_ADDR for env:// scripts (default: rank 0's host)")
     g.add_argument("--master-port", type=int, help="MASTER_PORT for env:// scripts (default: free port)")
     g.add_argument("--network-interface", help="interface to bind and advertise (also DMLC_INTERFACE)")
+    g.add_argument("--sync-dst-dir", metavar="DIR",
+                   help="copy the working directory to DIR on every host with rsync over ssh "
+                        "before starting, and run the workers there (MXNet's launch.py flag)")
 
     g = p.add_argument_group("ssh")
     g.add_argument("-p", "--ssh-port", type=int, help="ssh port of the remote hosts")

@@ -27,6 +27,9 @@ def exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+SSH_FAILED = 255  # ssh's status when it cannot connect or authenticate
+
+
 @dataclass
 class Failure:
     """One worker (or parameter server) that ended badly.
@@ -44,6 +47,7 @@ class Failure:
     error: dict[str, Any] | None = None  # the worker's error file, when it wrote one
     local_rank: int = 0
     kind: str = "worker"  # or "server", or "scheduler" (MXNet's, with --ps mxnet)
+    remote: bool = False  # started through ssh (status 255 is then most likely ssh's own)
 
     @property
     def name(self) -> str:
@@ -107,6 +111,11 @@ def format_root_cause(
     ]
     if root.kind in ("server", "scheduler") and root.returncode == 0:
         lines.append("  (the server ended before the workers did)")
+    if root.remote and root.returncode == SSH_FAILED:
+        lines.append(f"  ssh        : could not reach {root.host} through ssh (or the program there "
+                     f"exited {SSH_FAILED} itself)")
+        lines.append(f"  HINT: check `ssh -o BatchMode=yes {root.host} true` from this host: is the "
+                     "host up and its name right, does sshd run there, is your key accepted?")
     if root.error:
         lines.append(f"  error      : {root.error.get('type', '?')}: {root.error.get('message', '')}")
         lines.append("  traceback  :")

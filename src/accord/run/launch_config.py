@@ -25,6 +25,7 @@ from accord.run.hosts import (
     parse_ips,
     parse_rank_list,
 )
+from accord.run.servers import server_placement
 from accord.run.ssh import SshOptions
 from accord.run import tuning as tuning_table
 from accord.run.tuning import Tuning, check_number
@@ -56,14 +57,26 @@ class LaunchConfig:
     master_port: int = 0
     interface_ip: str | None = None
     verbose: bool = False
-    num_servers: int = 0  # parameter servers (--num-servers), started on the launch host
+    num_servers: int = 0  # parameter servers (--num-servers)
+    server_hosts: tuple[str, ...] = ()  # the host of each server (run.servers.server_placement)
     ps: str = "accord"  # whose parameter servers: accord's or MXNet's (--ps mxnet)
     min_np: int | None = None  # elastic: failed workers are left out while this many remain
+    sync_dst_dir: str | None = None  # --sync-dst-dir: workers and servers run from this copy
 
     @property
     def remote(self) -> bool:
-        """True when some worker runs on another host (through ssh)."""
-        return any(not is_local(s.hostname) for s in self.slots)
+        """True when some worker or server runs on another host (through ssh)."""
+        return any(not is_local(h) for h in self.job_hosts)
+
+    @property
+    def job_hosts(self) -> tuple[str, ...]:
+        """Every host that runs a worker or a server, in order, each once."""
+        return tuple(dict.fromkeys([s.hostname for s in self.slots] + list(self.server_hosts)))
+
+    @property
+    def worker_cwd(self) -> str:
+        """Where workers and servers run: the --sync-dst-dir copy, else the launcher's folder."""
+        return self.sync_dst_dir or self.cwd
 
 
 def _positive(value: float | None, flag: str, allow_zero: bool = False) -> None:
@@ -141,6 +154,27 @@ def _elastic(ns: argparse.Namespace, num_proc: int) -> int | None:
     return min_np
 
 
+def _server_hosts(ns: argparse.Namespace, num_servers: int, slots: tuple[Slot, ...]) -> tuple[str, ...]:
+    """The host of each server (--server-hosts, else spread over the worker hosts)."""
+    chosen: list[str] = []
+    if ns.server_hosts is not None:
+        chosen = [h.hostname for h in parse_hosts(ns.server_hosts)]
+        if num_servers == 0:
+            raise ConfigError(with_hint("--server-hosts is given but --num-servers is 0",
+                                        "add --num-servers N, or drop --server-hosts"))
+    return tuple(server_placement(num_servers, chosen, [s.hostname for s in slots]))
+
+
+def _sync_dir(ns: argparse.Namespace) -> str | None:
+    if ns.sync_dst_dir is None:
+        return None
+    path = ns.sync_dst_dir.rstrip("/") or "/"
+    if not os.path.isabs(path) or path == "/":
+        raise ConfigError(with_hint(f"--sync-dst-dir must be an absolute folder other than /, got "
+                                    f"{ns.sync_dst_dir!r}", "pass e.g. --sync-dst-dir /tmp/myjob"))
+    return path
+
+
 def config_from_args(ns: argparse.Namespace, environ: Mapping[str, str], cwd: str | None = None) -> LaunchConfig:
     """Validate the parsed command line into a LaunchConfig.
 
@@ -203,6 +237,7 @@ def config_from_args(ns: argparse.Namespace, environ: Mapping[str, str], cwd: st
         if num_servers < 1:
             raise ConfigError(with_hint("--ps mxnet needs at least one server, got --num-servers 0",
                                         "pass --num-servers 1 (or more), or leave it out for one per worker"))
+    server_hosts = _server_hosts(ns, num_servers, slots)
     min_np = _elastic(ns, num_proc)
     given = {o.name: getattr(ns, o.name) for o in tuning_table.OPTIONS if o.cli}
     if ns.timeline_filename:
@@ -233,8 +268,10 @@ def config_from_args(ns: argparse.Namespace, environ: Mapping[str, str], cwd: st
         interface_ip=interface_ip,
         verbose=verbose > 0,
         num_servers=num_servers,
+        server_hosts=server_hosts,
         min_np=min_np,
         ps=ps,
+        sync_dst_dir=_sync_dir(ns),
     )
 
 
@@ -249,5 +286,7 @@ def describe(cfg: LaunchConfig) -> dict[str, Any]:
         "start_timeout": cfg.start_timeout,
         "num_servers": cfg.num_servers,
         "ps": cfg.ps,
+        "server_hosts": list(cfg.server_hosts),
+        "sync_dst_dir": cfg.sync_dst_dir,
         "min_np": cfg.min_np,
     }

@@ -9,9 +9,11 @@ worker is left out instead while at least N workers are alive or have succeeded;
 re-form without it, and the job succeeds when they do. SIGINT/SIGTERM/SIGHUP to the launcher stop the job the same way (the
 signal received is the one forwarded; a second one skips the grace period).
 
-With ``--num-servers N`` the launcher also starts N parameter servers on this host before the
-workers (:mod:`accord.run.servers`): same session handling, guardian and output multiplexing
-(``[serverN]``). A server that ends while workers still run is a failure and the root cause;
+With ``--num-servers N`` the launcher also starts N parameter servers before the workers, here
+or spread over the worker hosts (:mod:`accord.run.servers`): same session handling, guardian,
+ssh path and output multiplexing (``[serverN]``). With ``--sync-dst-dir DIR`` the working
+directory is first copied to DIR on every host, and everything runs from there
+(:mod:`accord.run.sync`). A server that ends while workers still run is a failure and the root cause;
 once every worker has succeeded the servers get SIGTERM (a clean stop, not a failure) and the
 exit code is the workers'. With ``--ps mxnet`` they are MXNet's own scheduler and servers
 instead (:mod:`accord.run.mxnet_ps`), which ps-lite may end with status 0 as the workers finish.
@@ -43,17 +45,10 @@ from accord.run.launch_config import LaunchConfig, describe
 from accord.run import mxnet_ps
 from accord.run.local import Guardian, start_process, stop_groups
 from accord.run.output import OutputMux
+from accord.run.remote import close_stdin, start_remote
 from accord.run.servers import ps_env, server_command, server_dirname, server_env, server_label
-from accord.run.ssh import remote_script, secret_line, ssh_argv
-from accord.run.worker_env import (
-    SECRET_FILE_VAR,
-    SECRET_VAR,
-    JobEnv,
-    forwarded_env,
-    local_environment,
-    omp_threads,
-    worker_env,
-)
+from accord.run.sync import sync_dirs
+from accord.run.worker_env import JobEnv, local_environment, omp_threads, worker_env
 
 _POLL = 0.05
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -73,6 +68,8 @@ class _Worker:
 class _Server:
     index: int
     proc: subprocess.Popen[bytes]
+    host: str
+    remote: bool
     returncode: int | None = None
     label: str = ""  # its output prefix: server0, ..., or MXNet's scheduler
     kind: str = "server"  # or "scheduler"
@@ -95,7 +92,7 @@ def _advertised_address(cfg: LaunchConfig) -> str:
         return "127.0.0.1"
     if cfg.interface_ip:
         return cfg.interface_ip
-    remote = next(s.hostname for s in cfg.slots if not is_local(s.hostname))
+    remote = next(h for h in cfg.job_hosts if not is_local(h))
     try:  # the source address of the route towards a remote host; UDP connect sends nothing
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
             sock.connect((remote, 9))
@@ -149,6 +146,8 @@ class _Job:
             self._previous[sig] = signal.signal(sig, self._on_signal)
         try:
             job = self._prepare(job_id, secret)
+            if cfg.sync_dst_dir is not None:
+                self._sync(environ)
             self._mux = OutputMux(self._out, self._err, prefix=cfg.prefix, timestamps=cfg.prefix_timestamp,
                                   ranks_filter=cfg.ranks_filter, output_dir=cfg.output_dir)
             self._start_servers(job, environ, secret.hex())  # first: they register while workers start
@@ -180,6 +179,24 @@ class _Job:
                       store_addr=address if self._store else None,
                       store_port=self._store.port if self._store else None)
 
+    def _sync(self, environ: dict[str, str]) -> None:
+        cfg = self.cfg
+        assert cfg.sync_dst_dir is not None
+        hosts = [None if is_local(h) else h for h in cfg.job_hosts]
+        if cfg.verbose:
+            self._say(f"--sync-dst-dir: copying {cfg.cwd} to {cfg.sync_dst_dir} on "
+                      f"{', '.join(h or 'this host' for h in dict.fromkeys(hosts))}")
+        sync_dirs(cfg.cwd, list(dict.fromkeys(hosts)), cfg.sync_dst_dir, cfg.ssh, environ)
+
+    def _start(self, host: str, argv: list[str] | tuple[str, ...], environ: dict[str, str],
+               added: dict[str, str], secret_hex: str) -> subprocess.Popen[bytes]:
+        """Start one worker or server on ``host``: directly here, else through ssh."""
+        cfg = self.cfg
+        if is_local(host):
+            return start_process(argv, local_environment(environ, added, secret_hex), cfg.worker_cwd)
+        return start_remote(host, argv, environ, added, cwd=cfg.cwd, remote_cwd=cfg.worker_cwd,
+                            grace=cfg.grace_period, ssh=cfg.ssh, secret_hex=secret_hex)
+
     def _start_workers(self, job: JobEnv, environ: dict[str, str], secret_hex: str) -> None:
         cfg = self.cfg
         cpus = os.cpu_count() or 1
@@ -199,16 +216,7 @@ class _Job:
             elif cfg.num_servers:
                 added.update(ps_env("worker", job, cfg.num_servers, cfg.num_proc))
             try:
-                if remote:
-                    script = remote_script(cfg.command, forwarded_env(environ, added), cfg.cwd, cfg.grace_period)
-                    ssh_env = {k: v for k, v in environ.items() if k not in (SECRET_VAR, SECRET_FILE_VAR)}
-                    proc = start_process(ssh_argv(slot.hostname, script, cfg.ssh), ssh_env, cfg.cwd,
-                                         stdin=subprocess.PIPE)
-                    assert proc.stdin is not None
-                    proc.stdin.write(secret_line(secret_hex))
-                    proc.stdin.flush()  # stays open: its end-of-file tells the remote side to stop
-                else:
-                    proc = start_process(cfg.command, local_environment(environ, added, secret_hex), cfg.cwd)
+                proc = self._start(slot.hostname, cfg.command, environ, added, secret_hex)
             except OSError as exc:
                 what = "ssh" if remote else cfg.command[0]
                 raise LaunchError(with_hint(f"could not start rank {slot.rank} on {slot.hostname} "
@@ -241,7 +249,8 @@ class _Job:
                                             f"{exc}", "check that the program exists")) from None
             self._guardian.watch(proc.pid)
             kind = "scheduler" if role == "scheduler" else "server"
-            self._servers.append(_Server(index - 1 if role == "server" else 0, proc, label=label, kind=kind))
+            self._servers.append(_Server(index - 1 if role == "server" else 0, proc, "localhost", False,
+                                         label=label, kind=kind))
             self._mux.add(label, proc.stdout, proc.stderr, dirname=label)
         if self.cfg.verbose:
             self._say(f"started MXNet's scheduler on {mx_job.root_uri}:{mx_job.root_port} and "
@@ -253,26 +262,30 @@ class _Job:
         if cfg.ps == "mxnet":
             self._start_mxnet_nodes(job, environ, secret_hex)
             return
-        # multi-host: servers run here and advertise the address remote workers reach us at
-        node_host = job.store_addr if cfg.remote else None
-        for index in range(cfg.num_servers):
+        for index, host in enumerate(cfg.server_hosts):
+            remote = not is_local(host)
+            # multi-host: a server here advertises the address remote workers reach us at; one
+            # on another host finds its own (the route to the store, or --network-interface)
+            node_host = job.store_addr if cfg.remote and not remote else None
             added = server_env(index, job, cfg.num_servers, cfg.num_proc, tuning=cfg.tuning,
                                user_env=environ, node_host=node_host)
-            # its Unix socket's directory goes inside the job's, removed with it even when the
-            # server is SIGKILLed (by _cleanup, or by the guardian when the launcher is)
-            added["ACCORD_KVSTORE_IPC_DIR"] = self._jobdir or ""
+            if not remote:
+                # its Unix socket's directory goes inside the job's, removed with it even when the
+                # server is SIGKILLed (by _cleanup, or by the guardian when the launcher is)
+                added["ACCORD_KVSTORE_IPC_DIR"] = self._jobdir or ""
             try:
-                proc = start_process(server_command(), local_environment(environ, added, secret_hex), cfg.cwd)
+                proc = self._start(host, server_command(), environ, added, secret_hex)
             except OSError as exc:
                 raise LaunchError(with_hint(
-                    f"could not start parameter server {index} ({' '.join(server_command())}): {exc}",
+                    f"could not start parameter server {index} on {host} "
+                    f"({'ssh' if remote else ' '.join(server_command())}): {exc}",
                     "check that accord is installed for this Python")) from None
             self._guardian.watch(proc.pid)
-            self._servers.append(_Server(index, proc, label=server_label(index)))
+            self._servers.append(_Server(index, proc, host, remote, label=server_label(index)))
             self._mux.add(server_label(index), proc.stdout, proc.stderr, dirname=server_dirname(index))
         if self._servers and cfg.verbose:
-            self._say(f"started {len(self._servers)} parameter servers (pids "
-                      f"{[s.proc.pid for s in self._servers]}); they register at the store "
+            self._say(f"started {len(self._servers)} parameter servers (on "
+                      f"{[s.host for s in self._servers]}); they register at the store "
                       f"{job.store_addr}:{job.store_port}")
 
     def _watch(self) -> int:
@@ -360,12 +373,13 @@ class _Job:
         assert w.returncode is not None
         error = worker_contract.read_error_file(w.error_file) if w.error_file else None
         return Failure(rank=w.slot.rank, host=w.slot.hostname, pid=w.proc.pid, returncode=w.returncode,
-                       error=error, local_rank=w.slot.local_rank)
+                       error=error, local_rank=w.slot.local_rank, remote=w.remote)
 
     def _server_failure(self, s: _Server) -> Failure:
         assert s.returncode is not None
-        host = socket.gethostname() if self.cfg.remote else "localhost"
-        return Failure(rank=s.index, host=host, pid=s.proc.pid, returncode=s.returncode, kind=s.kind)
+        host = s.host if s.remote else socket.gethostname() if self.cfg.remote else "localhost"
+        return Failure(rank=s.index, host=host, pid=s.proc.pid, returncode=s.returncode, kind=s.kind,
+                       remote=s.remote)
 
     def _label(self, f: Failure) -> str:
         return next(s.label for s in self._servers if s.kind == f.kind and s.index == f.rank)
@@ -377,11 +391,11 @@ class _Job:
         self._stopped_servers = [s.index for s in self._servers if s.kind == "server" and s.proc.poll() is None]
         for w in running:
             w.stopped = True
-            if w.remote and w.proc.stdin is not None:
-                try:  # end-of-file: the remote script stops its worker (TERM, grace, KILL)
-                    w.proc.stdin.close()
-                except OSError:
-                    pass
+            if w.remote:  # end-of-file: the remote script stops its worker (TERM, grace, KILL)
+                close_stdin(w.proc)
+        for s in self._servers:
+            if s.remote:
+                close_stdin(s.proc)
         if running and self.cfg.verbose:
             self._say(f"stopping ranks {[w.slot.rank for w in running]} with {signal_name(sig)}")
         if self._stopped_servers and self.cfg.verbose:
@@ -411,12 +425,8 @@ class _Job:
                 except OSError:
                     pass
                 proc.wait()
-        for w in self._workers:
-            if w.proc.stdin is not None:
-                try:
-                    w.proc.stdin.close()
-                except OSError:
-                    pass
+        for proc in [w.proc for w in self._workers] + [s.proc for s in self._servers]:
+            close_stdin(proc)
         if self._mux is not None:
             self._mux.close(timeout=0.5)
         if self._guardian is not None:

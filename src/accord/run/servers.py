@@ -1,9 +1,13 @@
 """Parameter servers for ``accordrun --num-servers N``: their command line and environment.
 
 ``-np`` counts workers and ``--num-servers`` adds server processes, as MXNet's
-``tools/launch.py -n W -s S`` does. The servers run on the launch host (also in multi-host jobs),
-each ``python -m accord.kvstore.server`` in its own session, with piped output (``[serverN]``
-prefixes), under the guardian, and watched like the workers. The launcher's authenticated store
+``tools/launch.py -n W -s S`` does. On one host the servers run on the launch host. When the
+workers span several hosts, server ``i`` runs on the ``i``-th worker host, round robin (as
+MXNet's ssh launcher places servers), so that no single host carries every server's traffic;
+``--server-hosts a,b`` chooses the hosts instead (``--server-hosts localhost``: all on the launch
+host). Each server is ``python -m accord.kvstore.server`` in its own session (remote ones through
+ssh, like remote workers), with piped output (``[serverN]`` prefixes), under the guardian, and
+watched like the workers. The launcher's authenticated store
 plays ps-lite's scheduler: servers register their address there and workers find them there.
 
 This module only builds argv and environments (pure functions, unit-tested). It does not import
@@ -30,7 +34,7 @@ nothing here is added: workers get exactly the environment they got before.
 from __future__ import annotations
 
 import sys
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from accord import config
 from accord.errors import LaunchError, with_hint
@@ -39,6 +43,17 @@ from accord.run.worker_env import JobEnv
 
 SERVER_MODULE = "accord.kvstore.server"
 ROLES = ("worker", "server")
+
+
+def server_placement(num_servers: int, server_hosts: Sequence[str], worker_hosts: Sequence[str]) -> list[str]:
+    """The host of each server: round robin over ``server_hosts`` when given, else over the
+    worker hosts when there are several, else ``localhost`` (the launch host).
+
+    Example: ``server_placement(3, [], ["a", "b"])`` -> ``["a", "b", "a"]``.
+    """
+    hosts = list(server_hosts) or (list(dict.fromkeys(worker_hosts)) if len(set(worker_hosts)) > 1
+                                   else ["localhost"])
+    return [hosts[i % len(hosts)] for i in range(num_servers)]
 
 
 def server_command(python: str | None = None) -> list[str]:

@@ -1,0 +1,121 @@
+"""accord's engine (hvd.allreduce, Gloo path) against raw Gloo across simulated hosts.
+
+    python benchmarks/cluster_engine_vs_gloo.py [--rate 1gbit] [--iters 50]
+
+Two simulated hosts x two ranks (tools/simcluster), accordrun over ssh, links at ``--rate``. In
+one job, alternating, on the same ranks:
+
+- a lone 1 KB synchronous allreduce: ``hvd.allreduce`` (negotiation + collective) against
+  ``torch.distributed.all_reduce`` on a Gloo group of the same ranks;
+- 160 x 100 KB (gradients of a step): ``hvd.allreduce_async`` x 160 then synchronize (fused,
+  hierarchical when chosen automatically) against ONE raw flat allreduce of the same 16 MB;
+- 64 MB: ``hvd.allreduce`` against one raw allreduce (bandwidth).
+
+Targets of issue 13: lone 1 KB <= 1.3x raw; 160 x 100 KB <= 1.0x; 64 MB >= 0.95x raw bandwidth.
+Writes benchmarks/results/cluster_engine_vs_gloo.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+from recording import record
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "cluster_engine_vs_gloo.json")
+
+
+def worker(iters: int) -> None:
+    """One rank: time each case against its raw baseline; rank 0 prints RESULT."""
+    import torch
+    import torch.distributed as dist
+
+    import accord.torch as hvd
+
+    torch.set_num_threads(1)
+    hvd.init()
+    raw = dist.new_group(backend="gloo")  # the same ranks, outside the engine
+    lone = torch.ones(256)
+    grads = [torch.ones(25600) for _ in range(160)]
+    flat16 = torch.ones(160 * 25600)
+    big = torch.ones(16 * 1024 * 1024)
+
+    def engine_lone() -> None:
+        hvd.allreduce(lone, name="lone", op=hvd.Sum)
+
+    def engine_grads() -> None:
+        handles = [hvd.allreduce_async(g, name=f"grad.{i}", op=hvd.Sum) for i, g in enumerate(grads)]
+        for h in handles:
+            hvd.synchronize(h)
+
+    def engine_big() -> None:
+        hvd.allreduce(big, name="big", op=hvd.Sum)
+
+    cases = {
+        "lone_1KB": (engine_lone, lambda: dist.all_reduce(lone, group=raw), iters),
+        "grads_160x100KB": (engine_grads, lambda: dist.all_reduce(flat16, group=raw), max(3, iters // 10)),
+        "allreduce_64MB": (engine_big, lambda: dist.all_reduce(big, group=raw), max(3, iters // 20)),
+    }
+    table = {}
+    for name, (ours, theirs, reps) in cases.items():
+        times: dict[str, list[float]] = {"engine": [], "raw": []}
+        for it in range(reps + 2):
+            for label, fn in (("engine", ours), ("raw", theirs)) if it % 2 == 0 else (("raw", theirs), ("engine", ours)):
+                dist.barrier(group=raw)
+                start = time.perf_counter()
+                fn()
+                if it >= 2:
+                    times[label].append(time.perf_counter() - start)
+        med = {k: statistics.median(v) for k, v in times.items()}
+        table[name] = {"engine_ms": round(med["engine"] * 1e3, 3), "raw_ms": round(med["raw"] * 1e3, 3),
+                       "engine_over_raw": round(med["engine"] / med["raw"], 3), "samples": reps}
+    if hvd.rank() == 0:
+        print("RESULT " + json.dumps({"cases": table, "torch": torch.__version__,
+                                      "engine_allreduce": _engine_path()}), flush=True)
+    hvd.shutdown()
+
+
+def _engine_path() -> str:
+    """Which communicator the engine allreduced with, and how often hierarchically."""
+    try:
+        from accord.engine import session
+
+        comm = session._current().registry.communicator(0, "cpu")
+    except Exception as exc:  # the session's internals moved
+        return f"unknown ({exc})"
+    chooser = getattr(comm, "chooser", None)
+    kept = f", kept: {chooser.choice}" if chooser is not None else ""
+    return f"{type(comm).__name__} ({getattr(comm, 'hierarchical_allreduces', 0)} hierarchical{kept})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rate", default="1gbit")
+    p.add_argument("--iters", type=int, default=100)
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        worker(args.iters)
+        return 0
+    from cluster_common import load_average, run_job, start_cluster
+
+    result = {"layout": "2 simulated hosts x 2 ranks (accordrun over ssh)", "rate": args.rate,
+              "cpus": os.cpu_count(), "load_before": load_average()}
+    with start_cluster(hosts=2, rate=None if args.rate == "unlimited" else args.rate) as cluster:
+        job = run_job(cluster, ["-H", "h1:2,h2:2", sys.executable, os.path.abspath(__file__), "--worker",
+                                "--iters", str(args.iters)])
+    result.update(job)
+    result["load_after"] = load_average()
+    record(result, RESULTS, "cluster_engine_vs_gloo.py", argv)
+    for name, row in job["cases"].items():
+        print(f"{name:>16}: engine {row['engine_ms']:.2f} ms, raw {row['raw_ms']:.2f} ms, "
+              f"{row['engine_over_raw']:.2f}x")
+    print(f"wrote {RESULTS}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
