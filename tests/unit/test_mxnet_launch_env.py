@@ -83,7 +83,6 @@ def test_launch_py_flags_become_accordrun_flags(tmp_path):
     (["-n", "0", "python"], "must be >= 1"),
     (["-n", "2", "-s", "0", "python"], "must be >= 1"),
     (["-n", "2", "--env-server", "A:1", "python"], "not supported"),
-    (["-n", "2", "--sync-dst-dir", "/x", "python"], "--sync-dst-dir is not available"),
     (["-n", "2"], "no command"),
     (["-n", "2", "-H", "/nonexistent/hosts", "python"], "cannot be read"),
     (["-n", "2", "--env", "novalue", "python"], "is not NAME:VALUE"),
