@@ -26,6 +26,17 @@ def test_host_refusing_ssh_stops_the_job_fast(cluster):
     assert took < 20, f"took {took:.1f}s"
 
 
+def test_unreachable_host_stops_the_job_after_the_ssh_connect_timeout(cluster):
+    cluster.stop_host("h2", unplug=True)  # packets to it vanish: ssh waits for its ConnectTimeout
+    started = time.monotonic()
+    res = accordrun(cluster, "-H", "h1:1,h2:1", "--grace-period", "1", PYTHON, script("fail_on.py"), "9", "0")
+    took = time.monotonic() - started
+    assert res.returncode == 255, res.stderr
+    root = res.stderr[res.stderr.index("Root Cause"):]
+    assert "host h2" in root and "timed out" in root and "could not reach h2 through ssh" in root, root
+    assert took < 30, f"took {took:.1f}s (ssh's ConnectTimeout is 10 s)"
+
+
 def test_unknown_host_name_stops_the_job_fast(cluster):
     res = accordrun(cluster, "-H", "h1:1,nosuchhost:1", "--grace-period", "1", PYTHON,
                     script("fail_on.py"), "9", "0")

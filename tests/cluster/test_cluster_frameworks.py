@@ -3,6 +3,7 @@ mpirun (flat allreduce: the same digests as the hierarchical path of test_cluste
 --sync-dst-dir on three hosts."""
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -15,7 +16,7 @@ pytestmark = pytest.mark.timeout(150)
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI's mpirun is not installed")
 @pytest.mark.timeout(300)  # 40-120 s on the loaded 2-core machine: 4 ranks, MPI and torch start-up
-def test_mpirun_across_hosts_with_the_mpi_backend(cluster):
+def test_mpirun_across_hosts_with_the_mpi_backend(cluster, shared_dir):
     """Open MPI starts the remote ranks through ssh (its orted on h2); accord bootstraps from
     MPI's environment and allreduces on the mpi backend."""
     from simcluster import Cluster
@@ -24,9 +25,10 @@ def test_mpirun_across_hosts_with_the_mpi_backend(cluster):
     res = cluster.run("h1", ["mpirun", "--allow-run-as-root", "-np", "4", "-H", "h1:2,h2:2",
                              "-x", "ACCORD_CPU_BACKEND=mpi", "-x", "OMP_NUM_THREADS",
                              "--mca", "btl_tcp_if_include", "eth0", "--mca", "oob_tcp_if_include", "eth0",
-                             PYTHON, script("hvd_job.py")], env=env, timeout=280)
+                             PYTHON, script("hvd_job.py"), "--report-dir", str(shared_dir)],
+                      env=env, timeout=280)
     assert res.returncode == 0, res.stdout + res.stderr
-    got = reports(res.stdout)
+    got = {r: json.loads((shared_dir / f"report.{r}.json").read_text()) for r in range(4)}
     f32, i64 = sum_digests(4)
     weights = trained_weights(4)
     assert [(got[r]["hostname"], got[r]["local_rank"], got[r]["cross_rank"]) for r in range(4)] == \

@@ -2,7 +2,7 @@
 allreduces exactly representable values, trains a small model for a few steps and, in a job with
 parameter servers, pushes and pulls through dist_sync and dist_async. Prints one ``REPORT {json}``.
 
-With ``--pause DIR`` it writes DIR/ready.<rank> once everything is set up and waits for DIR/go
+With ``--report-dir DIR`` the report also goes to DIR/report.<rank>.json. With ``--pause DIR`` it writes DIR/ready.<rank> once everything is set up and waits for DIR/go
 before shutting down (so that a test can look at the hosts' sockets meanwhile).
 """
 import hashlib
@@ -92,4 +92,7 @@ if os.environ.get("DMLC_ROLE") == "worker":
     kv.close()
 
 print("REPORT " + json.dumps(out), flush=True)
+if "--report-dir" in sys.argv:  # mpirun interleaves the ranks' long lines: a file per rank too
+    with open(os.path.join(sys.argv[sys.argv.index("--report-dir") + 1], f"report.{rank}.json"), "w") as fh:
+        json.dump(out, fh)
 hvd.shutdown()
