@@ -1,7 +1,9 @@
 """Run one job: store, workers, output, and the first failure stops everything.
 
-The sequence: start accord's rendezvous store with a fresh 32-byte secret, start the guardian
-(:mod:`accord.run.local`), start every worker (locally, or through ssh), watch them. The first
+The sequence: start accord's rendezvous store with a fresh 32-byte secret, start the job's
+:class:`~accord.run.supervisor.Supervisor` (and with it the guardian of :mod:`accord.run.local`),
+start every worker through its host's runner (:mod:`accord.run.runners`: here, or through ssh),
+watch them. The first
 worker that exits non-zero or dies by a signal stops the job: the others get SIGTERM, a grace
 period, then SIGKILL of their whole process group; the launcher prints the root cause and exits
 with that worker's status. With ``--min-np N`` (elastic jobs, ``hvd.elastic.run``) a failed
@@ -25,54 +27,29 @@ import secrets
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass
 from types import FrameType
 from typing import Any, BinaryIO, TextIO
 
 from accord import config, worker_contract
 from accord.errors import LaunchError, with_hint
-from accord.run import job_store
-from accord.run.assignment import Slot
+from accord.run import job_store, mxnet_ps
 from accord.run.failures import (Failure, describe_returncode, exit_status, format_root_cause,
                                  pick_root_cause, signal_name)
 from accord.run.hosts import is_local
 from accord.run.launch_config import LaunchConfig, describe
-from accord.run import mxnet_ps
-from accord.run.local import Guardian, start_process, stop_groups
 from accord.run.output import OutputMux
-from accord.run.remote import close_stdin, start_remote
+from accord.run.runners import StartOptions
 from accord.run.servers import ps_env, server_command, server_dirname, server_env, server_label
+from accord.run.supervisor import Member, Supervisor
 from accord.run.sync import sync_dirs
-from accord.run.worker_env import JobEnv, local_environment, omp_threads, worker_env
+from accord.run.worker_env import JobEnv, omp_threads, worker_env
 
 _POLL = 0.05
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-@dataclass
-class _Worker:
-    slot: Slot
-    proc: subprocess.Popen[bytes]
-    remote: bool
-    error_file: str | None
-    returncode: int | None = None
-    stopped: bool = False  # the launcher asked it to stop
-
-
-@dataclass
-class _Server:
-    index: int
-    proc: subprocess.Popen[bytes]
-    host: str
-    remote: bool
-    returncode: int | None = None
-    label: str = ""  # its output prefix: server0, ..., or MXNet's scheduler
-    kind: str = "server"  # or "scheduler"
 
 
 def launch(cfg: LaunchConfig, console_out: BinaryIO | None = None, console_err: BinaryIO | None = None,
@@ -106,15 +83,14 @@ class _Job:
         self.cfg = cfg
         self._out, self._err, self._log = out, err, log
         self._signals: list[int] = []
-        self._workers: list[_Worker] = []
-        self._servers: list[_Server] = []
         self._stopped_servers: list[int] = []
         self._store: job_store.JobStore | None = None
-        self._guardian: Guardian | None = None
+        self._supervisor: Supervisor | None = None
         self._mux: OutputMux | None = None
         self._jobdir: str | None = None
         self._previous: dict[int, Any] = {}
         self._mxnet: mxnet_ps.MXNetJob | None = None
+        self._options: StartOptions | None = None
 
     # --- helpers -------------------------------------------------------------------------------
     def _say(self, text: str) -> None:
@@ -124,15 +100,15 @@ class _Job:
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signals.append(signum)
 
-    def _reap(self) -> bool:
-        """Collect exit codes; True when a second signal asks to skip the grace period."""
-        for w in self._workers:
-            if w.returncode is None:
-                w.returncode = w.proc.poll()
-        for s in self._servers:
-            if s.returncode is None:
-                s.returncode = s.proc.poll()
-        return len(self._signals) >= 2
+    @property
+    def _workers(self) -> list[Member]:
+        assert self._supervisor is not None
+        return self._supervisor.of_kind("worker")
+
+    @property
+    def _servers(self) -> list[Member]:
+        assert self._supervisor is not None
+        return self._supervisor.of_kind("server", "scheduler")
 
     # --- the job -------------------------------------------------------------------------------
     def run(self) -> int:
@@ -150,8 +126,8 @@ class _Job:
                 self._sync(environ)
             self._mux = OutputMux(self._out, self._err, prefix=cfg.prefix, timestamps=cfg.prefix_timestamp,
                                   ranks_filter=cfg.ranks_filter, output_dir=cfg.output_dir)
-            self._start_servers(job, environ, secret.hex())  # first: they register while workers start
-            self._start_workers(job, environ, secret.hex())
+            self._start_servers(job, environ)  # first: they register while workers start
+            self._start_workers(job, environ)
             self._mux.start()
             return self._watch()
         finally:
@@ -170,8 +146,10 @@ class _Job:
         if self._store is None and cfg.verbose:
             self._say("accord's rendezvous store is not available; workers get MASTER_ADDR/PORT only")
         self._jobdir = tempfile.mkdtemp(prefix=f"accord-{job_id}-")
-        self._guardian = Guardian(cfg.grace_period)
-        self._guardian.remove_on_death(self._jobdir)  # even a SIGKILLed launcher leaves nothing
+        self._supervisor = Supervisor(cfg.grace_period)
+        self._supervisor.guardian.remove_on_death(self._jobdir)  # even a SIGKILLed launcher leaves nothing
+        self._options = StartOptions(cwd=cfg.cwd, worker_cwd=cfg.worker_cwd, grace=cfg.grace_period,
+                                     ssh=cfg.ssh, secret_hex=secret.hex())
         if cfg.verbose:
             store = f"{address}:{self._store.port}" if self._store else "none"
             self._say(f"job {job_id}: {describe(cfg)}; store {store}; MASTER {master_addr}:{master_port}")
@@ -188,16 +166,18 @@ class _Job:
                       f"{', '.join(h or 'this host' for h in dict.fromkeys(hosts))}")
         sync_dirs(cfg.cwd, list(dict.fromkeys(hosts)), cfg.sync_dst_dir, cfg.ssh, environ)
 
-    def _start(self, host: str, argv: list[str] | tuple[str, ...], environ: dict[str, str],
-               added: dict[str, str], secret_hex: str) -> subprocess.Popen[bytes]:
-        """Start one worker or server on ``host``: directly here, else through ssh."""
-        cfg = self.cfg
-        if is_local(host):
-            return start_process(argv, local_environment(environ, added, secret_hex), cfg.worker_cwd)
-        return start_remote(host, argv, environ, added, cwd=cfg.cwd, remote_cwd=cfg.worker_cwd,
-                            grace=cfg.grace_period, ssh=cfg.ssh, secret_hex=secret_hex)
+    def _start(self, kind: str, index: int, label: str | int, host: str, argv: Any,
+               environ: dict[str, str], added: dict[str, str], error_file: str | None = None,
+               dirname: str | None = None) -> Member:
+        """Start one process through the supervisor and multiplex its output (files under
+        ``dirname`` with --output-filename; workers: ``rank.N``)."""
+        assert self._supervisor is not None and self._options is not None and self._mux is not None
+        member = self._supervisor.start(kind, index, label, host, argv, environ, added, self._options,
+                                        error_file)
+        self._mux.add(label, member.proc.stdout, member.proc.stderr, dirname=dirname)
+        return member
 
-    def _start_workers(self, job: JobEnv, environ: dict[str, str], secret_hex: str) -> None:
+    def _start_workers(self, job: JobEnv, environ: dict[str, str]) -> None:
         cfg = self.cfg
         cpus = os.cpu_count() or 1
         if "OMP_NUM_THREADS" not in environ:
@@ -205,7 +185,7 @@ class _Job:
             self._say(f"OMP_NUM_THREADS is not set: each worker gets max(1, {cpus} cores // "
                       f"{local_size} workers per host) = {omp_threads(cpus, local_size)} thread(s); "
                       f"set OMP_NUM_THREADS to choose")
-        assert self._guardian is not None and self._jobdir is not None and self._mux is not None
+        assert self._jobdir is not None
         for slot in cfg.slots:
             remote = not is_local(slot.hostname)
             err_path = None if remote else os.path.join(self._jobdir, f"rank.{slot.rank}.error.json")
@@ -216,15 +196,13 @@ class _Job:
             elif cfg.num_servers:
                 added.update(ps_env("worker", job, cfg.num_servers, cfg.num_proc))
             try:
-                proc = self._start(slot.hostname, cfg.command, environ, added, secret_hex)
+                self._start("worker", slot.rank, slot.rank, slot.hostname, cfg.command, environ, added,
+                            err_path)
             except OSError as exc:
                 what = "ssh" if remote else cfg.command[0]
                 raise LaunchError(with_hint(f"could not start rank {slot.rank} on {slot.hostname} "
                                             f"({what}): {exc}",
                                             "check that the program exists and is executable")) from None
-            self._guardian.watch(proc.pid)
-            self._workers.append(_Worker(slot, proc, remote, err_path))
-            self._mux.add(slot.rank, proc.stdout, proc.stderr)
 
     def _mxnet_job(self, job: JobEnv) -> mxnet_ps.MXNetJob:
         if self._mxnet is None:
@@ -235,32 +213,26 @@ class _Job:
                 local=not self.cfg.remote, interface=self.cfg.tuning.network_interface)
         return self._mxnet
 
-    def _start_mxnet_nodes(self, job: JobEnv, environ: dict[str, str], secret_hex: str) -> None:
+    def _start_mxnet_nodes(self, job: JobEnv, environ: dict[str, str]) -> None:
         """MXNet's own scheduler and servers (--ps mxnet): the user's command in those roles."""
-        assert self._guardian is not None and self._mux is not None
         mx_job = self._mxnet_job(job)
         for index, (label, role) in enumerate(mxnet_ps.roles(self.cfg.num_servers)):
             added = mxnet_ps.node_env(role, mx_job, environ)
+            kind = "scheduler" if role == "scheduler" else "server"
             try:
-                proc = start_process(self.cfg.command, local_environment(environ, added, secret_hex),
-                                     self.cfg.cwd)
+                self._start(kind, index - 1 if role == "server" else 0, label, "localhost",
+                            self.cfg.command, environ, added, dirname=label)
             except OSError as exc:
                 raise LaunchError(with_hint(f"could not start MXNet's {label} ({self.cfg.command[0]}): "
                                             f"{exc}", "check that the program exists")) from None
-            self._guardian.watch(proc.pid)
-            kind = "scheduler" if role == "scheduler" else "server"
-            self._servers.append(_Server(index - 1 if role == "server" else 0, proc, "localhost", False,
-                                         label=label, kind=kind))
-            self._mux.add(label, proc.stdout, proc.stderr, dirname=label)
         if self.cfg.verbose:
             self._say(f"started MXNet's scheduler on {mx_job.root_uri}:{mx_job.root_port} and "
                       f"{self.cfg.num_servers} servers (pids {[s.proc.pid for s in self._servers]})")
 
-    def _start_servers(self, job: JobEnv, environ: dict[str, str], secret_hex: str) -> None:
+    def _start_servers(self, job: JobEnv, environ: dict[str, str]) -> None:
         cfg = self.cfg
-        assert self._guardian is not None and self._mux is not None
         if cfg.ps == "mxnet":
-            self._start_mxnet_nodes(job, environ, secret_hex)
+            self._start_mxnet_nodes(job, environ)
             return
         for index, host in enumerate(cfg.server_hosts):
             remote = not is_local(host)
@@ -274,15 +246,13 @@ class _Job:
                 # server is SIGKILLed (by _cleanup, or by the guardian when the launcher is)
                 added["ACCORD_KVSTORE_IPC_DIR"] = self._jobdir or ""
             try:
-                proc = self._start(host, server_command(), environ, added, secret_hex)
+                self._start("server", index, server_label(index), host, server_command(), environ, added,
+                            dirname=server_dirname(index))
             except OSError as exc:
                 raise LaunchError(with_hint(
                     f"could not start parameter server {index} on {host} "
                     f"({'ssh' if remote else ' '.join(server_command())}): {exc}",
                     "check that accord is installed for this Python")) from None
-            self._guardian.watch(proc.pid)
-            self._servers.append(_Server(index, proc, host, remote, label=server_label(index)))
-            self._mux.add(server_label(index), proc.stdout, proc.stderr, dirname=server_dirname(index))
         if self._servers and cfg.verbose:
             self._say(f"started {len(self._servers)} parameter servers (on "
                       f"{[s.host for s in self._servers]}); they register at the store "
@@ -299,22 +269,20 @@ class _Job:
         while True:
             if self._signals:
                 break
-            for w in self._workers:
-                if w.returncode is None:
-                    w.returncode = w.proc.poll()
-                    if w.returncode not in (None, 0):
-                        failure = self._failure(w)
-                        if self._can_continue_without(w):
+            assert self._supervisor is not None
+            for m in self._supervisor.reap():
+                if m.kind == "worker":
+                    if m.returncode != 0:
+                        failure = self._failure(m)
+                        if self._can_continue_without(m):
                             lost.append(failure)
                         else:
                             failures.extend(lost + [failure])  # the earliest is the root cause
                             lost = []
-            for s in self._servers:  # any end of a server, even status 0, is too early...
-                if s.returncode is None:
-                    s.returncode = s.proc.poll()
-                    # ...except for MXNet's nodes, which ps-lite ends as its workers finish
-                    if s.returncode is not None and (s.returncode != 0 or cfg.ps != "mxnet"):
-                        failures.append(self._server_failure(s))
+                # any end of a server, even status 0, is too early, except for MXNet's nodes,
+                # which ps-lite ends as its workers finish
+                elif m.returncode != 0 or cfg.ps != "mxnet":
+                    failures.append(self._server_failure(m))
             if failures or all(w.returncode is not None for w in self._workers):
                 break
             if checkin is not None:
@@ -340,7 +308,7 @@ class _Job:
             self._say(f"received {signal_name(sig)}; stopped ranks {stopped or 'none (all had ended)'}")
             return 128 + sig
         if lost:
-            left = sorted(w.slot.rank for w in self._workers if w.returncode == 0)
+            left = sorted(w.index for w in self._workers if w.returncode == 0)
             self._say(f"elastic: the job finished on ranks {left} (--min-np {cfg.min_np}) without "
                       + "; ".join(f"rank {f.rank} on {f.host} ({describe_returncode(f.returncode)})"
                                   for f in lost))
@@ -355,7 +323,7 @@ class _Job:
             return 1
         return 0
 
-    def _can_continue_without(self, failed: _Worker) -> bool:
+    def _can_continue_without(self, failed: Member) -> bool:
         """Elastic jobs (--min-np) go on while enough workers are alive or have succeeded: the
         survivors re-form without the failed one (hvd.elastic.run)."""
         min_np = self.cfg.min_np
@@ -364,18 +332,18 @@ class _Job:
         healthy = sum(1 for w in self._workers if w is not failed and w.returncode in (None, 0))
         if healthy < min_np:
             return False
-        self._say(f"elastic: rank {failed.slot.rank} on {failed.slot.hostname} ended "
+        self._say(f"elastic: rank {failed.index} on {failed.host} ended "
                   f"({describe_returncode(failed.returncode or 0)}); continuing with {healthy} "
                   f"workers (--min-np {min_np})")
         return True
 
-    def _failure(self, w: _Worker) -> Failure:
+    def _failure(self, w: Member) -> Failure:
         assert w.returncode is not None
         error = worker_contract.read_error_file(w.error_file) if w.error_file else None
-        return Failure(rank=w.slot.rank, host=w.slot.hostname, pid=w.proc.pid, returncode=w.returncode,
-                       error=error, local_rank=w.slot.local_rank, remote=w.remote)
+        return Failure(rank=w.index, host=w.host, pid=w.proc.pid, returncode=w.returncode,
+                       error=error, local_rank=self.cfg.slots[w.index].local_rank, remote=w.remote)
 
-    def _server_failure(self, s: _Server) -> Failure:
+    def _server_failure(self, s: Member) -> Failure:
         assert s.returncode is not None
         host = s.host if s.remote else socket.gethostname() if self.cfg.remote else "localhost"
         return Failure(rank=s.index, host=host, pid=s.proc.pid, returncode=s.returncode, kind=s.kind,
@@ -387,50 +355,28 @@ class _Job:
     def _stop_all(self, sig: int) -> list[int]:
         """Stop every worker's and server's process group; return the ranks that were still
         running (the servers still running go to ``_stopped_servers``)."""
-        running = [w for w in self._workers if w.proc.poll() is None]
-        self._stopped_servers = [s.index for s in self._servers if s.kind == "server" and s.proc.poll() is None]
-        for w in running:
-            w.stopped = True
-            if w.remote:  # end-of-file: the remote script stops its worker (TERM, grace, KILL)
-                close_stdin(w.proc)
-        for s in self._servers:
-            if s.remote:
-                close_stdin(s.proc)
-        if running and self.cfg.verbose:
-            self._say(f"stopping ranks {[w.slot.rank for w in running]} with {signal_name(sig)}")
+        assert self._supervisor is not None
+        running = [m for m in self._supervisor.members if m.proc.poll() is None]
+        ranks = [m.index for m in running if m.kind == "worker"]
+        self._stopped_servers = [m.index for m in running if m.kind == "server"]
+        if ranks and self.cfg.verbose:
+            self._say(f"stopping ranks {ranks} with {signal_name(sig)}")
         if self._stopped_servers and self.cfg.verbose:
             self._say(f"stopping parameter servers {self._stopped_servers} with {signal_name(sig)}")
-        # every group, finished workers included: their children must not outlive the job
-        groups = [w.proc.pid for w in self._workers] + [s.proc.pid for s in self._servers]
-        stop_groups(groups, self.cfg.grace_period, reap=self._reap, first_signal=sig)
-        for proc in [w.proc for w in self._workers] + [s.proc for s in self._servers]:
-            try:
-                proc.wait(5.0)
-            except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL was sent already
-                pass
-        for w in self._workers:
-            w.returncode = w.proc.returncode
+        self._supervisor.stop(sig, skip_grace=lambda: len(self._signals) >= 2)
         unclean = [s.index for s in self._servers
                    if s.index in self._stopped_servers and s.proc.returncode not in (0, None)]
         if unclean and self.cfg.verbose:
             self._say(f"parameter servers {unclean} did not stop cleanly (killed after the grace period?)")
-        return [w.slot.rank for w in running]
+        return ranks
 
     def _cleanup(self) -> None:
-        # after an exception mid-start: nothing may survive
-        for proc in [w.proc for w in self._workers] + [s.proc for s in self._servers]:
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except OSError:
-                    pass
-                proc.wait()
-        for proc in [w.proc for w in self._workers] + [s.proc for s in self._servers]:
-            close_stdin(proc)
+        if self._supervisor is not None:
+            self._supervisor.kill()  # after an exception mid-start: nothing may survive
         if self._mux is not None:
             self._mux.close(timeout=0.5)
-        if self._guardian is not None:
-            self._guardian.close()
+        if self._supervisor is not None:
+            self._supervisor.close()
         if self._store is not None:
             self._store.close()
         if self._jobdir is not None:

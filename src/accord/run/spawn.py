@@ -17,7 +17,8 @@ every worker (the worker learns its rank from the environment, e.g. through
 
 Each worker gets the worker contract of :mod:`accord.run.worker_env` (its own rendezvous
 store is started here), runs in its own process group, and is killed with its children if
-this process dies (the guardian of :mod:`accord.run.local`). The first failure stops the
+this process dies: the workers are members of a :class:`~accord.run.supervisor.Supervisor`,
+the same one accordrun's jobs run on (its guardian, and its stop: SIGTERM, grace, SIGKILL). The first failure stops the
 others (SIGTERM, grace period, SIGKILL) and is re-raised here as
 :class:`~accord.errors.WorkerFailedError` naming the rank, with the worker's traceback in
 the message and the original exception as ``__cause__`` when it could be sent back.
@@ -41,7 +42,7 @@ from accord.run import job_store
 from accord.run.assignment import assign_slots
 from accord.run.failures import describe_returncode, exit_status
 from accord.run.hosts import HostSlots
-from accord.run.local import Guardian, stop_groups
+from accord.run.supervisor import Member, ProcessHandle, Supervisor
 from accord.run.tuning import BY_NAME as TUNING_OPTIONS
 from accord.run.tuning import make_tuning
 from accord.run.worker_env import SECRET_VAR, JobEnv, worker_env
@@ -123,13 +124,12 @@ class SpawnContext:
     rank order once ``join()`` returned True.
     """
 
-    def __init__(self, processes: Sequence[Any], conns: Sequence[Any], grace: float,
-                 store: job_store.JobStore | None, guardian: Guardian) -> None:
+    def __init__(self, processes: Sequence[Any], conns: Sequence[Any],
+                 store: job_store.JobStore | None, supervisor: Supervisor) -> None:
         self.processes = list(processes)
         self._conns = list(conns)
-        self._grace = grace
         self._store = store
-        self._guardian: Guardian | None = guardian
+        self._supervisor: Supervisor | None = supervisor
         self._got: dict[int, tuple[str, Any]] = {}
         self.results: list[Any] | None = None
 
@@ -200,23 +200,12 @@ class SpawnContext:
 
     def close(self) -> None:
         """Stop every worker still running (SIGTERM, grace period, SIGKILL) and release the store."""
-        live = [p for p in self.processes if p.pid is not None]
-
-        def reap() -> bool:
-            for p in live:
-                p.join(0)
-            return False
-
-        stop_groups([p.pid for p in live], self._grace if any(p.is_alive() for p in live) else 0.0, reap=reap)
-        for p in live:
-            if p.is_alive():  # not yet in its own group (setsid not reached): kill it directly
-                p.kill()
-            p.join(5.0)
+        if self._supervisor is not None:
+            self._supervisor.stop()
+            self._supervisor.close()
+            self._supervisor = None
         for c in self._conns:
             c.close()
-        if self._guardian is not None:
-            self._guardian.close()
-            self._guardian = None
         if self._store is not None:
             self._store.close()
             self._store = None
@@ -259,7 +248,7 @@ def spawn(
     job = JobEnv(job_id=uuid.uuid4().hex[:12], master_addr="127.0.0.1", master_port=job_store.free_port(),
                  store_addr="127.0.0.1" if store else None, store_port=store.port if store else None)
     environ = config.snapshot()
-    guardian = Guardian(grace)
+    supervisor = Supervisor(grace)
     processes, conns = [], []
     try:
         for slot in assign_slots([HostSlots("localhost", n)], n):
@@ -277,13 +266,14 @@ def spawn(
             finally:
                 config.set_variables({k: environ.get(k) for k in env})
             writer.close()
-            guardian.watch(proc.pid)
+            supervisor.adopt(Member("worker", slot.rank, slot.rank, "localhost", ProcessHandle(proc)))
             processes.append(proc)
             conns.append(reader)
     except BaseException:
-        SpawnContext(processes, conns, 0.0, store, guardian).close()
+        supervisor.grace = 0.0
+        SpawnContext(processes, conns, store, supervisor).close()
         raise
-    context = SpawnContext(processes, conns, grace, store, guardian)
+    context = SpawnContext(processes, conns, store, supervisor)
     if not join:
         return context
     context.join()
