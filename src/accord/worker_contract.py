@@ -38,6 +38,17 @@ from accord import config
 
 CHECKIN_KEY = "accord/checkin/{rank}"  # the store key a worker sets once it has connected
 
+# Elastic jobs (hvd.elastic.run under accordrun): the store keys launcher and workers share.
+# Workers are named by a stable member id (their first rank; later workers get the next ids).
+ELASTIC_UPDATES_KEY = "accord/elastic/updates"  # counter, bumped on every host change
+ELASTIC_UPDATE_KEY = "accord/elastic/update/{n}"  # what change n was: "added" or "removed"
+ELASTIC_LEAVING_KEY = "accord/elastic/leaving/{member}"  # the launcher removes this member
+ELASTIC_DEAD_KEY = "accord/elastic/dead/{member}"  # the launcher saw this member's process end
+ELASTIC_JOINERS_KEY = "accord/elastic/joiners"  # counter of workers that asked to join
+ELASTIC_JOINER_KEY = "accord/elastic/joiner/{n}"  # the member id of joiner n
+ELASTIC_LATEST_KEY = "accord/elastic/latest"  # counter: the last re-formation published
+ELASTIC_MEMBERS_KEY = "accord/elastic/e{epoch}/members"  # JSON of re-formation ``epoch``
+
 F = TypeVar("F", bound=Callable[..., Any])
 _INSTALLED_MARK = "_accord_error_file_hook"
 

@@ -13,7 +13,7 @@ from typing import NoReturn, Sequence
 from accord import config
 from accord.errors import ConfigError, LaunchError
 from accord.run.launch_config import DEFAULT_GRACE, LOG_LEVELS, config_from_args
-from accord.run import tuning
+from accord.run import elastic_config, tuning
 from accord.run.ssh import STRICT_POLICIES
 from accord.version import __version__
 
@@ -26,6 +26,8 @@ examples:
   accordrun -np 4 --num-servers 2 python train.py       4 workers + 2 parameter servers (kvstore)
   accordrun -np 2 --ps mxnet python train.py --kv-store dist_sync
                                                         MXNet's own scheduler, 2 servers, 2 workers
+  accordrun -np 2 --min-np 2 --max-np 6 --host-discovery-script ./discover.sh python train.py
+                                                        elastic: grows/shrinks with the script's hosts
   accordrun --check-build                               which frameworks and backends work here
 """
 
@@ -65,11 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--gpus", "--devices", dest="devices",
                    help="devices for each host's workers, e.g. 0,1 (sets CUDA_VISIBLE_DEVICES per worker)")
 
-    g = p.add_argument_group("elastic (hvd.elastic.run; Horovod's horovodrun flags)")
-    g.add_argument("--min-np", type=int, help="keep the job running while at least this many workers "
-                   "are alive: a worker that fails is left out and the others re-form without it")
-    g.add_argument("--max-np", type=int, help="the most workers the job may have (at least -np)")
-    g.add_argument("--host-discovery-script", help="not supported yet: accordrun runs a fixed set of hosts")
+    elastic_config.add_arguments(p.add_argument_group("elastic (hvd.elastic.run; Horovod's horovodrun flags)"))
 
     g = p.add_argument_group("parameter servers (accord.kvstore, MXNet's launch.py -s)")
     g.add_argument("--num-servers", metavar="N",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import socket
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
 from accord.errors import LaunchError, RendezvousError, with_hint
 from accord.worker_contract import CHECKIN_KEY
@@ -66,14 +66,19 @@ class JobStore:
         """The port the store listens on."""
         return self._server.port
 
-    def missing_ranks(self, ranks: Sequence[int]) -> list[int]:
-        """The ranks among ``ranks`` that have not set their check-in key yet."""
+    def connection(self) -> Any:
+        """The launcher's own authenticated connection to the store (made once)."""
         from accord.store.connection import StoreConnection
 
         if self._conn is None:
             self._conn = StoreConnection("127.0.0.1" if self._server.host in ("0.0.0.0", "")
                                          else self._server.host,
                                          self.port, self._secret, timeout=5.0, connect_timeout=5.0)
+        return self._conn
+
+    def missing_ranks(self, ranks: Sequence[int]) -> list[int]:
+        """The ranks among ``ranks`` that have not set their check-in key yet."""
+        self.connection()
         for rank in ranks:
             if rank not in self._checked and self._conn.check([CHECKIN_KEY.format(rank=rank)]):
                 self._checked.add(rank)

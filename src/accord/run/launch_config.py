@@ -27,6 +27,7 @@ from accord.run.hosts import (
 )
 from accord.run.servers import server_placement
 from accord.run.ssh import SshOptions
+from accord.run import elastic_config
 from accord.run import tuning as tuning_table
 from accord.run.tuning import Tuning, check_number
 
@@ -61,6 +62,7 @@ class LaunchConfig:
     server_hosts: tuple[str, ...] = ()  # the host of each server (run.servers.server_placement)
     ps: str = "accord"  # whose parameter servers: accord's or MXNet's (--ps mxnet)
     min_np: int | None = None  # elastic: failed workers are left out while this many remain
+    elastic: elastic_config.ElasticConfig | None = None  # --host-discovery-script and its flags
     sync_dst_dir: str | None = None  # --sync-dst-dir: workers and servers run from this copy
 
     @property
@@ -135,22 +137,12 @@ def _command(ns: argparse.Namespace, environ: Mapping[str, str], all_local: bool
     return tuple(command)
 
 
-def _elastic(ns: argparse.Namespace, num_proc: int) -> int | None:
-    """--min-np (validated with --max-np); refuses --host-discovery-script."""
-    if ns.host_discovery_script is not None:
-        raise ConfigError(with_hint(
-            "--host-discovery-script is not supported: accordrun runs a fixed set of hosts and "
-            "cannot add workers while the job runs",
-            "list the hosts with -H or --hostfile; with --min-np the job carries on without "
-            "workers that fail"))
-    min_np, max_np = ns.min_np, ns.max_np
-    if min_np is not None and not 1 <= min_np <= num_proc:
-        raise ConfigError(with_hint(f"--min-np must be between 1 and -np ({num_proc}), got {min_np}",
-                                    f"pass --min-np 1..{num_proc}"))
-    if max_np is not None and max_np < max(num_proc, min_np or 0):
-        raise ConfigError(with_hint(f"--max-np {max_np} is below -np {num_proc}"
-                                    + (f" or --min-np {min_np}" if min_np else ""),
-                                    "pass --max-np of at least the number of workers started"))
+def _elastic(ns: argparse.Namespace, num_proc: int, slots: int | None) -> int | None:
+    """--min-np, validated with --max-np (with discovery: default -np, within the first slots)."""
+    min_np = ns.min_np
+    if min_np is None and ns.host_discovery_script is not None:
+        min_np = num_proc  # Horovod's default
+    elastic_config.check_counts(num_proc, min_np, ns.max_np, slots)
     return min_np
 
 
@@ -185,8 +177,12 @@ def config_from_args(ns: argparse.Namespace, environ: Mapping[str, str], cwd: st
     Raises:
         ConfigError: anything unusable, with a HINT.
     """
-    hosts = _hosts(ns)
+    elastic = elastic_config.elastic_from_args(ns)
+    hosts = _hosts(ns) if elastic is None else elastic_config.first_hosts(elastic, cwd)
     num_proc = ns.num_proc
+    if elastic is not None and num_proc is None:
+        total = sum(h.slots for h in hosts)
+        num_proc = min(total, ns.max_np) if ns.max_np is not None else total
     if hosts is None:
         if num_proc is None and ns.nproc_per_node is not None:
             num_proc = ns.nproc_per_node
@@ -238,7 +234,7 @@ def config_from_args(ns: argparse.Namespace, environ: Mapping[str, str], cwd: st
             raise ConfigError(with_hint("--ps mxnet needs at least one server, got --num-servers 0",
                                         "pass --num-servers 1 (or more), or leave it out for one per worker"))
     server_hosts = _server_hosts(ns, num_servers, slots)
-    min_np = _elastic(ns, num_proc)
+    min_np = _elastic(ns, num_proc, sum(h.slots for h in hosts) if elastic is not None else None)
     given = {o.name: getattr(ns, o.name) for o in tuning_table.OPTIONS if o.cli}
     if ns.timeline_filename:
         given["timeline_filename"] = os.path.abspath(ns.timeline_filename)
@@ -270,6 +266,7 @@ def config_from_args(ns: argparse.Namespace, environ: Mapping[str, str], cwd: st
         num_servers=num_servers,
         server_hosts=server_hosts,
         min_np=min_np,
+        elastic=elastic,
         ps=ps,
         sync_dst_dir=_sync_dir(ns),
     )
@@ -289,4 +286,5 @@ def describe(cfg: LaunchConfig) -> dict[str, Any]:
         "server_hosts": list(cfg.server_hosts),
         "sync_dst_dir": cfg.sync_dst_dir,
         "min_np": cfg.min_np,
+        "host_discovery_script": cfg.elastic.discovery_script if cfg.elastic else None,
     }

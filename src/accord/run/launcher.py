@@ -40,13 +40,15 @@ from accord.run import job_store, mxnet_ps
 from accord.run.failures import (Failure, describe_returncode, exit_status, format_root_cause,
                                  pick_root_cause, signal_name)
 from accord.run.hosts import is_local
+from accord.run.assignment import Slot
+from accord.run.elastic_driver import ElasticDriver
 from accord.run.launch_config import LaunchConfig, describe
 from accord.run.output import OutputMux
 from accord.run.runners import StartOptions
 from accord.run.servers import ps_env, server_command, server_dirname, server_env, server_label
 from accord.run.supervisor import Member, Supervisor
 from accord.run.sync import sync_dirs
-from accord.run.worker_env import JobEnv, omp_threads, worker_env
+from accord.run.worker_env import JobEnv, elastic_env, omp_threads, worker_env
 
 _POLL = 0.05
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -91,6 +93,7 @@ class _Job:
         self._previous: dict[int, Any] = {}
         self._mxnet: mxnet_ps.MXNetJob | None = None
         self._options: StartOptions | None = None
+        self._elastic_slots: dict[int, Slot] = {}
 
     # --- helpers -------------------------------------------------------------------------------
     def _say(self, text: str) -> None:
@@ -127,6 +130,8 @@ class _Job:
             self._mux = OutputMux(self._out, self._err, prefix=cfg.prefix, timestamps=cfg.prefix_timestamp,
                                   ranks_filter=cfg.ranks_filter, output_dir=cfg.output_dir)
             self._start_servers(job, environ)  # first: they register while workers start
+            if cfg.elastic is not None:
+                return self._run_elastic(job, environ)
             self._start_workers(job, environ)
             self._mux.start()
             return self._watch()
@@ -203,6 +208,50 @@ class _Job:
                 raise LaunchError(with_hint(f"could not start rank {slot.rank} on {slot.hostname} "
                                             f"({what}): {exc}",
                                             "check that the program exists and is executable")) from None
+
+    def _run_elastic(self, job: JobEnv, environ: dict[str, str]) -> int:
+        """Start the first workers and watch the job with the elastic driver (discovery)."""
+        assert self._supervisor is not None and self._store is not None and self._mux is not None
+        assert self.cfg.elastic is not None
+        driver = ElasticDriver(self.cfg, self.cfg.elastic, self._supervisor, self._store.connection(),
+                               lambda i, host, joining: self._start_elastic_worker(job, environ, i, host, joining),
+                               self._failure, self._say)
+        try:
+            driver.start()
+            self._mux.start()
+            while not self._signals and not driver.poll():
+                time.sleep(_POLL)
+        finally:
+            driver.close()
+        out = driver.outcome
+        if out.error:
+            self._say(out.error)
+        return self._finish(out.failures, out.lost, [], failed=bool(out.error))
+
+    def _start_elastic_worker(self, job: JobEnv, environ: dict[str, str], member_id: int, host: str,
+                              joining: bool) -> Member:
+        """One worker of an elastic job: the first ones get their rank as id; the ones added later
+        (``joining``) get a provisional place that their admission replaces."""
+        cfg = self.cfg
+        on_host = sum(1 for w in self._workers if w.host == host and w.returncode is None)
+        if joining:
+            slot = Slot(rank=member_id, size=member_id + 1, local_rank=on_host, local_size=on_host + 1,
+                        cross_rank=0, cross_size=1, hostname=host, host_index=0)
+        else:
+            slot = cfg.slots[member_id]
+        self._elastic_slots[member_id] = slot
+        remote = not is_local(host)
+        assert self._jobdir is not None
+        err_path = None if remote else os.path.join(self._jobdir, f"rank.{member_id}.error.json")
+        added = worker_env(slot, job, tuning=cfg.tuning, user_env=environ, cpu_count=os.cpu_count() or 1,
+                           devices=cfg.devices, error_file=err_path)
+        added.update(elastic_env(member_id, joining, cfg.min_np,
+                                 cfg.elastic.elastic_timeout if cfg.elastic.elastic_timeout_given else None))
+        try:
+            return self._start("worker", member_id, member_id, host, cfg.command, environ, added, err_path)
+        except OSError as exc:
+            raise LaunchError(with_hint(f"could not start worker {member_id} on {host}: {exc}",
+                                        "check that the program exists and is executable")) from None
 
     def _mxnet_job(self, job: JobEnv) -> mxnet_ps.MXNetJob:
         if self._mxnet is None:
@@ -290,6 +339,13 @@ class _Job:
                 if missing:
                     break
             time.sleep(_POLL)
+        return self._finish(failures, lost, missing)
+
+    def _finish(self, failures: list[Failure], lost: list[Failure], missing: list[int],
+                failed: bool = False) -> int:
+        """Stop what still runs, report, and return the exit code (``failed``: an error the
+        caller already reported)."""
+        cfg = self.cfg
         stopped = self._stop_all(self._signals[0] if self._signals else signal.SIGTERM)
         assert self._mux is not None
         self._mux.close(timeout=2.0)
@@ -307,9 +363,12 @@ class _Job:
             sig = self._signals[0]
             self._say(f"received {signal_name(sig)}; stopped ranks {stopped or 'none (all had ended)'}")
             return 128 + sig
+        if failed:
+            return 1
         if lost:
-            left = sorted(w.index for w in self._workers if w.returncode == 0)
-            self._say(f"elastic: the job finished on ranks {left} (--min-np {cfg.min_np}) without "
+            left = sorted(w.index for w in self._workers if w.returncode == 0 and not w.stopped)
+            who = "workers" if cfg.elastic is not None else "ranks"
+            self._say(f"elastic: the job finished on {who} {left} (--min-np {cfg.min_np}) without "
                       + "; ".join(f"rank {f.rank} on {f.host} ({describe_returncode(f.returncode)})"
                                   for f in lost))
         if missing:
@@ -340,8 +399,9 @@ class _Job:
     def _failure(self, w: Member) -> Failure:
         assert w.returncode is not None
         error = worker_contract.read_error_file(w.error_file) if w.error_file else None
+        slot = self._elastic_slots.get(w.index) if self.cfg.elastic else self.cfg.slots[w.index]
         return Failure(rank=w.index, host=w.host, pid=w.proc.pid, returncode=w.returncode,
-                       error=error, local_rank=self.cfg.slots[w.index].local_rank, remote=w.remote)
+                       error=error, local_rank=slot.local_rank if slot else 0, remote=w.remote)
 
     def _server_failure(self, s: Member) -> Failure:
         assert s.returncode is not None

@@ -16,7 +16,7 @@ import subprocess
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from accord.run.local import Guardian, stop_groups
+from accord.run.local import Guardian, signal_group, stop_groups
 from accord.run.runners import Runner, StartOptions, runner_for
 
 
@@ -42,6 +42,21 @@ class ProcessHandle:
     def wait(self, timeout: float | None = None) -> int | None:
         self.process.join(timeout)
         return self.process.exitcode
+
+    def ask_to_stop(self, member: Member) -> None:
+        """Stop one member without waiting (elastic: its host left the job): the runner's stop
+        step (ssh: end-of-file, the remote side does TERM, grace, KILL), and SIGTERM to a
+        local process group. :meth:`kill_one` is the follow-up after the grace period."""
+        member.stopped = True
+        if member.runner is not None:
+            member.runner.ask_to_stop(member.proc)
+        if not member.remote and member.proc.poll() is None:
+            signal_group(member.proc.pid, signal.SIGTERM)
+
+    def kill_one(self, member: Member) -> None:
+        """SIGKILL one member's process group at once."""
+        if member.proc.poll() is None and not signal_group(member.proc.pid, signal.SIGKILL):
+            member.proc.kill()
 
     def kill(self) -> None:
         self.process.kill()
@@ -134,6 +149,21 @@ class Supervisor:
                 pass
             m.returncode = m.proc.poll()
         return running
+
+    def ask_to_stop(self, member: Member) -> None:
+        """Stop one member without waiting (elastic: its host left the job): the runner's stop
+        step (ssh: end-of-file, the remote side does TERM, grace, KILL), and SIGTERM to a
+        local process group. :meth:`kill_one` is the follow-up after the grace period."""
+        member.stopped = True
+        if member.runner is not None:
+            member.runner.ask_to_stop(member.proc)
+        if not member.remote and member.proc.poll() is None:
+            signal_group(member.proc.pid, signal.SIGTERM)
+
+    def kill_one(self, member: Member) -> None:
+        """SIGKILL one member's process group at once."""
+        if member.proc.poll() is None and not signal_group(member.proc.pid, signal.SIGKILL):
+            member.proc.kill()
 
     def kill(self) -> None:
         """SIGKILL whatever still runs, at once (after an error while starting)."""

@@ -53,6 +53,11 @@ Tuning flags map to the variables of :data:`accord.run.tuning.OPTIONS` (the one 
 ``ACCORD_INTERFACE``, ``ACCORD_VERBOSE`` (a level: ``--verbose`` gives 1, ``PS_VERBOSE=2``
 stays 2; see :mod:`accord.config`) and ``ACCORD_START_TIMEOUT``.
 
+Elastic jobs with ``--host-discovery-script`` add ``ACCORD_ELASTIC_ID`` (the worker's stable
+id: its first rank; workers added later get the next ids), ``ACCORD_ELASTIC_JOIN=1`` (a worker
+added to the running job: its init waits to be admitted), ``ACCORD_ELASTIC_MIN_NP`` and, with
+``--elastic-timeout``, ``ACCORD_ELASTIC_TIMEOUT`` (see :func:`elastic_env`).
+
 Parameter-server jobs (``--num-servers N`` > 0) add MXNet's ``DMLC_ROLE=worker``,
 ``DMLC_NUM_WORKER``, ``DMLC_NUM_SERVER``, ``DMLC_PS_ROOT_URI``, ``DMLC_PS_ROOT_PORT`` and their
 ``ACCORD_*`` twins to every worker; :mod:`accord.run.servers` documents them and the servers'
@@ -64,7 +69,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from accord.run.assignment import Slot
-from accord.run.tuning import Tuning, tuning_env
+from accord.run.tuning import Tuning, render_number, tuning_env
 
 SECRET_VAR = "ACCORD_JOB_SECRET"
 SECRET_FILE_VAR = "ACCORD_SECRET_FILE"
@@ -145,6 +150,21 @@ def worker_env(
         env["CUDA_VISIBLE_DEVICES"] = devices[slot.local_rank]
     if error_file is not None:
         env["ACCORD_ERROR_FILE"] = error_file
+    return env
+
+
+def elastic_env(member_id: int, joining: bool, min_np: int | None,
+                elastic_timeout: float | None) -> dict[str, str]:
+    """What a worker of an elastic job with host discovery adds: its stable id
+    (``ACCORD_ELASTIC_ID``), ``ACCORD_ELASTIC_JOIN=1`` for a worker added to the running job,
+    ``ACCORD_ELASTIC_MIN_NP`` and, when given, ``ACCORD_ELASTIC_TIMEOUT``."""
+    env = {"ACCORD_ELASTIC_ID": str(member_id)}
+    if joining:
+        env["ACCORD_ELASTIC_JOIN"] = "1"
+    if min_np is not None:
+        env["ACCORD_ELASTIC_MIN_NP"] = str(min_np)
+    if elastic_timeout is not None:
+        env["ACCORD_ELASTIC_TIMEOUT"] = render_number(elastic_timeout)
     return env
 
 

@@ -15,6 +15,7 @@ import torch
 from accord import config
 from accord.engine import session
 from accord.errors import with_hint
+from accord.runtime import admission
 from accord.torch import gateway
 from accord.torch import process_sets as ps_module
 from accord.torch.gateway import NOT_INITIALIZED, is_initialized, rank, size
@@ -53,6 +54,7 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         atexit.register(shutdown)
         _atexit_registered = True
     gateway.reset()
+    admission.join_if_new()  # a worker added to a running elastic job: wait for its place
     session.init()
     try:
         _check_comm(comm)

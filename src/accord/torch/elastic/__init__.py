@@ -15,22 +15,27 @@
 When a collective fails (``HorovodInternalError``, e.g. a rank died), every surviving rank
 restores the last commit, the job re-forms without the lost ranks (under accordrun; see
 :mod:`accord.torch.elastic.reform`), reset callbacks run, rank 0's state is broadcast and
-``train`` is called again.
+``train`` is called again. When hosts are added or removed (accordrun
+``--host-discovery-script``), ``state.commit()`` raises ``HostsUpdatedInterrupt`` and the job
+re-forms the same way from the state just committed; new workers receive it from rank 0 (the
+lowest surviving rank). A worker whose host was removed leaves: ``train`` raises
+:class:`MemberRemoved`, a ``SystemExit(0)``.
 """
 from __future__ import annotations
 
 import functools
+import time
 from typing import Any, Callable
 
 from accord.errors import CollectiveError as HorovodInternalError
 from accord.torch import basics, gateway
-from accord.torch.elastic.reform import Membership
+from accord.torch.elastic.reform import MemberRemoved, Membership
 from accord.torch.elastic.sampler import ElasticSampler
 from accord.torch.elastic.state import (HostsUpdatedInterrupt, ObjectState, State,
                                         TorchState)
 
-__all__ = ["ElasticSampler", "HorovodInternalError", "HostsUpdatedInterrupt", "ObjectState",
-           "State", "TorchState", "run"]
+__all__ = ["ElasticSampler", "HorovodInternalError", "HostsUpdatedInterrupt", "MemberRemoved",
+           "ObjectState", "State", "TorchState", "run"]
 
 
 def run(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -42,6 +47,7 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
             basics.init()
         gateway.set_elastic(True)
         membership = Membership()
+        membership.on_update = lambda kind: state.on_hosts_updated(time.time(), kind)
         skip_sync = False
         try:
             while True:

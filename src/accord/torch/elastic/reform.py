@@ -1,11 +1,19 @@
-"""Re-forming the job from the ranks still alive after a failure (in-process elastic recovery).
+"""Re-forming the job when its members change (in-process elastic recovery).
 
 While ``hvd.elastic.run`` is active, every rank bumps a heartbeat counter in the job's store
-(thread "accord-elastic-heartbeat"). After a failure each survivor shuts down and calls
-:meth:`Membership.regroup`: the first to arrive leads, waits until every member of the last
-generation has arrived or every missing one's heartbeat has stopped (or ACCORD_ELASTIC_TIMEOUT
-passes), and publishes the new member list. Each rank's new rank is its index in that list;
-members keep their first rank as a stable id. Then ``init()`` bootstraps the smaller job.
+(thread "accord-elastic-heartbeat") and watches the host-update counter: when accordrun's
+elastic driver (or a new worker) announces a host change, :attr:`Membership.on_update` is
+called, so the state raises ``HostsUpdatedInterrupt`` at the next commit.
+
+After a failure or that interrupt each rank shuts down and calls :meth:`Membership.regroup`.
+The first to arrive leads: it waits until every member of the last generation has arrived, or
+is known dead (the launcher marks ended workers) or its heartbeat has stopped (or
+ACCORD_ELASTIC_TIMEOUT passes), leaves out the members the launcher asked to leave (their host
+went away), takes in the workers waiting to join (:mod:`accord.runtime.admission`), waits for
+joiners while below ACCORD_ELASTIC_MIN_NP, and publishes the new member list. Each rank's new
+rank is its index in that list: survivors first in their old order (so the new rank 0 is the
+lowest surviving rank, whose state the others receive), then the joiners. A member the launcher
+asked to leave gets :class:`MemberRemoved`. Then ``init()`` bootstraps the new job.
 
 This needs a store that outlives the ranks, i.e. the launcher's (accordrun / accord.spawn).
 Elsewhere (torchrun, mpirun) a reset re-initializes the same ranks, which recovers from
@@ -17,26 +25,45 @@ import json
 import logging
 import threading
 import time
+from datetime import timedelta
+from typing import Callable
 
 from accord import config
 from accord.errors import RankFailedError, with_hint
+from accord.runtime import admission
 from accord.torch import gateway
+from accord.worker_contract import (ELASTIC_DEAD_KEY, ELASTIC_JOINER_KEY, ELASTIC_JOINERS_KEY,
+                                    ELASTIC_LATEST_KEY, ELASTIC_LEAVING_KEY, ELASTIC_MEMBERS_KEY,
+                                    ELASTIC_UPDATE_KEY, ELASTIC_UPDATES_KEY)
 
 log = logging.getLogger("accord.elastic")
 
-_HEARTBEAT_S = 0.5
+_HEARTBEAT_S = 0.25
 _DEAD_AFTER_S = 2.0  # a heartbeat counter that did not move for this long belongs to a dead rank
 _BOOTSTRAPS_KEY = "accord/bootstraps"  # accord.runtime.rendezvous's generation counter
 
 
+class MemberRemoved(SystemExit):
+    """This worker's host left the elastic job: it ends with status 0 (raised by regroup)."""
+
+    def __init__(self, member_id: int) -> None:
+        super().__init__(0)
+        self.member_id = member_id
+
+
 class Membership:
-    """Who is in the job across resets: stable member ids (first ranks) in current rank order."""
+    """Who is in the job across resets: stable member ids in current rank order."""
 
     def __init__(self) -> None:
-        self.member_id = gateway.rank()
-        self.members = list(range(gateway.size()))
-        self.epoch = 0
-        self._store = _job_store()
+        joined = admission.admitted()
+        given = config.get("ACCORD_ELASTIC_ID")
+        self.member_id = given if given is not None else gateway.rank()
+        self.members = joined.members if joined else list(range(gateway.size()))
+        self.epoch = joined.epoch if joined else 0
+        self.on_update: Callable[[str], None] | None = None
+        self._notified = joined.updates if joined else 0
+        self._lock = threading.Lock()
+        self._store = admission.job_store()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if self._store is not None:
@@ -51,10 +78,24 @@ class Membership:
         while not self._stop.is_set():
             try:
                 self._store.add(self._key(f"hb/{self.member_id}"), 1)
+                self._watch_updates()
             except Exception as exc:  # the store went away: the job is over
                 log.debug("elastic heartbeat stopped: %s", exc)
                 return
             self._stop.wait(_HEARTBEAT_S)
+
+    def _watch_updates(self) -> None:
+        """Call on_update once for the host changes announced since the last look."""
+        count = int(self._store.add(ELASTIC_UPDATES_KEY, 0))
+        with self._lock:
+            first, self._notified = self._notified + 1, max(self._notified, count)
+        if count < first or self.on_update is None:
+            return
+        kinds = set()
+        for n in range(first, count + 1):
+            key = ELASTIC_UPDATE_KEY.format(n=n)
+            kinds.add(self._store.get(key).decode() if self._store.check([key]) else "added")
+        self.on_update("removed" if kinds == {"removed"} else "added")
 
     def stop(self) -> None:
         """Stop the heartbeat and release the store connection."""
@@ -65,9 +106,10 @@ class Membership:
             self._store.close()
 
     def regroup(self) -> None:
-        """Agree on the surviving members and set this rank's new place for the next init().
+        """Agree on the new members and set this rank's new place for the next init().
 
         Raises:
+            MemberRemoved: the launcher asked this member to leave (its host went away).
             RankFailedError: this rank was left out (it arrived after the new group formed).
         """
         if self._store is None:
@@ -78,11 +120,17 @@ class Membership:
         store.set(f"{base}/arrived/{self.member_id}", b"1")
         timeout = float(config.get("ACCORD_ELASTIC_TIMEOUT"))
         if int(store.add(f"{base}/count", 1)) == 1:
-            members = self._lead(base, timeout)
+            record = self._lead(base, timeout)
         else:
-            store.wait([f"{base}/members"], _seconds(timeout + 10))
-            members = json.loads(store.get(f"{base}/members"))
+            store.wait([ELASTIC_MEMBERS_KEY.format(epoch=self.epoch)], timedelta(seconds=2 * timeout + 10))
+            record = admission.published(store, self.epoch)
+        members = record["members"]
+        with self._lock:
+            self._notified = max(self._notified, int(record["updates"]))
         if self.member_id not in members:
+            if store.check([ELASTIC_LEAVING_KEY.format(member=self.member_id)]):
+                log.warning("elastic: worker %d leaves the job (its host was removed)", self.member_id)
+                raise MemberRemoved(self.member_id)
             raise RankFailedError(with_hint(
                 f"member {self.member_id} reached the elastic regroup after the surviving ranks "
                 f"had formed a new job without it ({members})",
@@ -94,13 +142,14 @@ class Membership:
                               "ACCORD_LOCAL_RANK": None, "ACCORD_LOCAL_SIZE": None,
                               "ACCORD_CROSS_RANK": None, "ACCORD_CROSS_SIZE": None})
 
-    def _lead(self, base: str, timeout: float) -> list[int]:
+    def _lead(self, base: str, timeout: float) -> dict:
         store = self._store
+        updates = int(store.add(ELASTIC_UPDATES_KEY, 0))  # before the joiners are read (see below)
         deadline = time.monotonic() + timeout
         beats = {m: (self._count(f"hb/{m}"), time.monotonic()) for m in self.members}
         while True:
             arrived = [m for m in self.members if store.check([f"{base}/arrived/{m}"])]
-            missing = [m for m in self.members if m not in arrived]
+            missing = [m for m in self.members if m not in arrived and not self._dead(m)]
             now = time.monotonic()
             for m in missing:
                 count = self._count(f"hb/{m}")
@@ -108,37 +157,47 @@ class Membership:
                     beats[m] = (count, now)
             if not missing or all(now - beats[m][1] >= _DEAD_AFTER_S for m in missing) or now > deadline:
                 break
-            time.sleep(0.1)
+            time.sleep(0.05)
+        staying = [m for m in arrived if not store.check([ELASTIC_LEAVING_KEY.format(member=m)])]
+        # A joiner registers before it announces itself, so every joiner whose announcement is
+        # counted in ``updates`` is listed here; later ones trigger another re-formation.
+        members = staying + self._joiners(set(self.members))
+        min_np = config.get("ACCORD_ELASTIC_MIN_NP") or 1
+        while len(members) < min_np and time.monotonic() < deadline:
+            time.sleep(0.2)
+            updates = int(store.add(ELASTIC_UPDATES_KEY, 0))
+            members = staying + self._joiners(set(self.members))
+        if len(members) < min_np:
+            log.warning("elastic: re-forming with %d members, below ACCORD_ELASTIC_MIN_NP %d",
+                        len(members), min_np)
         # The runtime numbers bootstraps as counter // size: start the new size on a multiple.
         count = int(store.add(_BOOTSTRAPS_KEY, 0))
-        if count % len(arrived):
-            store.add(_BOOTSTRAPS_KEY, len(arrived) - count % len(arrived))
-        store.set(f"{base}/members", json.dumps(arrived))
-        if missing:
-            log.warning("elastic: continuing without members %s", missing)
-        return arrived
+        if members and count % len(members):
+            store.add(_BOOTSTRAPS_KEY, len(members) - count % len(members))
+        record = {"members": members, "updates": updates}
+        store.set(ELASTIC_MEMBERS_KEY.format(epoch=self.epoch), json.dumps(record))
+        latest = int(store.add(ELASTIC_LATEST_KEY, 0))
+        store.add(ELASTIC_LATEST_KEY, self.epoch - latest)
+        gone = [m for m in self.members if m not in staying]
+        if gone:
+            log.warning("elastic: continuing without members %s", gone)
+        return record
+
+    def _joiners(self, known: set[int]) -> list[int]:
+        """Workers waiting to join (not dead, not members already), in id order."""
+        store = self._store
+        count = int(store.add(ELASTIC_JOINERS_KEY, 0))
+        found = set()
+        for n in range(1, count + 1):
+            key = ELASTIC_JOINER_KEY.format(n=n)
+            if store.check([key]):
+                member = int(store.get(key))
+                if member not in known and not self._dead(member):
+                    found.add(member)
+        return sorted(found)
+
+    def _dead(self, member: int) -> bool:
+        return bool(self._store.check([ELASTIC_DEAD_KEY.format(member=member)]))
 
     def _count(self, what: str) -> int:
         return int(self._store.add(self._key(what), 0))
-
-
-def _seconds(value: float):
-    from datetime import timedelta
-
-    return timedelta(seconds=value)
-
-
-def _job_store():
-    """A client of the launcher's store, or None when the job has no store that outlives ranks."""
-    from accord.runtime import environments as envs
-    from accord.runtime.bootstrap import load_secret
-    from accord.runtime.store_client import StoreClient
-
-    env = envs.detect(config.snapshot())
-    if env.rendezvous != envs.ACCORD_STORE:
-        return None
-    secret = load_secret(env)
-    if secret is None:
-        return None
-    timeout = float(config.get("ACCORD_ELASTIC_TIMEOUT")) + 30
-    return StoreClient(env.store_addr, env.store_port, secret, timeout=timeout)

@@ -44,8 +44,15 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.reset()
 
     def record_batch(self, batch_idx: int, batch_size: int) -> None:
-        """Mark batch ``batch_idx`` (of this rank's current iteration) as processed."""
-        self.record_indices(self.get_indices(batch_idx, batch_size))
+        """Mark batch ``batch_idx`` of the current iteration as processed, on every rank: each
+        rank records the whole job's batch (its own and the other ranks' shares, which it can
+        compute), so a rank that dies after a commit takes nothing with it and its samples are
+        not trained on twice. (Horovod records only the rank's own share.)"""
+        start = batch_idx * batch_size
+        padded = self._padded()
+        for rank in range(self.num_replicas):
+            share = padded[rank:self.total_size:self.num_replicas]
+            self.record_indices(share[start:start + batch_size])
 
     def record_indices(self, indices: Any) -> None:
         """Mark these dataset indices as processed."""
@@ -78,12 +85,15 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.num_samples = int(math.ceil(len(remaining) / self.num_replicas))
         self.total_size = self.num_samples * self.num_replicas
 
-    def __iter__(self) -> Iterator[int]:
+    def _padded(self) -> list[int]:
         indices = self.remaining_indices[:]
         if indices:
             while len(indices) < self.total_size:  # pad so every rank gets the same count
                 indices += indices[:self.total_size - len(indices)]
-        self.indices = indices[self.rank:self.total_size:self.num_replicas]
+        return indices
+
+    def __iter__(self) -> Iterator[int]:
+        self.indices = self._padded()[self.rank:self.total_size:self.num_replicas]
         return iter(self.indices)
 
     def __len__(self) -> int:

@@ -52,7 +52,8 @@ class State:
             callback()
 
     def on_hosts_updated(self, timestamp: float, update_res: Any = None) -> None:
-        """Record a host change; the next ``commit()`` raises HostsUpdatedInterrupt."""
+        """Record a host change (``update_res``: "added" or "removed"); the next ``commit()``
+        raises HostsUpdatedInterrupt."""
         self._host_messages.put((timestamp, update_res))
 
     def commit(self) -> None:
@@ -61,11 +62,13 @@ class State:
         self.check_host_updates()
 
     def check_host_updates(self) -> None:
-        """Raise HostsUpdatedInterrupt when a host update was recorded."""
-        if not self._host_messages.empty():
-            while not self._host_messages.empty():
-                self._host_messages.get()
-            raise HostsUpdatedInterrupt(False)
+        """Raise HostsUpdatedInterrupt when a host update was recorded (``skip_sync`` when every
+        update only removed hosts: the survivors all hold the state just committed)."""
+        kinds = []
+        while not self._host_messages.empty():
+            kinds.append(self._host_messages.get()[1])
+        if kinds:
+            raise HostsUpdatedInterrupt(all(k == "removed" for k in kinds))
 
     def save(self) -> None:
         raise NotImplementedError
@@ -123,6 +126,9 @@ class _Handler:
         self.value = value
         self.save()
 
+    def reset(self) -> None:
+        """After the job re-formed (a new size): nothing to do for most values."""
+
 
 class _ModelHandler(_Handler):
     def restore(self) -> None:
@@ -145,6 +151,9 @@ class _OptimizerHandler(_Handler):
 
 
 class _SamplerHandler(_Handler):
+    def reset(self) -> None:
+        self.value.reset()  # re-split what is left of the epoch over the new ranks
+
     def sync(self) -> None:
         # Every rank processed different samples: rank 0 adopts their union, then broadcasts.
         processed: set[int] = set()
@@ -207,3 +216,7 @@ class TorchState(ObjectState):
         for handler in self._handlers.values():
             handler.sync()
         super().sync()
+
+    def reset(self) -> None:
+        for handler in self._handlers.values():
+            handler.reset()

@@ -1,0 +1,157 @@
+"""The elastic flags of accordrun, validated: ``--min-np``, ``--max-np``,
+``--host-discovery-script``, ``--slots-per-host``, ``--discovery-interval``,
+``--elastic-timeout``, ``--reset-limit``, ``--blacklist-cooldown-range`` (Horovod's horovodrun
+flags, same meanings; ``--discovery-interval`` is ours, Horovod polls every second).
+
+With a discovery script the hosts come from the script (``-H``/``--hostfile``/``--ips`` are
+refused, as in horovodrun): it is run once here, and a script that fails on this first run is a
+command-line error (exit 2), as Horovod fails at once on a first failure.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+
+from accord.errors import ConfigError, with_hint
+from accord.run.discovery import DiscoveryError, run_discovery
+from accord.run.hosts import HostSlots
+from accord.run.tuning import check_number
+
+DEFAULT_DISCOVERY_INTERVAL = 2.0
+DEFAULT_ELASTIC_TIMEOUT = 600.0  # Horovod's default
+
+
+@dataclass(frozen=True)
+class ElasticConfig:
+    """How an elastic job with host discovery grows, shrinks and gives up."""
+
+    discovery_script: str
+    slots_per_host: int | None = None
+    discovery_interval: float = DEFAULT_DISCOVERY_INTERVAL
+    elastic_timeout: float = DEFAULT_ELASTIC_TIMEOUT
+    elastic_timeout_given: bool = False  # then the workers wait as long when they regroup
+    reset_limit: int | None = None
+    cooldown_range: tuple[float, float] | None = None
+    max_np: int | None = None
+
+    @property
+    def script_timeout(self) -> float:
+        """How long one run of the script may take before it counts as hung."""
+        return max(2.0, 5 * self.discovery_interval)
+
+
+def add_arguments(g: argparse._ArgumentGroup) -> None:
+    """The elastic flags (the group "elastic" of accordrun's parser)."""
+    g.add_argument("--min-np", type=int, help="keep the job running while at least this many workers "
+                   "are alive: a worker that fails is left out and the others re-form without it "
+                   "(default with --host-discovery-script: -np)")
+    g.add_argument("--max-np", type=int, help="the most workers the job may have (at least -np; "
+                   "default: no limit)")
+    g.add_argument("--host-discovery-script", metavar="SCRIPT",
+                   help="elastic job: SCRIPT (run through the shell) prints the usable hosts, one "
+                        "'host:slots' or 'host' line each; run every --discovery-interval, the job "
+                        "grows onto new hosts and leaves hosts that disappear")
+    g.add_argument("--slots-per-host", type=int, help="slots of a host the script prints without ':slots'")
+    g.add_argument("--discovery-interval", type=float, metavar="SECONDS",
+                   help=f"seconds between runs of the discovery script (default {DEFAULT_DISCOVERY_INTERVAL:g})")
+    g.add_argument("--elastic-timeout", type=float, metavar="SECONDS",
+                   help=f"seconds the job may stay below --min-np (waiting for hosts) before it fails; "
+                        f"also how long workers wait for each other when they re-form "
+                        f"(default {DEFAULT_ELASTIC_TIMEOUT:g})")
+    g.add_argument("--reset-limit", type=int, help="fail the job after this many re-formations "
+                   "(hosts added, removed or failed; default: no limit)")
+    g.add_argument("--blacklist-cooldown-range", type=float, nargs=2, metavar=("MIN", "MAX"),
+                   help="a failing host is blacklisted for a random MIN..MAX seconds (doubled for "
+                        "each earlier failure, at most MAX), then may be used again (default: for good)")
+
+
+def elastic_from_args(ns: argparse.Namespace, cwd: str | None = None) -> ElasticConfig | None:
+    """The validated elastic settings, or None without --host-discovery-script.
+
+    Raises:
+        ConfigError: a discovery flag without the script, hosts given as well, a bad number.
+    """
+    script = ns.host_discovery_script
+    if script is None:
+        extra = [flag for flag, value in (("--slots-per-host", ns.slots_per_host),
+                                          ("--discovery-interval", ns.discovery_interval),
+                                          ("--reset-limit", ns.reset_limit),
+                                          ("--blacklist-cooldown-range", ns.blacklist_cooldown_range))
+                 if value is not None]
+        if extra:
+            raise ConfigError(with_hint(f"{', '.join(extra)} need --host-discovery-script",
+                                        "pass --host-discovery-script SCRIPT, or drop those flags"))
+        return None
+    if not script.strip():
+        raise ConfigError(with_hint("--host-discovery-script is empty", "pass the script's path"))
+    given = [flag for flag, value in (("-H/--hosts", ns.hosts), ("--hostfile", ns.hostfile),
+                                      ("--ips", ns.ips)) if value is not None]
+    if given:
+        raise ConfigError(with_hint(f"--host-discovery-script and {' and '.join(given)} both name hosts",
+                                    "with a discovery script the hosts come from the script: drop "
+                                    f"{' and '.join(given)}"))
+    if ns.slots_per_host is not None and ns.slots_per_host < 1:
+        raise ConfigError(with_hint(f"--slots-per-host must be at least 1, got {ns.slots_per_host}",
+                                    "pass --slots-per-host N with N >= 1"))
+    check_number(ns.discovery_interval, "--discovery-interval", ">0")
+    check_number(ns.elastic_timeout, "--elastic-timeout", ">0")
+    if ns.reset_limit is not None and ns.reset_limit < 0:
+        raise ConfigError(with_hint(f"--reset-limit must be >= 0, got {ns.reset_limit}",
+                                    "pass --reset-limit N, or leave it out for no limit"))
+    cooldown = None
+    if ns.blacklist_cooldown_range is not None:
+        low, high = ns.blacklist_cooldown_range
+        check_number(low, "--blacklist-cooldown-range MIN", ">=0")
+        check_number(high, "--blacklist-cooldown-range MAX", ">=0")
+        if high < low:
+            raise ConfigError(with_hint(f"--blacklist-cooldown-range {low:g} {high:g}: MAX is below MIN",
+                                        "pass MIN MAX with MIN <= MAX, e.g. 10 60"))
+        cooldown = (float(low), float(high))
+    return ElasticConfig(
+        discovery_script=script,
+        slots_per_host=ns.slots_per_host,
+        discovery_interval=ns.discovery_interval or DEFAULT_DISCOVERY_INTERVAL,
+        elastic_timeout=ns.elastic_timeout or DEFAULT_ELASTIC_TIMEOUT,
+        elastic_timeout_given=ns.elastic_timeout is not None,
+        reset_limit=ns.reset_limit,
+        cooldown_range=cooldown,
+        max_np=ns.max_np,
+    )
+
+
+def first_hosts(elastic: ElasticConfig, cwd: str | None = None) -> list[HostSlots]:
+    """Run the script once for the hosts to start on.
+
+    Raises:
+        ConfigError: the script fails, hangs or prints garbage, or prints no host.
+    """
+    try:
+        hosts = run_discovery(elastic.discovery_script, elastic.slots_per_host,
+                              elastic.script_timeout, cwd=cwd or os.getcwd())
+    except DiscoveryError as exc:
+        raise ConfigError(f"{exc} (on its first run, before anything was started)") from None
+    if not hosts:
+        raise ConfigError(with_hint(
+            f"host discovery script {elastic.discovery_script!r} printed no host on its first run",
+            "the script must print at least the hosts to start on, one 'host:slots' line each"))
+    return hosts
+
+
+def check_counts(num_proc: int, min_np: int | None, max_np: int | None, slots: int | None = None) -> None:
+    """--min-np <= -np <= --max-np, and (with discovery) -np within the first hosts' slots.
+
+    Raises:
+        ConfigError: with the numbers seen.
+    """
+    if min_np is not None and not 1 <= min_np <= num_proc:
+        raise ConfigError(with_hint(f"--min-np must be between 1 and -np ({num_proc}), got {min_np}",
+                                    f"pass --min-np 1..{num_proc}"))
+    if max_np is not None and max_np < max(num_proc, min_np or 0):
+        raise ConfigError(with_hint(f"--max-np {max_np} is below -np {num_proc}"
+                                    + (f" or --min-np {min_np}" if min_np else ""),
+                                    "pass --max-np of at least the number of workers started"))
+    if slots is not None and num_proc > slots:
+        raise ConfigError(with_hint(
+            f"-np {num_proc} is more than the {slots} slots the discovery script printed",
+            f"pass -np {slots} or less (the job grows when the script prints more hosts, up to --max-np)"))

@@ -1,0 +1,266 @@
+"""The launcher's side of an elastic job with host discovery (Horovod's elastic driver).
+
+While the job runs, :class:`ElasticDriver` runs the discovery script every
+``--discovery-interval`` (:mod:`accord.run.discovery`) and keeps the workers in line with the
+hosts it prints (:func:`accord.run.elastic_plan.plan_changes`):
+
+- **growth**: free slots on usable hosts get new workers (up to ``--max-np``). A new worker
+  starts with ``ACCORD_ELASTIC_JOIN=1``; its ``init()`` registers it in the store and tells the
+  running workers (:mod:`accord.runtime.admission`), who see ``HostsUpdatedInterrupt`` at their
+  next ``state.commit()`` and re-form with it (:mod:`accord.torch.elastic.reform`).
+- **shrink**: the workers of a host that disappeared are marked *leaving* in the store and the
+  workers told; at the re-formation the leaving ones exit with status 0. One that has not
+  ended after the grace period of ``_LEAVE_GRACE`` seconds is stopped (TERM, grace, KILL).
+- **failure**: a worker that exits non-zero gets its host blacklisted (:mod:`accord.run.blacklist`,
+  ``--blacklist-cooldown-range``) and is marked dead in the store, so the survivors re-form
+  without waiting for its heartbeat to stop. The job goes on while ``--min-np`` workers remain;
+  below that it waits up to ``--elastic-timeout`` for discovery to bring hosts, then fails.
+
+A discovery script that fails, hangs or prints garbage is warned about (naming the script and
+what it did) and the job keeps its hosts. ``--reset-limit`` caps the number of changes.
+The job ends when every worker has ended: successfully when one finished its training (exit 0
+without being asked to leave); workers still waiting to be admitted then are stopped.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from accord.errors import LaunchError, with_hint
+from accord.run.blacklist import Blacklist
+from accord.run.discovery import DiscoveryPoller, run_discovery
+from accord.run.elastic_config import ElasticConfig
+from accord.run.elastic_plan import plan_changes, usable_hosts
+from accord.run.failures import describe_returncode
+from accord.run.hosts import HostSlots
+from accord.run.supervisor import Member, Supervisor
+from accord.worker_contract import (ELASTIC_DEAD_KEY, ELASTIC_LATEST_KEY, ELASTIC_LEAVING_KEY,
+                                    ELASTIC_MEMBERS_KEY, ELASTIC_UPDATE_KEY, ELASTIC_UPDATES_KEY)
+
+_LEAVE_GRACE = 30.0  # seconds a leaving worker has to reach its next commit and exit
+_WARN_EVERY = 30.0  # the same discovery error is repeated at most this often
+
+
+@dataclass
+class Worker:
+    """One worker of the elastic job, by member id."""
+
+    member: Member
+    joining: bool  # started after the job began: admitted at a re-formation
+    leaving_since: float | None = None  # when the launcher asked it to leave
+    killed: bool = False
+
+
+@dataclass
+class Outcome:
+    """How the job ended: ``failures`` (the root cause first) or ``error`` make it fail."""
+
+    succeeded: list[int] = field(default_factory=list)
+    lost: list[Any] = field(default_factory=list)  # Failure of workers the job went on without
+    removed: list[int] = field(default_factory=list)
+    failures: list[Any] = field(default_factory=list)
+    error: str | None = None
+
+
+class ElasticDriver:
+    """Watches an elastic job (see the module docstring).
+
+    Args:
+        start_worker: ``start_worker(member_id, host, joining)`` starts one worker and returns
+            its supervisor member; raises LaunchError when it cannot.
+        failure: turns an ended member into a :class:`~accord.run.failures.Failure`.
+        store: a connection to the job's store (``set``/``add``/``get``/``check``).
+    """
+
+    def __init__(self, cfg: Any, elastic: ElasticConfig, supervisor: Supervisor, store: Any,
+                 start_worker: Callable[[int, str, bool], Member], failure: Callable[[Member], Any],
+                 say: Callable[[str], None], clock: Callable[[], float] = time.monotonic) -> None:
+        self.cfg = cfg
+        self.elastic = elastic
+        self.supervisor = supervisor
+        self.store = store
+        self._start_worker = start_worker
+        self._failure = failure
+        self._say = say
+        self._clock = clock
+        self.blacklist = Blacklist(elastic.cooldown_range)
+        self.discovered: list[HostSlots] = list(cfg.hosts)
+        self.workers: dict[int, Worker] = {}
+        self.next_id = 0
+        self.resets = 0
+        self.outcome = Outcome()
+        self._finishing = False
+        self._below_since: float | None = None
+        self._warned: dict[str, float] = {}
+        self._poller = DiscoveryPoller(
+            lambda: run_discovery(elastic.discovery_script, elastic.slots_per_host,
+                                  elastic.script_timeout, cwd=cfg.cwd),
+            elastic.discovery_interval)
+
+    # --- start ----------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the first workers (ranks of ``cfg.slots``) and the discovery thread."""
+        for slot in self.cfg.slots:
+            self._add(slot.hostname, joining=False)
+        self._poller.start()
+
+    def close(self) -> None:
+        """Stop the discovery thread."""
+        self._poller.stop()
+
+    def _add(self, host: str, joining: bool) -> None:
+        member_id = self.next_id
+        self.next_id += 1
+        member = self._start_worker(member_id, host, joining)
+        self.workers[member_id] = Worker(member, joining)
+
+    # --- one turn of the watch loop -------------------------------------------------------------
+    def poll(self) -> bool:
+        """Reap, rediscover, re-plan; return True when the job is over (see :attr:`outcome`)."""
+        now = self._clock()
+        for m in self.supervisor.reap():
+            if m.kind == "worker":
+                self._ended(self.workers[m.index], now)
+        if self.outcome.failures or self.outcome.error:
+            return True
+        for result in self._poller.results():
+            if result.error is not None:
+                self._warn_discovery(str(result.error), now)
+            else:
+                self.discovered = result.hosts or []
+        if not self._finishing:
+            self._replan(now)
+        self._stop_overdue(now)
+        if self._check_limits(now):
+            return True
+        running = [w for w in self.workers.values() if w.member.returncode is None]
+        if not running:
+            if not self.outcome.succeeded and not self.outcome.error:
+                self.outcome.failures = list(self.outcome.lost)
+                self.outcome.lost = []
+            return True
+        if self._finishing and all(w.joining and not self._admitted(i) for i, w in self._running()):
+            for _, w in self._running():  # nobody is left to admit them
+                self.supervisor.ask_to_stop(w.member)
+                w.leaving_since = now
+        return False
+
+    def _running(self) -> list[tuple[int, Worker]]:
+        return [(i, w) for i, w in self.workers.items() if w.member.returncode is None]
+
+    def _ended(self, w: Worker, now: float) -> None:
+        m = w.member
+        self._store_set(ELASTIC_DEAD_KEY.format(member=m.index), "1")
+        if w.leaving_since is not None:
+            self.outcome.removed.append(m.index)
+            return
+        if m.returncode == 0:
+            self.outcome.succeeded.append(m.index)
+            self._finishing = True  # training is over: no more workers
+            return
+        failure = self._failure(m)
+        until = self.blacklist.add(m.host, now)
+        self.resets += 1
+        alive = len([1 for _, x in self._running() if x.leaving_since is None])
+        self._say(f"elastic: worker {m.index} on {m.host} ended ({describe_returncode(m.returncode)}); "
+                  f"blacklisting {m.host} " + ("for the rest of the job" if until is None else
+                                                 f"for {until - now:.0f}s")
+                  + f"; {alive} workers remain (--min-np {self.cfg.min_np})")
+        self.outcome.lost.append(failure)
+
+    def _warn_discovery(self, text: str, now: float) -> None:
+        if now - self._warned.get(text, -_WARN_EVERY) >= _WARN_EVERY:
+            self._warned[text] = now
+            self._say(f"warning: {text}; keeping the current hosts "
+                      f"({', '.join(f'{h.hostname}:{h.slots}' for h in self.discovered) or 'none'})")
+
+    def _replan(self, now: float) -> None:
+        usable = usable_hosts(self.discovered, self.blacklist.blocked(now))
+        active = [(i, w.member.host) for i, w in self._running() if w.leaving_since is None]
+        plan = plan_changes(usable, active, self.elastic.max_np)
+        if plan.empty:
+            return
+        self.resets += 1
+        if plan.remove:
+            self._say(f"elastic: hosts left the job: stopping workers {plan.remove} on "
+                      f"{sorted({self.workers[i].member.host for i in plan.remove})}")
+            for i in plan.remove:
+                self.workers[i].leaving_since = now
+                self._store_set(ELASTIC_LEAVING_KEY.format(member=i), "1")
+            self._notify("removed")
+        for host in plan.start:
+            try:
+                self._add(host, joining=True)
+            except LaunchError as exc:
+                until = self.blacklist.add(host, now)
+                self._say(f"warning: could not start a worker on {host}: {exc}; blacklisting it"
+                          + ("" if until is None else f" for {until - now:.0f}s"))
+                continue
+            self._say(f"elastic: started worker {self.next_id - 1} on {host}")
+
+    def _notify(self, kind: str) -> None:
+        """Tell the running workers that hosts changed (they look at their next commit)."""
+        try:
+            n = int(self.store.add(ELASTIC_UPDATES_KEY, 1))
+            self.store.set(ELASTIC_UPDATE_KEY.format(n=n), kind)
+        except Exception as exc:  # the store is in this process: only a bug gets here
+            self._say(f"warning: could not tell the workers about the host change: {exc}")
+
+    def _stop_overdue(self, now: float) -> None:
+        for _, w in self._running():
+            if w.leaving_since is None:
+                continue
+            if not w.member.stopped and now - w.leaving_since > _LEAVE_GRACE:
+                self._say(f"elastic: worker {w.member.index} did not leave within {_LEAVE_GRACE:g}s; stopping it")
+                self.supervisor.ask_to_stop(w.member)
+            elif w.member.stopped and not w.killed and now - w.leaving_since > _LEAVE_GRACE + self.supervisor.grace + 10:
+                w.killed = True
+                self.supervisor.kill_one(w.member)
+
+    def _check_limits(self, now: float) -> bool:
+        limit = self.elastic.reset_limit
+        if limit is not None and self.resets > limit:
+            self.outcome.error = with_hint(
+                f"error: the job changed its workers {self.resets} times, more than --reset-limit {limit}",
+                "raise --reset-limit, or look at why hosts keep changing or failing")
+            return True
+        alive = len([1 for _, w in self._running() if w.leaving_since is None])
+        min_np = self.cfg.min_np or 1
+        if alive >= min_np or self._finishing:
+            self._below_since = None
+            return False
+        if self._below_since is None:
+            self._below_since = now
+            self._say(f"elastic: {alive} workers, below --min-np {min_np}; waiting up to "
+                      f"--elastic-timeout {self.elastic.elastic_timeout:g}s for hosts")
+        elif now - self._below_since > self.elastic.elastic_timeout:
+            hosts = ", ".join(f"{h.hostname}:{h.slots}" for h in self.discovered) or "none"
+            blocked = sorted(self.blacklist.blocked(now))
+            self.outcome.error = with_hint(
+                f"error: the job stayed below --min-np {min_np} ({alive} workers) for "
+                f"--elastic-timeout {self.elastic.elastic_timeout:g}s; discovered hosts: {hosts}; "
+                f"blacklisted: {blocked or 'none'}",
+                f"make {self.elastic.discovery_script!r} print more hosts, lower --min-np, or "
+                "raise --elastic-timeout")
+            return True
+        return False
+
+    # --- the store ------------------------------------------------------------------------------
+    def _store_set(self, key: str, value: str) -> None:
+        try:
+            self.store.set(key, value)
+        except Exception as exc:
+            self._say(f"warning: could not write {key} to the job's store: {exc}")
+
+    def _admitted(self, member_id: int) -> bool:
+        """True when the last re-formation took this member in."""
+        try:
+            if not self.store.check([ELASTIC_LATEST_KEY]):
+                return False
+            epoch = int(self.store.add(ELASTIC_LATEST_KEY, 0))
+            record = json.loads(self.store.get(ELASTIC_MEMBERS_KEY.format(epoch=epoch), timeout=5.0))
+        except Exception:
+            return False
+        return member_id in record.get("members", [])

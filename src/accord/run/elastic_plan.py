@@ -1,0 +1,62 @@
+"""The elastic driver's decisions, pure: which workers to start and which to stop when the set
+of usable hosts changes (:func:`plan_changes`).
+
+Hosts keep the order in which they first appeared (older hosts first, as Horovod orders them),
+so the oldest workers keep the lowest ranks. A host that disappeared, or was blacklisted, loses
+all its workers; a host whose slot count dropped loses its newest workers; free slots are filled
+host by host, in that order, up to ``--max-np``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from accord.run.hosts import HostSlots
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to change: ``start`` = one host name per worker to start; ``remove`` = worker ids."""
+
+    start: list[str] = field(default_factory=list)
+    remove: list[int] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        """True when nothing changes."""
+        return not self.start and not self.remove
+
+
+def usable_hosts(discovered: Sequence[HostSlots], blocked: set[str]) -> list[HostSlots]:
+    """The discovered hosts that are not blacklisted, in discovery order."""
+    return [h for h in discovered if h.hostname not in blocked]
+
+
+def plan_changes(usable: Sequence[HostSlots], workers: Sequence[tuple[int, str]],
+                 max_np: int | None) -> Plan:
+    """Decide the workers to stop and to start.
+
+    Args:
+        usable: the hosts the job may use now (discovered, not blacklisted), in host order.
+        workers: ``(id, host)`` of every running worker that is not already leaving; ids grow
+            with start order.
+        max_np: the most workers the job may have (None: no limit).
+
+    Example: usable ``h1:2,h2:2``, workers ``[(0, "h1"), (1, "h1")]``, max 3 -> start ``["h2"]``.
+    """
+    slots = {h.hostname: h.slots for h in usable}
+    remove: list[int] = []
+    per_host: dict[str, list[int]] = {}
+    for wid, host in sorted(workers):
+        per_host.setdefault(host, []).append(wid)
+    for host, ids in per_host.items():
+        keep = slots.get(host, 0)
+        remove.extend(ids[keep:])  # the newest beyond the host's slots (all of a gone host's)
+    remaining = len(workers) - len(remove)
+    room = (max_np - remaining) if max_np is not None else sum(slots.values())
+    start: list[str] = []
+    for host in usable:
+        free = host.slots - min(len(per_host.get(host.hostname, [])), host.slots)
+        take = max(0, min(free, room - len(start)))
+        start.extend([host.hostname] * take)
+    return Plan(start=start, remove=sorted(remove))

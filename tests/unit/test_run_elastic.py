@@ -1,0 +1,330 @@
+"""The pure parts of elastic jobs with host discovery: the script's output, running the script
+(fails, hangs, garbage), the blacklist and its cooldown, the plan of workers to start and stop,
+the flags, and the driver's decisions (with a fake supervisor, store and clock)."""
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+
+import pytest
+
+from accord.errors import ConfigError
+from accord.run import elastic_driver
+from accord.run.blacklist import Blacklist
+from accord.run.cli import build_parser
+from accord.run.discovery import DiscoveryError, DiscoveryResult, parse_discovery_output, run_discovery
+from accord.run.elastic_config import ElasticConfig
+from accord.run.elastic_plan import Plan, plan_changes, usable_hosts
+from accord.run.hosts import HostSlots
+from accord.run.launch_config import config_from_args
+from accord.worker_contract import (ELASTIC_DEAD_KEY, ELASTIC_LEAVING_KEY, ELASTIC_UPDATE_KEY,
+                                    ELASTIC_UPDATES_KEY)
+
+pytestmark = pytest.mark.timeout(30)
+
+
+# --- the script's output ---------------------------------------------------------------------------
+
+def test_output_lines_with_and_without_slots():
+    text = "h1:2\n\n# a comment\nh2   # bare: --slots-per-host\n10.0.0.7:4\nh1:3\n"
+    assert parse_discovery_output(text, 5, "d.sh") == [
+        HostSlots("h1", 3), HostSlots("h2", 5), HostSlots("10.0.0.7", 4)]  # h1 named twice: last count
+    assert parse_discovery_output("", None, "d.sh") == []
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("h1:x\n", "line 1 'h1:x': slots must be a positive integer"),
+    ("h1:2\nh2:0\n", "line 2 'h2:0': slots must be a positive integer"),
+    ("bad host!\n", "not a host name"),
+    (":3\n", "not a host name"),
+    ("h1:2:3\n", "slots must be a positive integer"),
+])
+def test_garbage_names_the_script_and_the_line(text, fragment):
+    with pytest.raises(DiscoveryError) as info:
+        parse_discovery_output(text, 1, "./discover.sh")
+    assert "host discovery script './discover.sh' printed" in str(info.value)
+    assert fragment in str(info.value) and "HINT:" in str(info.value)
+
+
+def test_bare_host_needs_slots_per_host():
+    with pytest.raises(DiscoveryError, match="(?s)without a slot count.*--slots-per-host"):
+        parse_discovery_output("h1\n", None, "d.sh")
+
+
+def test_running_the_script(tmp_path):
+    script = tmp_path / "d.sh"
+    script.write_text("#!/bin/sh\necho h1:2\necho h2\n")
+    script.chmod(0o755)
+    assert run_discovery(str(script), 3, timeout=10) == [HostSlots("h1", 2), HostSlots("h2", 3)]
+    assert run_discovery("printf 'h5:1\\n'", None, timeout=10) == [HostSlots("h5", 1)]  # a shell command
+
+
+def test_failing_script_says_exit_code_and_stderr():
+    with pytest.raises(DiscoveryError) as info:
+        run_discovery("echo no inventory >&2; exit 3", None, timeout=10)
+    assert "failed with exit code 3: no inventory" in str(info.value)
+
+
+def test_hanging_script_is_killed_at_its_timeout():
+    started = time.monotonic()
+    with pytest.raises(DiscoveryError, match="did not finish within 0.5s"):
+        run_discovery("sleep 30", None, timeout=0.5)
+    assert time.monotonic() - started < 10
+
+
+# --- blacklist -------------------------------------------------------------------------------------
+
+def test_blacklist_without_cooldown_is_for_good():
+    bl = Blacklist()
+    assert bl.add("h3", now=100.0) is None
+    assert bl.is_blocked("h3", 1e9) and not bl.is_blocked("h1", 100.0)
+    assert bl.blocked(5e8) == {"h3"}
+
+
+def test_blacklist_cooldown_is_drawn_in_range_doubles_and_caps():
+    bl = Blacklist((10.0, 40.0), rng=random.Random(7))
+    first_draw = random.Random(7).uniform(10.0, 40.0)
+    until = bl.add("h3", now=0.0)
+    assert until == pytest.approx(first_draw)
+    assert bl.is_blocked("h3", until - 0.01) and not bl.is_blocked("h3", until + 0.01)
+    second_draw = random.Random(7)
+    second_draw.uniform(10.0, 40.0)
+    expected = min(40.0, second_draw.uniform(10.0, 40.0) * 2)
+    assert bl.add("h3", now=100.0) == pytest.approx(100.0 + expected)
+    for _ in range(5):
+        assert bl.add("h3", now=200.0) <= 240.0  # never beyond MAX
+    assert bl.failures("h3") == 7
+
+
+# --- the plan --------------------------------------------------------------------------------------
+
+def test_plan_grows_onto_new_hosts_up_to_max_np():
+    usable = [HostSlots("h1", 2), HostSlots("h2", 2), HostSlots("h3", 2)]
+    workers = [(0, "h1"), (1, "h1")]
+    assert plan_changes(usable, workers, max_np=None) == Plan(start=["h2", "h2", "h3", "h3"])
+    assert plan_changes(usable, workers, max_np=3) == Plan(start=["h2"])
+    assert plan_changes(usable, workers, max_np=2).empty
+
+
+def test_plan_removes_a_gone_host_and_the_newest_beyond_slots():
+    workers = [(0, "h1"), (1, "h1"), (2, "h2"), (3, "h2"), (4, "h1")]
+    assert plan_changes([HostSlots("h1", 3)], workers, None) == Plan(remove=[2, 3])
+    assert plan_changes([HostSlots("h1", 1), HostSlots("h2", 2)], workers, None) == Plan(remove=[1, 4])
+
+
+def test_plan_skips_blacklisted_hosts():
+    usable = usable_hosts([HostSlots("h1", 2), HostSlots("h3", 1)], blocked={"h3"})
+    assert usable == [HostSlots("h1", 2)]
+    assert plan_changes(usable, [(0, "h1"), (5, "h3")], None) == Plan(start=["h1"], remove=[5])
+
+
+# --- flags -----------------------------------------------------------------------------------------
+
+def _cfg(argv, tmp_path):
+    return config_from_args(build_parser().parse_args(argv), {"PATH": "/usr/bin:/bin"}, cwd=str(tmp_path))
+
+
+def test_flags_with_a_discovery_script(tmp_path):
+    cfg = _cfg(["--host-discovery-script", "echo h1:2; echo h2:2", "--max-np", "6",
+                "--discovery-interval", "0.5", "--reset-limit", "3",
+                "--blacklist-cooldown-range", "5", "20", "python3", "t.py"], tmp_path)
+    assert cfg.num_proc == 4 and cfg.min_np == 4  # -np: the first hosts' slots; --min-np: -np
+    assert [(s.rank, s.hostname) for s in cfg.slots] == [(0, "h1"), (1, "h1"), (2, "h2"), (3, "h2")]
+    e = cfg.elastic
+    assert (e.max_np, e.discovery_interval, e.reset_limit, e.cooldown_range) == (6, 0.5, 3, (5.0, 20.0))
+    assert not e.elastic_timeout_given and e.elastic_timeout == 600
+    cfg = _cfg(["-np", "2", "--min-np", "1", "--host-discovery-script", "echo h1:4",
+                "--elastic-timeout", "30", "python3", "t.py"], tmp_path)
+    assert (cfg.num_proc, cfg.min_np, cfg.elastic.elastic_timeout_given) == (2, 1, True)
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--slots-per-host", "2"], "--slots-per-host need --host-discovery-script"),
+    (["--host-discovery-script", "echo h1:2", "-H", "h1:2"], "both name hosts"),
+    (["--host-discovery-script", "exit 4"], "failed with exit code 4"),
+    (["--host-discovery-script", "echo 'h1:??'"], "slots must be a positive integer"),
+    (["--host-discovery-script", "true"], "printed no host on its first run"),
+    (["--host-discovery-script", "echo h1:2", "--blacklist-cooldown-range", "9", "3"], "MAX is below MIN"),
+    (["--host-discovery-script", "echo h1:2", "--discovery-interval", "0"], "--discovery-interval must be > 0"),
+    (["--host-discovery-script", "echo h1:2", "--min-np", "3"], "--min-np must be between 1 and -np (2)"),
+])
+def test_bad_elastic_flags(argv, fragment, tmp_path):
+    with pytest.raises(ConfigError) as info:
+        _cfg(argv + ["python3", "t.py"], tmp_path)
+    assert fragment in str(info.value) and "HINT:" in str(info.value)
+
+
+# --- the driver's decisions ------------------------------------------------------------------------
+
+@dataclass(eq=False)
+class FakeMember:
+    index: int
+    host: str
+    returncode: int | None = None
+    stopped: bool = False
+    kind: str = "worker"
+
+
+class FakeSupervisor:
+    grace = 1.0
+
+    def __init__(self):
+        self.ended: list[FakeMember] = []
+        self.asked: list[int] = []
+
+    def reap(self):
+        out, self.ended = self.ended, []
+        return out
+
+    def ask_to_stop(self, m):
+        m.stopped = True
+        self.asked.append(m.index)
+
+    def kill_one(self, m):
+        pass
+
+
+class FakeStore(dict):
+    def set(self, key, value):
+        self[key] = value
+
+    def add(self, key, delta):
+        self[key] = int(self.get(key, 0)) + delta
+        return self[key]
+
+    def check(self, keys):
+        return all(k in self for k in keys)
+
+
+class FakePoller:
+    def __init__(self):
+        self.queue = []
+
+    def start(self):
+        return self
+
+    def stop(self):
+        pass
+
+    def results(self):
+        out, self.queue = self.queue, []
+        return out
+
+
+def _driver(tmp_path, hosts="echo h1:2", min_np=2, **elastic):
+    cfg = _cfg(["--host-discovery-script", hosts, "--min-np", str(min_np), "python3", "t.py"], tmp_path)
+    clock = [0.0]
+    said: list[str] = []
+    started: list[tuple[int, str, bool]] = []
+    sup, store = FakeSupervisor(), FakeStore()
+    members: dict[int, FakeMember] = {}
+
+    def start(i, host, joining):
+        started.append((i, host, joining))
+        members[i] = FakeMember(i, host)
+        return members[i]
+
+    settings = ElasticConfig(cfg.elastic.discovery_script, **elastic)
+    driver = elastic_driver.ElasticDriver(cfg, settings, sup, store, start, lambda m: ("failure", m.index),
+                                          said.append, clock=lambda: clock[0])
+    driver._poller = FakePoller()
+    driver.start()
+    return driver, sup, store, members, started, said, clock
+
+
+def _discover(driver, clock, text=None, error=None):
+    hosts = None if text is None else parse_discovery_output(text, None, "d.sh")
+    driver._poller.queue.append(DiscoveryResult(hosts, None if error is None else DiscoveryError(error), clock[0]))
+
+
+def test_driver_grows_and_shrinks_with_the_hosts(tmp_path):
+    driver, sup, store, members, started, said, clock = _driver(tmp_path, max_np=3)
+    assert started == [(0, "h1", False), (1, "h1", False)]
+    _discover(driver, clock, "h1:2\nh2:2\n")
+    assert not driver.poll()
+    assert started[2:] == [(2, "h2", True)]  # --max-np 3
+    _discover(driver, clock, "h1:2\n")  # h2 gone: its worker is asked to leave, the others told
+    clock[0] = 5.0
+    assert not driver.poll()
+    assert store[ELASTIC_LEAVING_KEY.format(member=2)] == "1"
+    n = store[ELASTIC_UPDATES_KEY]
+    assert store[ELASTIC_UPDATE_KEY.format(n=n)] == "removed"
+    members[2].returncode = 0  # it left at the next commit
+    sup.ended.append(members[2])
+    assert not driver.poll()
+    assert driver.outcome.removed == [2] and not driver.outcome.succeeded
+    clock[0] = 100.0  # a leaving worker that does not leave is stopped after the grace period
+    _discover(driver, clock, "h1:1\n")
+    driver.poll()
+    clock[0] = 140.0
+    driver.poll()
+    assert sup.asked == [1]
+
+
+def test_driver_blacklists_a_failing_host_and_keeps_min_np(tmp_path):
+    """A failure blacklists its host (every worker there leaves, as in Horovod)."""
+    driver, sup, store, members, started, said, clock = _driver(tmp_path, hosts="echo h1:2; echo h3:1", min_np=2)
+    members[2].returncode = 137
+    sup.ended.append(members[2])
+    assert not driver.poll()
+    assert driver.outcome.lost == [("failure", 2)]
+    assert store[ELASTIC_DEAD_KEY.format(member=2)] == "1"
+    assert driver.blacklist.is_blocked("h3", 1e9)
+    assert any("worker 2 on h3 ended" in s and "blacklisting h3 for the rest of the job" in s for s in said)
+    _discover(driver, clock, "h1:2\nh3:1\n")  # h3 still printed: blacklisted, not used
+    assert not driver.poll() and len(started) == 3
+    for i in (0, 1):
+        members[i].returncode = 0
+        sup.ended.append(members[i])
+    assert driver.poll()
+    assert driver.outcome.succeeded == [0, 1] and not driver.outcome.failures
+
+
+def test_driver_waits_below_min_np_then_fails_after_the_elastic_timeout(tmp_path):
+    driver, sup, store, members, started, said, clock = _driver(tmp_path, hosts="echo h1:1; echo h2:1",
+                                                                elastic_timeout=30.0)
+    members[1].returncode = 1
+    sup.ended.append(members[1])
+    assert not driver.poll()
+    assert any("below --min-np 2; waiting up to --elastic-timeout 30s" in s for s in said)
+    clock[0] = 29.0
+    assert not driver.poll()
+    clock[0] = 31.0
+    assert driver.poll()
+    assert "stayed below --min-np 2 (1 workers) for --elastic-timeout 30s" in driver.outcome.error
+    assert "blacklisted: ['h2']" in driver.outcome.error and "HINT:" in driver.outcome.error
+
+
+def test_driver_recovers_when_a_host_comes_in_time(tmp_path):
+    driver, sup, store, members, started, said, clock = _driver(
+        tmp_path, hosts="echo h1:1; echo h2:1", elastic_timeout=30.0, cooldown_range=(1.0, 1.0))
+    members[1].returncode = 1
+    sup.ended.append(members[1])
+    driver.poll()
+    assert len(started) == 2  # h2 is blacklisted for 1 s
+    clock[0] = 2.0  # h2's cooldown is over: it gets a worker again
+    _discover(driver, clock, "h1:1\nh2:1\n")
+    driver.poll()
+    assert started[-1] == (2, "h2", True)
+    clock[0] = 40.0
+    assert not driver.poll() and driver.outcome.error is None
+
+
+def test_bad_discovery_is_warned_once_and_the_hosts_kept(tmp_path):
+    driver, sup, store, members, started, said, clock = _driver(tmp_path)
+    for _ in range(3):
+        _discover(driver, clock, error="host discovery script 'd.sh' failed with exit code 1")
+        assert not driver.poll()
+    warnings = [s for s in said if "failed with exit code 1" in s]
+    assert len(warnings) == 1 and "keeping the current hosts (h1:2)" in warnings[0]
+    assert len(started) == 2 and not sup.asked
+
+
+def test_reset_limit(tmp_path):
+    driver, sup, store, members, started, said, clock = _driver(tmp_path, reset_limit=1)
+    _discover(driver, clock, "h1:2\nh2:1\n")
+    assert not driver.poll()  # one change: within the limit
+    _discover(driver, clock, "h1:2\n")
+    assert driver.poll()
+    assert "changed its workers 2 times, more than --reset-limit 1" in driver.outcome.error
