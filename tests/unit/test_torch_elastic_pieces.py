@@ -80,3 +80,32 @@ def test_torch_state_saves_model_and_optimizer(monkeypatch, tmp_path):
     assert torch.equal(model.weight, before) and state.epoch == 0
     assert model.weight.grad is None  # the aborted step's gradients are dropped
     assert opt.state_dict()["state"] == {}
+
+
+def test_sampler_records_the_whole_jobs_batch(monkeypatch):
+    """record_batch marks every rank's share of the batch, so a rank that dies after a commit
+    takes no processed samples with it."""
+    monkeypatch.setattr(gateway, "is_initialized", lambda: True)
+    monkeypatch.setattr(gateway, "size", lambda: 3)
+    monkeypatch.setattr(gateway, "rank", lambda: 1)
+    sampler = hvd.elastic.ElasticSampler(list(range(10)), shuffle=False)  # 4 each, 2 padded
+    mine = list(sampler)
+    assert mine == [1, 4, 7, 0]
+    sampler.record_batch(0, 2)  # rank 0: [0, 3], rank 1: [1, 4], rank 2: [2, 5]
+    assert sampler.processed_indices == {0, 1, 2, 3, 4, 5}
+    sampler.record_batch(1, 2)  # rank 0: [6, 9], rank 1: [7, 0], rank 2: [8, 1] (padding)
+    assert sampler.processed_indices == set(range(10))
+
+
+def test_host_updates_interrupt_at_the_next_commit_skip_sync_only_for_removals():
+    state = hvd.elastic.ObjectState(lambda obj: obj, lambda: 0, epoch=1)
+    state.on_hosts_updated(1.0, "removed")
+    with pytest.raises(hvd.elastic.HostsUpdatedInterrupt) as info:
+        state.commit()
+    assert info.value.skip_sync
+    state.commit()  # handled: no second interrupt
+    state.on_hosts_updated(2.0, "removed")
+    state.on_hosts_updated(3.0, "added")
+    with pytest.raises(hvd.elastic.HostsUpdatedInterrupt) as info:
+        state.check_host_updates()
+    assert not info.value.skip_sync

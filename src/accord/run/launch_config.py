@@ -67,8 +67,9 @@ class LaunchConfig:
 
     @property
     def remote(self) -> bool:
-        """True when some worker or server runs on another host (through ssh)."""
-        return any(not is_local(h) for h in self.job_hosts)
+        """True when some worker or server runs (or, with host discovery, may later run) on
+        another host (through ssh): the store then listens beyond loopback."""
+        return self.elastic is not None or any(not is_local(h) for h in self.job_hosts)
 
     @property
     def job_hosts(self) -> tuple[str, ...]:

@@ -71,7 +71,12 @@ def _advertised_address(cfg: LaunchConfig) -> str:
         return "127.0.0.1"
     if cfg.interface_ip:
         return cfg.interface_ip
-    remote = next(h for h in cfg.job_hosts if not is_local(h))
+    remote = next((h for h in cfg.job_hosts if not is_local(h)), None)
+    if remote is None:  # an elastic job on this host only, so far: the address of our name
+        try:
+            return socket.gethostbyname(socket.gethostname())
+        except OSError:
+            return socket.gethostname()
     try:  # the source address of the route towards a remote host; UDP connect sends nothing
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
             sock.connect((remote, 9))

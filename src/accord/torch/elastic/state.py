@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import torch
 
-from accord.torch import functions
+from accord.torch import functions, gateway
 from accord.torch.gateway import rank
 from accord.torch.elastic.sampler import ElasticSampler
 
@@ -38,6 +38,7 @@ class State:
         self._bcast_object = bcast_object
         self._rank = get_rank
         self._host_messages: queue.Queue = queue.Queue()
+        self._pending: list[Any] = []  # host updates not acted on yet
         self._reset_callbacks: list[Callable[[], None]] = []
 
     def register_reset_callbacks(self, callbacks: list[Callable[[], None]]) -> None:
@@ -47,6 +48,7 @@ class State:
     def on_reset(self) -> None:
         """Run after the ranks re-formed: reset hook, then the registered callbacks."""
         self._host_messages = queue.Queue()
+        self._pending = []
         self.reset()
         for callback in self._reset_callbacks:
             callback()
@@ -63,11 +65,18 @@ class State:
 
     def check_host_updates(self) -> None:
         """Raise HostsUpdatedInterrupt when a host update was recorded (``skip_sync`` when every
-        update only removed hosts: the survivors all hold the state just committed)."""
-        kinds = []
+        update only removed hosts: the survivors all hold the state just committed).
+
+        Ranks learn of an update at slightly different times, so rank 0's view decides, for
+        every rank at the same commit (one small broadcast per commit, as in Horovod).
+        """
         while not self._host_messages.empty():
-            kinds.append(self._host_messages.get()[1])
+            self._pending.append(self._host_messages.get()[1])
+        kinds = self._pending
+        if gateway.is_initialized() and gateway.size() > 1:
+            kinds = self._bcast_object(self._pending if self._rank() == 0 else None)
         if kinds:
+            self._pending = []
             raise HostsUpdatedInterrupt(all(k == "removed" for k in kinds))
 
     def save(self) -> None:

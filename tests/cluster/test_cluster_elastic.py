@@ -1,0 +1,111 @@
+"""Elastic training across simulated hosts: accordrun --host-discovery-script grows the job onto
+a host that appears, lets a removed host's workers leave, and re-forms without a worker that is
+killed (its host blacklisted). The job's own logs (scripts/elastic_job.py) are checked by
+elastic_check.py: the world size after each event, identical weights on every rank, every
+sample once per epoch, and final weights equal to a one-process replay of the same steps.
+
+One job goes through every event (sharing the session's cluster, plus h3): h1 x 2, + h2 x 2,
+- h2, + h3 x 1, h3's worker killed."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from elastic_check import (check_same_weights, check_samples, committed, first_step_after, load,
+                           replay, size_changes)
+from helpers.cluster_jobs import PYTHON, script, start_accordrun
+
+pytestmark = pytest.mark.timeout(420)
+
+
+def _steps_at(log_dir: Path, size: int, since: float) -> int:
+    """How many steps the job committed at world size ``size`` after ``since``."""
+    try:
+        return len({h["gstep"] for h in committed(load(log_dir)) if h["size"] == size and h["t"] > since})
+    except (AssertionError, json.JSONDecodeError):  # a line being written, or a step not logged yet
+        return 0
+
+
+def _wait_steps(proc: subprocess.Popen, log_dir: Path, size: int, since: float, count: int = 3,
+                timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while _steps_at(log_dir, size, since) < count:
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            pytest.fail(f"the job ended ({proc.returncode}) while waiting for size {size}:\n{out[-3000:]}\n{err[-5000:]}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            out, err = proc.communicate()
+            pytest.fail(f"no {count} steps at size {size} within {timeout}s:\n{err[-5000:]}")
+        time.sleep(0.2)
+
+
+def _set_hosts(log_dir: Path, text: str) -> float:
+    tmp = log_dir / "hosts.tmp"
+    tmp.write_text(text)
+    os.replace(tmp, log_dir / "hosts")  # the script never sees a half-written file
+    return time.time()
+
+
+def test_hosts_join_leave_and_fail_while_training(cluster, shared_dir):
+    if "h3" not in cluster.hosts:
+        cluster.add_host("h3")  # stays for later tests of the session; they name their hosts
+    log_dir = shared_dir
+    _set_hosts(log_dir, "h1:2\n")
+    proc = start_accordrun(cluster, "--host-discovery-script", f"cat {log_dir}/hosts",
+                           "--discovery-interval", "0.5", "--min-np", "2", "--max-np", "6",
+                           "--grace-period", "2", PYTHON, script("elastic_job.py"), str(log_dir))
+    timings = {}
+    try:
+        _wait_steps(proc, log_dir, 2, 0.0)
+        added = _set_hosts(log_dir, "h1:2\nh2:2\n")  # growth
+        _wait_steps(proc, log_dir, 4, added)
+        removed = _set_hosts(log_dir, "h1:2\n")  # shrink
+        _wait_steps(proc, log_dir, 2, removed)
+        third = _set_hosts(log_dir, "h1:2\nh3:1\n")
+        _wait_steps(proc, log_dir, 3, third)
+        victim = [pid for pid, cmd in cluster.processes("h3") if cmd.startswith(PYTHON) and "elastic_job.py" in cmd]
+        assert victim, cluster.processes("h3")
+        killed = time.time()
+        assert len(victim) == 1, cluster.processes("h3")
+        os.kill(victim[0], signal.SIGKILL)  # the worker itself, not its ssh session
+        _wait_steps(proc, log_dir, 2, killed)
+        (log_dir / "stop").touch()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err[-5000:]
+    history = committed(load(log_dir))
+    assert size_changes(history) == [2, 4, 2, 3, 2], size_changes(history)
+    check_same_weights(history)
+    epochs = check_samples(history)
+    assert epochs >= 2
+    done = [json.loads(line.split("DONE ", 1)[1]) for line in out.splitlines() if "DONE {" in line]
+    assert sorted(d["m"] for d in done) == [0, 1] and all(d["size"] == 2 for d in done), out[-3000:]
+    for d in done:
+        assert [v for p in d["weights"] for v in p] == pytest.approx(replay(history), rel=1e-9, abs=1e-12)
+    # who ran where: the members of each phase
+    phases = {}
+    for h in history:
+        phases.setdefault(h["size"], set()).update(h["members"])
+    assert {0, 1, 2, 3} <= phases[4] and 4 in phases[3], phases
+    assert "hosts left the job: stopping workers [2, 3] on ['h2']" in err, err[-5000:]
+    assert err.count("leaves the job (its host was removed)") == 2 and "did not leave within" not in err
+    assert "worker 4 on h3 ended (signal SIGKILL" in err or "worker 4 on h3 ended (exit code" in err, err[-5000:]
+    assert "blacklisting h3 for the rest of the job" in err
+    assert "started worker 5" not in err  # h3 stays out, though the script still prints it
+    timings["host_added_to_first_step_s"] = first_step_after(history, added, 4)
+    timings["host_added_third_to_first_step_s"] = first_step_after(history, third, 3)
+    timings["worker_killed_to_next_step_s"] = first_step_after(history, killed, 2)
+    timings["host_removed_to_first_step_s"] = first_step_after(history, removed, 2)
+    print("ELASTIC_TIMINGS " + json.dumps(timings))
+    out_file = os.environ.get("ACCORD_ELASTIC_TIMINGS")
+    if out_file:  # benchmarks/elastic_events.py collects these
+        Path(out_file).write_text(json.dumps(timings))
