@@ -105,6 +105,11 @@ def test_hosts_join_leave_and_fail_while_training(cluster, shared_dir):
     timings["host_added_third_to_first_step_s"] = first_step_after(history, third, 3)
     timings["worker_killed_to_next_step_s"] = first_step_after(history, killed, 2)
     timings["host_removed_to_first_step_s"] = first_step_after(history, removed, 2)
+    for member, at in ((2, added), (4, third)):  # where a new worker's time went
+        start = json.loads((log_dir / f"start.{member}.json").read_text())
+        timings[f"worker{member}_process_started_after_s"] = start["started"] - at
+        timings[f"worker{member}_imports_s"] = start["imported"] - start["started"]
+        timings[f"worker{member}_admitted_and_initialized_s"] = start["initialized"] - start["imported"]
     print("ELASTIC_TIMINGS " + json.dumps(timings))
     out_file = os.environ.get("ACCORD_ELASTIC_TIMINGS")
     if out_file:  # benchmarks/elastic_events.py collects these

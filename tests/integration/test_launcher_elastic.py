@@ -1,7 +1,11 @@
 """accordrun --min-np: an elastic job (hvd.elastic.run) carries on without a worker that dies,
-while enough remain; below --min-np the first failure stops the job as usual."""
+while enough remain; below --min-np the first failure stops the job as usual. With
+--host-discovery-script on this host: a script that fails, hangs or prints garbage is warned
+about and the job keeps its hosts; a job below --min-np fails after --elastic-timeout."""
 import importlib.util
 import json
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -47,10 +51,86 @@ def test_below_min_np_the_failure_stops_the_job():
     (["-np", "2", "--min-np", "3"], "--min-np must be between 1 and -np (2)"),
     (["-np", "2", "--min-np", "0"], "--min-np must be between 1 and -np (2)"),
     (["-np", "3", "--max-np", "2"], "--max-np 2 is below -np 3"),
-    (["-np", "2", "--host-discovery-script", "./discover.sh"], "--host-discovery-script is not supported"),
+    (["-np", "2", "--host-discovery-script", "exit 5"], "failed with exit code 5"),
+    (["--host-discovery-script", "echo localhost:2", "-H", "localhost:2"], "both name hosts"),
 ])
 def test_bad_elastic_flags_exit_2_with_hint(argv, fragment):
     proc = lib.accordrun(*argv, lib.PYTHON, TRAIN)
     assert proc.returncode == 2, proc.stderr
     assert fragment in proc.stderr and "HINT:" in proc.stderr
     assert not _done(proc.stdout)
+
+
+JOB = str(Path(__file__).resolve().parents[1] / "cluster" / "scripts" / "elastic_job.py")
+
+
+def _wait_text(path: Path, text: str, proc: subprocess.Popen, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in path.read_text():
+        assert proc.poll() is None, f"the job ended ({proc.returncode}):\n{path.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"{text!r} did not appear:\n{path.read_text()[-3000:]}"
+        time.sleep(0.2)
+
+
+def _logged_steps(log_dir: Path) -> int:
+    return sum(len(p.read_text().splitlines()) for p in log_dir.glob("log.*.jsonl"))
+
+
+@pytest.mark.timeout(240)
+def test_a_bad_discovery_script_is_warned_about_and_the_job_keeps_its_hosts(tmp_path):
+    discover = tmp_path / "discover.sh"
+    discover.write_text("echo localhost:2\n")
+    err_path = tmp_path / "stderr.txt"
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen(
+            [lib.PYTHON, "-m", "accord.run", "--host-discovery-script", f"sh {discover}",
+             "--discovery-interval", "0.5", "--grace-period", "1", lib.PYTHON, JOB, str(tmp_path),
+             "--sleep", "0.02"], stdout=subprocess.PIPE, stderr=err, text=True,
+            env=lib.cli_env(ACCORD_CPU_BACKEND="gloo"))
+    try:
+        deadline = time.monotonic() + 120
+        while _logged_steps(tmp_path) < 4:
+            assert proc.poll() is None and time.monotonic() < deadline, err_path.read_text()[-3000:]
+            time.sleep(0.2)
+        script = f"'sh {discover}'"
+        for body, warning in [
+            ("echo localhost:two\n", f"host discovery script {script} printed line 1 'localhost:two': "
+                                     "slots must be a positive integer"),
+            ("echo inventory down >&2; exit 3\n", f"host discovery script {script} failed with exit "
+                                                   "code 3: inventory down"),
+            ("sleep 30\n", f"host discovery script {script} did not finish within 2.5s (killed)"),
+        ]:
+            discover.write_text(body)
+            _wait_text(err_path, warning, proc)
+            assert "keeping the current hosts (localhost:2)" in err_path.read_text()
+        steps = _logged_steps(tmp_path)
+        deadline = time.monotonic() + 60
+        while _logged_steps(tmp_path) < steps + 4:  # still training, on both workers
+            assert proc.poll() is None and time.monotonic() < deadline, err_path.read_text()[-3000:]
+            time.sleep(0.2)
+        (tmp_path / "stop").touch()
+        out, _ = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err_path.read_text()[-3000:]
+    done = [json.loads(line.split("DONE ", 1)[1]) for line in out.splitlines() if "DONE {" in line]
+    assert sorted(d["m"] for d in done) == [0, 1] and all(d["size"] == 2 and d["resets"] == [] for d in done)
+
+
+@pytest.mark.timeout(120)
+def test_below_min_np_the_job_fails_after_the_elastic_timeout(tmp_path):
+    """Worker 1 fails: localhost is blacklisted (for good), so worker 0 leaves too, and nothing
+    comes back within --elastic-timeout."""
+    started = time.monotonic()
+    proc = lib.accordrun("--host-discovery-script", "echo localhost:2", "--min-np", "2",
+                         "--elastic-timeout", "3", "--discovery-interval", "0.5", "--grace-period", "1",
+                         lib.PYTHON, TRAIN, "--steps", "500", "--die-rank", "1", "--die-step", "2", timeout=110)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "elastic: worker 1 on localhost ended (exit code 3); blacklisting localhost for the rest of the job" \
+        in proc.stderr
+    assert "error: the job stayed below --min-np 2 (0 workers) for --elastic-timeout 3s; discovered " \
+        "hosts: localhost:2; blacklisted: ['localhost']" in proc.stderr
+    assert "HINT: make 'echo localhost:2' print more hosts" in proc.stderr
+    assert time.monotonic() - started < 100

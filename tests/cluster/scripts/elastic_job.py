@@ -4,20 +4,26 @@
 
 Trains a linear model (float64, SGD with momentum) on a fixed dataset through an
 ElasticSampler, epoch after epoch, until LOG_DIR/stop exists at an epoch's end (rank 0 decides,
-every rank follows). After each committed step every rank appends one JSON line to
+every rank follows). LOG_DIR/start.<worker id>.json says when the worker started, had
+imported torch and accord, and had joined (init returned). After each committed step every rank appends one JSON line to
 LOG_DIR/log.<worker id>.jsonl: the step number, the epoch, the world size, this rank, the time,
 the whole job's batch (each rank's sample indices, gathered) and a digest of the weights. The
 test checks these against an independent replay (tests/cluster/elastic_check.py).
 """
-import argparse
-import hashlib
-import json
-import os
 import time
 
-import torch
+STARTED = time.time()  # before the imports: a new worker's start-up is part of growing
 
-import accord.torch as hvd
+import argparse  # noqa: E402
+import hashlib  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+
+import torch  # noqa: E402
+
+import accord.torch as hvd  # noqa: E402
+
+IMPORTED = time.time()
 
 parser = argparse.ArgumentParser()
 parser.add_argument("log_dir")
@@ -30,6 +36,8 @@ torch.set_num_threads(1)
 hvd.init()
 member = int(os.environ["ACCORD_ELASTIC_ID"])
 log = open(os.path.join(args.log_dir, f"log.{member}.jsonl"), "a", buffering=1)
+with open(os.path.join(args.log_dir, f"start.{member}.json"), "w") as fh:  # where start-up time goes
+    json.dump({"started": STARTED, "imported": IMPORTED, "initialized": time.time()}, fh)
 
 gen = torch.Generator().manual_seed(0)
 X = torch.randn(args.samples, 4, generator=gen, dtype=torch.float64)
