@@ -52,15 +52,46 @@ def _set_hosts(log_dir: Path, text: str) -> float:
     return time.time()
 
 
+def _start(cluster, log_dir: Path, *extra: str) -> subprocess.Popen:
+    _set_hosts(log_dir, "h1:2\n")
+    return start_accordrun(cluster, "--host-discovery-script", f"cat {log_dir}/hosts",
+                           "--discovery-interval", "0.5", "--min-np", "2", "--max-np", "6",
+                           "--grace-period", "2", PYTHON, script("elastic_job.py"), str(log_dir), *extra)
+
+
+def _stop(proc: subprocess.Popen, log_dir: Path) -> tuple[str, str]:
+    (log_dir / "stop").touch()
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-5000:]
+    return out, err
+
+
+def _check_history(log_dir: Path, out: str, sizes: list[int]) -> list[dict]:
+    """World sizes, identical weights, samples once per epoch, final weights = the replay."""
+    history = committed(load(log_dir))
+    assert size_changes(history) == sizes, size_changes(history)
+    check_same_weights(history)
+    assert check_samples(history) >= 2
+    done = [json.loads(line.split("DONE ", 1)[1]) for line in out.splitlines() if "DONE {" in line]
+    assert sorted(d["m"] for d in done) == [0, 1] and all(d["size"] == 2 for d in done), out[-3000:]
+    expected = replay(history)
+    for d in done:
+        assert [v for p in d["weights"] for v in p] == pytest.approx(expected, rel=1e-9, abs=1e-12)
+    return history
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.communicate()
+
+
 def test_hosts_join_leave_and_fail_while_training(cluster, shared_dir):
+    """hvd.elastic.run with a plain PyTorch loop: + h2 x 2, - h2, + h3 x 1, h3's worker killed."""
     if "h3" not in cluster.hosts:
         cluster.add_host("h3")  # stays for later tests of the session; they name their hosts
     log_dir = shared_dir
-    _set_hosts(log_dir, "h1:2\n")
-    proc = start_accordrun(cluster, "--host-discovery-script", f"cat {log_dir}/hosts",
-                           "--discovery-interval", "0.5", "--min-np", "2", "--max-np", "6",
-                           "--grace-period", "2", PYTHON, script("elastic_job.py"), str(log_dir))
-    timings = {}
+    proc = _start(cluster, log_dir)
     try:
         _wait_steps(proc, log_dir, 2, 0.0)
         added = _set_hosts(log_dir, "h1:2\nh2:2\n")  # growth
@@ -70,30 +101,16 @@ def test_hosts_join_leave_and_fail_while_training(cluster, shared_dir):
         third = _set_hosts(log_dir, "h1:2\nh3:1\n")
         _wait_steps(proc, log_dir, 3, third)
         victim = [pid for pid, cmd in cluster.processes("h3") if cmd.startswith(PYTHON) and "elastic_job.py" in cmd]
-        assert victim, cluster.processes("h3")
-        killed = time.time()
         assert len(victim) == 1, cluster.processes("h3")
+        killed = time.time()
         os.kill(victim[0], signal.SIGKILL)  # the worker itself, not its ssh session
         _wait_steps(proc, log_dir, 2, killed)
-        (log_dir / "stop").touch()
-        out, err = proc.communicate(timeout=120)
+        out, err = _stop(proc, log_dir)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, err[-5000:]
-    history = committed(load(log_dir))
-    assert size_changes(history) == [2, 4, 2, 3, 2], size_changes(history)
-    check_same_weights(history)
-    epochs = check_samples(history)
-    assert epochs >= 2
-    done = [json.loads(line.split("DONE ", 1)[1]) for line in out.splitlines() if "DONE {" in line]
-    assert sorted(d["m"] for d in done) == [0, 1] and all(d["size"] == 2 for d in done), out[-3000:]
-    for d in done:
-        assert [v for p in d["weights"] for v in p] == pytest.approx(replay(history), rel=1e-9, abs=1e-12)
-    # who ran where: the members of each phase
-    phases = {}
-    for h in history:
+        _kill(proc)
+    history = _check_history(log_dir, out, [2, 4, 2, 3, 2])
+    phases: dict[int, set] = {}
+    for h in history:  # who ran in each phase
         phases.setdefault(h["size"], set()).update(h["members"])
     assert {0, 1, 2, 3} <= phases[4] and 4 in phases[3], phases
     assert "hosts left the job: stopping workers [2, 3] on ['h2']" in err, err[-5000:]
@@ -101,10 +118,10 @@ def test_hosts_join_leave_and_fail_while_training(cluster, shared_dir):
     assert "worker 4 on h3 ended (signal SIGKILL" in err or "worker 4 on h3 ended (exit code" in err, err[-5000:]
     assert "blacklisting h3 for the rest of the job" in err
     assert "started worker 5" not in err  # h3 stays out, though the script still prints it
-    timings["host_added_to_first_step_s"] = first_step_after(history, added, 4)
-    timings["host_added_third_to_first_step_s"] = first_step_after(history, third, 3)
-    timings["worker_killed_to_next_step_s"] = first_step_after(history, killed, 2)
-    timings["host_removed_to_first_step_s"] = first_step_after(history, removed, 2)
+    timings = {"host_added_to_first_step_s": first_step_after(history, added, 4),
+               "host_added_third_to_first_step_s": first_step_after(history, third, 3),
+               "worker_killed_to_next_step_s": first_step_after(history, killed, 2),
+               "host_removed_to_first_step_s": first_step_after(history, removed, 2)}
     for member, at in ((2, added), (4, third)):  # where a new worker's time went
         start = json.loads((log_dir / f"start.{member}.json").read_text())
         timings[f"worker{member}_process_started_after_s"] = start["started"] - at
@@ -112,5 +129,19 @@ def test_hosts_join_leave_and_fail_while_training(cluster, shared_dir):
         timings[f"worker{member}_admitted_and_initialized_s"] = start["initialized"] - start["imported"]
     print("ELASTIC_TIMINGS " + json.dumps(timings))
     out_file = os.environ.get("ACCORD_ELASTIC_TIMINGS")
-    if out_file:  # benchmarks/elastic_events.py collects these
+    if out_file:  # benchmarks/cluster_elastic.py collects these
         Path(out_file).write_text(json.dumps(timings))
+
+
+def test_model_fit_grows_and_shrinks(cluster, shared_dir):
+    """accord.Model.fit(elastic=True): + h2 x 2, then - h2."""
+    proc = _start(cluster, shared_dir, "--fit")
+    try:
+        _wait_steps(proc, shared_dir, 2, 0.0)
+        _wait_steps(proc, shared_dir, 4, _set_hosts(shared_dir, "h1:2\nh2:2\n"))
+        _wait_steps(proc, shared_dir, 2, _set_hosts(shared_dir, "h1:2\n"))
+        out, err = _stop(proc, shared_dir)
+    finally:
+        _kill(proc)
+    _check_history(shared_dir, out, [2, 4, 2])
+    assert err.count("leaves the job (its host was removed)") == 2, err[-5000:]

@@ -33,6 +33,7 @@ from accord.hapi.precision import amp_settings
 from accord.hapi.state import ModelState
 from accord.hapi.training import fit as run_fit
 from accord.hapi.world import World, resolve_world
+from accord.runtime import admission
 
 __all__ = ["Model"]
 
@@ -139,7 +140,10 @@ class Model:
             self._wrapped = optimizer
         state.optimizer, state.loss = optimizer, loss
         state.meters.configure(loss is not None, metrics)
-        self.world.broadcast_state(self.network, optimizer)
+        if admission.admitted() is None:
+            self.world.broadcast_state(self.network, optimizer)
+        # else: a worker added to a running elastic job, whose peers are not preparing: its
+        # state comes from theirs when fit(elastic=True) starts (hvd.elastic.run syncs it)
         state.synced = True
         if compile:
             state.forward = torch.compile(self.network, **(compile if isinstance(compile, dict) else {}))
@@ -172,7 +176,8 @@ class Model:
             epochs: int = 1, eval_freq: int = 1, log_freq: int = 10, save_dir: str | None = None,
             save_freq: int = 1, verbose: int = 2, drop_last: bool = False, shuffle: bool = True,
             num_workers: int = 0, callbacks: Sequence[Callback] | None = None,
-            seed: int = 0, work_load_list: Sequence[float] | None = None) -> dict[str, list[float]]:
+            seed: int = 0, work_load_list: Sequence[float] | None = None,
+            elastic: bool = False) -> dict[str, list[float]]:
         """Train for ``epochs`` epochs, evaluating every ``eval_freq`` epochs.
 
         Args:
@@ -191,6 +196,11 @@ class Model:
                 different numbers of steps; step ``k`` updates on the union of the ranks'
                 ``k``-th batches exactly as one process would (how: :mod:`accord.hapi.training`).
                 Evaluation shards stay even. Not with a DataLoader or Adasum.
+            elastic: train under ``hvd.elastic.run`` (accordrun ``--min-np``,
+                ``--host-discovery-script``): the state is committed after every step and
+                training goes on when workers fail, join or leave (:mod:`accord.hapi.elastic`;
+                ``self.elastic_state`` holds ``epoch``, ``batch`` and ``commits``). Needs a
+                Dataset or arrays; not with ``work_load_list``.
         Returns:
             Per-epoch history: ``loss`` and metric names (global means), ``epoch_time`` (s),
             ``samples_per_sec`` (global), and ``eval_<name>`` for each evaluation.
@@ -198,6 +208,16 @@ class Model:
             ValueError: ``work_load_list`` does not fit the job (one weight per rank, a
                 non-empty share each) or the optimizer.
         """
+        if elastic:
+            if work_load_list is not None or isinstance(train_data, torch.utils.data.DataLoader):
+                raise ValueError(with_hint("fit(elastic=True) needs a Dataset or arrays and no work_load_list",
+                                           "pass the Dataset: fit reads it through an ElasticSampler"))
+            from accord.hapi.elastic import fit_elastic
+
+            return fit_elastic(self, train_data, epochs, batch_size, shuffle=shuffle, seed=seed,
+                               callbacks=callbacks, eval_data=eval_data, eval_freq=eval_freq,
+                               log_freq=log_freq, save_dir=save_dir, save_freq=save_freq,
+                               verbose=verbose, drop_last=drop_last, num_workers=num_workers)
         return run_fit(self._state, self, train_data, eval_data, batch_size, epochs, eval_freq,
                        log_freq, save_dir, save_freq, verbose, drop_last, shuffle, num_workers,
                        callbacks, seed, work_load_list)

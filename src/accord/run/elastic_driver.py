@@ -36,8 +36,9 @@ from accord.run.elastic_plan import plan_changes, usable_hosts
 from accord.run.failures import describe_returncode
 from accord.run.hosts import HostSlots
 from accord.run.supervisor import Member, Supervisor
-from accord.worker_contract import (ELASTIC_DEAD_KEY, ELASTIC_LATEST_KEY, ELASTIC_LEAVING_KEY,
-                                    ELASTIC_MEMBERS_KEY, ELASTIC_UPDATE_KEY, ELASTIC_UPDATES_KEY)
+from accord.worker_contract import (ELASTIC_DEAD_KEY, ELASTIC_LATEST_KEY, ELASTIC_LAUNCH_KEY,
+                                    ELASTIC_LAUNCHED_KEY, ELASTIC_LEAVING_KEY, ELASTIC_MEMBERS_KEY,
+                                    ELASTIC_UPDATE_KEY, ELASTIC_UPDATES_KEY)
 
 _LEAVE_GRACE = 30.0  # seconds a leaving worker has to reach its next commit and exit
 _WARN_EVERY = 30.0  # the same discovery error is repeated at most this often
@@ -113,6 +114,9 @@ class ElasticDriver:
     def _add(self, host: str, joining: bool) -> None:
         member_id = self.next_id
         self.next_id += 1
+        if joining:  # known before it can ask to join: a re-formation waits a little for it
+            n = int(self.store.add(ELASTIC_LAUNCHED_KEY, 1))
+            self._store_set(ELASTIC_LAUNCH_KEY.format(n=n), str(member_id))
         member = self._start_worker(member_id, host, joining)
         self.workers[member_id] = Worker(member, joining)
 

@@ -30,6 +30,7 @@ parser.add_argument("log_dir")
 parser.add_argument("--batch", type=int, default=2)
 parser.add_argument("--samples", type=int, default=48)
 parser.add_argument("--sleep", type=float, default=0.05)
+parser.add_argument("--fit", action="store_true", help="train with accord.Model.fit(elastic=True)")
 args = parser.parse_args()
 
 torch.set_num_threads(1)
@@ -54,7 +55,7 @@ class Data(torch.utils.data.Dataset):
 
 torch.manual_seed(1000 + member)  # different on every worker: the sync must make them equal
 model = torch.nn.Linear(4, 1).double()
-opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.5),
+opt = None if args.fit else hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.5),
                                named_parameters=model.named_parameters())
 sampler = hvd.elastic.ElasticSampler(Data(), shuffle=True, seed=5)
 loader = torch.utils.data.DataLoader(Data(), batch_size=args.batch, sampler=sampler)
@@ -68,6 +69,11 @@ def digest():
     return hashlib.sha256(flat.numpy().tobytes()).hexdigest()[:16]
 
 
+def _record(member, step, batches):
+    log.write(json.dumps({"m": member, "rank": hvd.rank(), "size": hvd.size(), "epoch": step[0],
+                          "gstep": step[1], "t": time.time(), "batches": batches, "w": digest()}) + "\n")
+
+
 @hvd.elastic.run
 def train(state):
     while True:
@@ -79,9 +85,7 @@ def train(state):
             sampler.record_batch(i, args.batch)
             state.gstep += 1
             state.save()  # = commit() in two halves: log exactly what is committed
-            log.write(json.dumps({"m": member, "rank": hvd.rank(), "size": hvd.size(),
-                                  "epoch": state.epoch, "gstep": state.gstep, "t": time.time(),
-                                  "batches": batches, "w": digest()}) + "\n")
+            _record(member, (state.epoch, state.gstep), batches)
             state.check_host_updates()
             time.sleep(args.sleep)
         stop = hvd.broadcast_object(os.path.exists(os.path.join(args.log_dir, "stop")), 0)
@@ -92,7 +96,52 @@ def train(state):
             return
 
 
-train(state)
+class Stop(Exception):
+    """Every rank saw LOG_DIR/stop (rank 0's view) at an epoch's start: training is over."""
+
+
+def fit_mode():
+    """The same training through accord.Model.fit(elastic=True). The network reads the sample
+    index as the first input column (and drops it), so the log knows each rank's batch."""
+    from accord.hapi import Callback, Model
+
+    class Indexed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = model  # the same initial weights as the plain loop
+            self.seen = []
+
+        def forward(self, xi):
+            self.seen = xi[:, 0].long().tolist()
+            return self.lin(xi[:, 1:])
+
+    class Log(Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            if hvd.broadcast_object(os.path.exists(os.path.join(args.log_dir, "stop")), 0):
+                raise Stop()
+
+        def on_train_batch_end(self, step, logs=None):  # before fit's own commit
+            st = self.model.elastic_state
+            _record(member, (st.epoch, st.commits + 1), hvd.allgather_object(net.seen))
+            time.sleep(args.sleep)
+
+    net = Indexed()
+    fit_model = Model(net)
+    fit_model.prepare(torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.5),
+                      loss=torch.nn.functional.mse_loss)
+    inputs = torch.cat([torch.arange(args.samples, dtype=torch.float64)[:, None], X], dim=1)
+    try:
+        fit_model.fit((inputs, Y), epochs=10_000, batch_size=args.batch, seed=5, verbose=0,
+                      callbacks=[Log()], elastic=True)
+    except Stop:
+        pass
+    return fit_model.elastic_state
+
+
+if args.fit:
+    state = fit_mode()
+else:
+    train(state)
 weights = [p.detach().flatten().tolist() for p in model.parameters()]
 print("DONE " + json.dumps({"m": member, "rank": hvd.rank(), "size": hvd.size(), "weights": weights,
                             "resets": resets, "epoch": state.epoch}), flush=True)

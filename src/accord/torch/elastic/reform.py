@@ -33,13 +33,15 @@ from accord.errors import RankFailedError, with_hint
 from accord.runtime import admission
 from accord.torch import gateway
 from accord.worker_contract import (ELASTIC_DEAD_KEY, ELASTIC_JOINER_KEY, ELASTIC_JOINERS_KEY,
-                                    ELASTIC_LATEST_KEY, ELASTIC_LEAVING_KEY, ELASTIC_MEMBERS_KEY,
-                                    ELASTIC_UPDATE_KEY, ELASTIC_UPDATES_KEY)
+                                    ELASTIC_LATEST_KEY, ELASTIC_LAUNCH_KEY, ELASTIC_LAUNCHED_KEY,
+                                    ELASTIC_LEAVING_KEY, ELASTIC_MEMBERS_KEY, ELASTIC_UPDATE_KEY,
+                                    ELASTIC_UPDATES_KEY)
 
 log = logging.getLogger("accord.elastic")
 
 _HEARTBEAT_S = 0.25
 _DEAD_AFTER_S = 2.0  # a heartbeat counter that did not move for this long belongs to a dead rank
+_SETTLE_S = 10.0  # how long a re-formation waits for added workers that have not asked to join
 _BOOTSTRAPS_KEY = "accord/bootstraps"  # accord.runtime.rendezvous's generation counter
 
 
@@ -160,13 +162,21 @@ class Membership:
             time.sleep(0.05)
         staying = [m for m in arrived if not store.check([ELASTIC_LEAVING_KEY.format(member=m)])]
         # A joiner registers before it announces itself, so every joiner whose announcement is
-        # counted in ``updates`` is listed here; later ones trigger another re-formation.
-        members = staying + self._joiners(set(self.members))
+        # counted in ``updates`` is listed here; later ones trigger another re-formation. Workers
+        # the launcher started but that have not asked to join yet (a host with several slots
+        # starts several at once) are waited for a little, so that one host is one re-formation.
+        joiners = self._joiners(set(self.members))
         min_np = config.get("ACCORD_ELASTIC_MIN_NP") or 1
-        while len(members) < min_np and time.monotonic() < deadline:
-            time.sleep(0.2)
+        settle = time.monotonic() + _SETTLE_S
+        while time.monotonic() < deadline:
+            pending = self._launched() - set(joiners) - set(self.members)
+            pending = {m for m in pending if not self._dead(m)}
+            if len(staying) + len(joiners) >= min_np and (not pending or time.monotonic() > settle):
+                break
+            time.sleep(0.1)
             updates = int(store.add(ELASTIC_UPDATES_KEY, 0))
-            members = staying + self._joiners(set(self.members))
+            joiners = self._joiners(set(self.members))
+        members = staying + joiners
         if len(members) < min_np:
             log.warning("elastic: re-forming with %d members, below ACCORD_ELASTIC_MIN_NP %d",
                         len(members), min_np)
@@ -195,6 +205,13 @@ class Membership:
                 if member not in known and not self._dead(member):
                     found.add(member)
         return sorted(found)
+
+    def _launched(self) -> set[int]:
+        """The ids of every worker the launcher added to the running job."""
+        store = self._store
+        count = int(store.add(ELASTIC_LAUNCHED_KEY, 0))
+        keys = [ELASTIC_LAUNCH_KEY.format(n=n) for n in range(1, count + 1)]
+        return {int(store.get(k)) for k in keys if store.check([k])}
 
     def _dead(self, member: int) -> bool:
         return bool(self._store.check([ELASTIC_DEAD_KEY.format(member=member)]))
