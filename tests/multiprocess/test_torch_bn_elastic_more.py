@@ -331,9 +331,9 @@ def _sampler_state(rank, size):
     # rank 0 processes two batches of 2, rank 1 one batch of 3; then commit
     batch_size = 2 if rank == 0 else 3
     nbatches = 2 if rank == 0 else 1
-    for b in range(nbatches):
+    for b in range(nbatches):  # ranks record what each trained on (record_batch: every rank's share)
         step(first[b * batch_size:(b + 1) * batch_size])
-        sampler.record_batch(b, batch_size)
+        sampler.record_indices(first[b * batch_size:(b + 1) * batch_size])
     mine = set(first[:batch_size * nbatches])
     assert sampler.processed_indices == mine
     state.batch = nbatches
@@ -343,7 +343,7 @@ def _sampler_state(rank, size):
 
     # an uncommitted batch, then restore: model, optimizer, sampler, attributes go back
     step(first[4:6] if rank == 0 else first[3:5])
-    sampler.record_batch(2 if rank == 0 else 1, batch_size)
+    sampler.record_indices(first[4:6] if rank == 0 else first[3:6])
     state.batch = 99
     assert not torch.equal(model.weight.detach(), committed_w)
     assert sampler.processed_indices != mine
@@ -453,17 +453,17 @@ def test_lost_rank_sampler_continues_with_unprocessed_samples():
     for r, out in results.items():
         assert out["resets"] == [2] and out["size"] == 2
         sizes = [s for s, _, _ in out["done"]]
-        assert sizes == [3, 2, 2, 2, 2]  # one batch before the death, then the re-split share
+        assert sizes == [3, 2, 2, 2]  # one batch before the death, then the re-split share
         assert all(total == 2 * s for s, b, total in out["done"] if len(b) == 2)
         before[r] = out["done"][0][1]
         assert before[r] == out["first"][:_BS]
         after[r] = [i for _, b, _ in out["done"][1:] for i in b]
-        assert [len(b) for _, b, _ in out["done"][1:]] == [2, 2, 2, 1]
-        assert out["last_len"] == 7
-    # the survivors' committed samples are not repeated; the dead rank's are (never synced)
-    unprocessed = set(range(_N)) - set(before[0]) - set(before[1])
-    assert len(unprocessed) == 14
-    assert set(after[0]).isdisjoint(after[1])
-    assert sorted(after[0] + after[1]) == sorted(unprocessed)
+        assert [len(b) for _, b, _ in out["done"][1:]] == [2, 2, 2]
+        assert out["last_len"] == 6
+    # no committed sample is repeated, not even the dead rank's: record_batch records every
+    # rank's share of the batch, so the survivors know what rank 2 trained on
+    assert set(after[0]).isdisjoint(after[1]) and len(after[0] + after[1]) == 12
+    seen = set(before[0]) | set(before[1]) | set(after[0]) | set(after[1])
+    assert len(seen) == 16 and not (set(after[0]) | set(after[1])) & (set(before[0]) | set(before[1]))
     for out in results.values():
         assert out["processed"] == list(range(_N)) and out["left"] == 0
