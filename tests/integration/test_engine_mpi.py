@@ -43,7 +43,7 @@ for _ in range(40):
         states.append((fh.read().rsplit(")", 1)[1].split()[0], wc.read().strip()))
     time.sleep(0.05)
 out["idle"] = {"cycles": engine.stats()["cycles"] - cycles0, "seconds": time.monotonic() - wall0,
-               "tick": engine.settings.idle_interval, "states": states}
+               "tick": engine.settings.tick, "states": states}
 hvd.shutdown()
 with open(f"{sys.argv[1]}.{r}", "w") as fh:
     fh.write(json.dumps(out))
