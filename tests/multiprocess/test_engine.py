@@ -52,7 +52,7 @@ def _two_rank_checks(rank, size, timeline_dir):
     cycles, wall0 = eng.stats()["cycles"], time.monotonic()
     states = sample_states(engine_thread_id(), samples=30, interval=0.05)
     report["idle"] = {"cycles": eng.stats()["cycles"] - cycles, "seconds": time.monotonic() - wall0,
-                      "tick": eng.settings.idle_interval, "states": states}
+                      "tick": eng.settings.tick, "states": states}
 
     # 1. many named tensors submitted in different orders on different ranks
     shapes = {f"grad.{i}": (i % 5 + 1, 3) for i in range(40)}
