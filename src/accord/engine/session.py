@@ -129,6 +129,15 @@ def engine() -> Engine:
     return _current().engine
 
 
+def communicator(set_id: int = GLOBAL_ID, device: str = "cpu") -> Any:
+    """This rank's communicator for a process set on a device kind (None when not a member).
+
+    Which communicator the engine chose (flat, hierarchical, shared memory, MPI) is visible here,
+    for reports and tests.
+    """
+    return _current().sets.communicator(set_id, device)
+
+
 def backend_name(device_type: str = "cpu") -> str:
     """The backend the engine uses for ``device_type`` tensors (``auto`` resolved at init).
 
