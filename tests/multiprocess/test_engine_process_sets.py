@@ -9,7 +9,7 @@ import pytest
 
 from helpers.ranks import run_ranks
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = pytest.mark.timeout(150)
 
 
 def _disjoint(rank, size):

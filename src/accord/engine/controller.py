@@ -37,7 +37,8 @@ from accord.engine.sets import GLOBAL_ID, ProcessSetRegistry
 from accord.engine.settings import EngineSettings
 from accord.engine.stall import StallInspector
 from accord.engine.timeline import Timeline
-from accord.errors import CollectiveError, MismatchError, RankFailedError, ShutdownError, with_hint
+from accord.errors import (CollectiveError, InvalidArgumentError, MismatchError, RankFailedError,
+                           ShutdownError, with_hint)
 
 log = logging.getLogger("accord.engine")
 
@@ -58,19 +59,24 @@ class Controller:
             negotiated stop).
         on_all_joined: (global set) called on the controller's thread once every rank has
             joined, before join() returns anywhere (see :meth:`Engine.join`).
+        on_join_error: called when this rank, joined, is the root of a rooted collective its
+            peers submitted: its join() must fail (see :mod:`accord.engine.join`).
     """
 
     def __init__(self, set_id: int, rank: int, negotiation: Communicator, sets: ProcessSetRegistry,
                  settings: EngineSettings, on_stop: OnStop | None = None,
-                 on_all_joined: OnJoined | None = None) -> None:
+                 on_all_joined: OnJoined | None = None,
+                 on_join_error: Callable[[BaseException], None] | None = None) -> None:
         self.set_id, self.rank = set_id, rank
         self.members = tuple(negotiation.ranks)
         self.size = len(self.members)
         self.settings = settings
         self.sets = sets
-        self.comm = negotiation
+        self.comm: Communicator | None = negotiation
         self._on_stop = on_stop
         self._on_all_joined = on_all_joined
+        self._on_join_error = on_join_error
+        self._join_abort: BaseException | None = None  # fail join() at the next cycle
         self.cond = threading.Condition(threading.Lock())
         self.intake = Intake(self.cond, settings)
         self._inflight: dict[str, Request] = {}  # submitted and not yet completed, by name
@@ -116,11 +122,11 @@ class Controller:
         """Queue ``requests`` all or none (the caller holds ``cond`` and checked :meth:`accepting`).
 
         Raises:
-            ValueError: a name is already in flight on this rank.
+            InvalidArgumentError: a name is already in flight on this rank.
         """
         for request in requests:
             if request.name in self._inflight:
-                raise ValueError(with_hint(
+                raise InvalidArgumentError(with_hint(
                     f"a {self._inflight[request.name].op.value} named {request.name!r} is already in "
                     f"flight on rank {self.rank}",
                     "synchronize the first handle before reusing the name, or use distinct names"))
@@ -159,6 +165,12 @@ class Controller:
                 ack.set()
             self.cond.notify()
         return ack
+
+    def abort_join(self, error: BaseException) -> None:
+        """(Global set) leave join at the next cycle; this rank's join() raises ``error``."""
+        with self.cond:
+            self._join_abort = error
+            self.cond.notify()
 
     def request_stop(self, cause: BaseException | None = None) -> None:
         """Stop after the current cycle, negotiated with the set's members (any member asking
@@ -238,9 +250,18 @@ class Controller:
                 "synchronize every handle before shutdown(), and submit the same names on every rank"))
             self._complete([(r, None, final) for r in leftovers])
             if join_handle is not None:
-                join_handle.set_exception(final)
+                join_handle.set_exception(error or cause or ShutdownError(with_hint(
+                    f"join() on rank {self.rank} was waiting for the other ranks when the accord "
+                    "engine shut down: a rank called shutdown() before joining (it failed, or "
+                    "finished without calling join())",
+                    "make every rank call join() before shutdown(); the other ranks' output shows "
+                    "why one stopped")))
             self._pending.clear()
             self.executor.buffers.clear()
+            # Controllers live in reference cycles (handles, callbacks): holding the
+            # communicator would leave its process group to a later garbage collection, after
+            # the session has closed the store it was built on, where its teardown can hang.
+            self.comm = None
             if self._on_stop is not None:
                 self._on_stop(self, error)
 
@@ -270,7 +291,7 @@ class Controller:
         gathering first as :mod:`accord.engine.intake` describes."""
         with self.cond:
             if (not self.intake.items and not self._stop_requested and not self._join_requested
-                    and self._join_target is None and pause > 0):
+                    and self._join_target is None and self._join_abort is None and pause > 0):
                 self.cond.wait(pause)
             new = self.intake.take(lambda: self._stop_requested)
             stop = self._stop_requested
@@ -279,6 +300,13 @@ class Controller:
             if self._join_target is not None:
                 (self.joined, self.join_state.device), self._join_target = self._join_target, None
                 self._join_ack.set()
+            aborted, self._join_abort = self._join_abort, None
+            failed_join = None
+            if aborted is not None and self.joined:
+                self.joined = False
+                failed_join, self.join_state.handle = self.join_state.handle, None
+        if failed_join is not None:
+            failed_join.set_exception(aborted)
         for r in new:
             self._pending[r.name] = r
         return stop, bool(new)
@@ -317,6 +345,10 @@ class Controller:
                 r = self._pending.pop(name, None)
                 if r is not None:
                     self._complete([(r, None, MismatchError(message))])
+            if self.joined and self._on_join_error is not None:
+                mine = sorted(n for n, root in decision.joined_roots.items() if root == self.rank)
+                if mine:  # this rank should have sent it: its join() fails too
+                    self._on_join_error(MismatchError(decision.errors[mine[0]]))
             stall_error = self.stall.review(decision.partial, now)
             if stall_error is not None:
                 stop = stall_error

@@ -43,7 +43,7 @@ from accord.engine.sets import GLOBAL_ID, ProcessSetRegistry
 from accord.engine.settings import EngineSettings
 from accord.engine.timeline import Timeline
 from accord.engine.validate import validate_group
-from accord.errors import ShutdownError, with_hint
+from accord.errors import InvalidArgumentError, ShutdownError, with_hint
 
 
 class Engine:
@@ -60,7 +60,7 @@ class Engine:
         self.sets = sets
         self._lock = threading.Lock()  # guards _controllers, _started, _timeline
         self._global = Controller(GLOBAL_ID, rank, negotiation, sets, self.settings, self._stopped,
-                                  self._leave_join)
+                                  self._leave_join, self._join_failed)
         self._controllers: dict[int, Controller] = {GLOBAL_ID: self._global}
         self._retired: list[Controller] = []  # stopped set controllers (their counters still count)
         self._started = False
@@ -92,7 +92,8 @@ class Engine:
             if not self._started or set_id in self._controllers:
                 return
             comm = self.sets.communicator(set_id, "cpu")
-            controller = Controller(set_id, self.rank, comm, self.sets, self.settings, self._stopped)
+            controller = Controller(set_id, self.rank, comm, self.sets, self.settings, self._stopped,
+                                    on_join_error=self._join_failed)
             controller.timeline = controller.executor.timeline = self._timeline
             self._controllers[set_id] = controller
         if not self._global.running:  # the engine stopped meanwhile: do not leave it running
@@ -154,8 +155,9 @@ class Engine:
         """Submit ``request``; return its handle.
 
         Raises:
-            ValueError: another request under the same name is in flight on this rank, or the
-                request is invalid for its process set (membership, root, splits, op).
+            InvalidArgumentError (a ValueError and a RuntimeError): another request under the
+                same name is in flight on this rank, or the request is invalid for its process
+                set (membership, root, splits, op).
             ShutdownError / RankFailedError / StallError: the engine has stopped.
         """
         return self.enqueue_many((request,))[0]
@@ -168,7 +170,7 @@ class Engine:
         validate_group(requests, self.sets, self.rank)
         set_ids = {r.process_set_id for r in requests}
         if len(set_ids) > 1:
-            raise ValueError(with_hint(f"one group spans process sets {sorted(set_ids)}",
+            raise InvalidArgumentError(with_hint(f"one group spans process sets {sorted(set_ids)}",
                                        "submit a group's tensors on one process set"))
         for request in requests:
             if request.signature.device == "cuda" and request.ready_event is None:
@@ -248,6 +250,13 @@ class Engine:
     def _set_controllers(self) -> list[Controller]:
         with self._lock:
             return [c for i, c in self._controllers.items() if i != GLOBAL_ID]
+
+    def _join_failed(self, error: BaseException) -> None:
+        """This rank, joined, was named root of a collective it never submitted: its join()
+        raises ``error`` (as the submitting ranks do) and every set leaves the joined state."""
+        self._global.abort_join(error)
+        for c in self._set_controllers():
+            c.set_joined(False)
 
     def _leave_join(self) -> None:
         """Every rank has joined (global controller's thread): this rank's other sets stop

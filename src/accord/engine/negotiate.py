@@ -210,6 +210,8 @@ class Decision:
     # ready name -> (agreed signature, members of its process set): what a joined rank needs
     # to build a stand-in for a name it never submitted
     agreed: dict[str, tuple[Signature, tuple[int, ...]]] = field(default_factory=dict)
+    # errored name -> its root rank, for rooted ops whose root joined instead of submitting
+    joined_roots: dict[str, int] = field(default_factory=dict)
 
 
 def decide(exchange: Exchange, cache: ResponseCache, tick: int) -> Decision:
@@ -239,6 +241,7 @@ def decide(exchange: Exchange, cache: ResponseCache, tick: int) -> Decision:
         missing = tuple(r for r in group if r not in holders and r not in joined_set)
         if not missing and Op(sig.op) in ROOTED_OPS and sig.root not in holders:
             decision.errors[name] = joined_root_message(name, sig)
+            decision.joined_roots[name] = sig.root
             continue
         if missing:
             age = max(a for _, a in holders.values())
