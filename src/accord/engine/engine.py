@@ -38,12 +38,13 @@ import torch
 
 from accord.comm.backend import Communicator
 from accord.engine.controller import Controller
+from accord.engine.host_first import host_first
 from accord.engine.request import Handle, Request
 from accord.engine.sets import GLOBAL_ID, ProcessSetRegistry
 from accord.engine.settings import EngineSettings
 from accord.engine.timeline import Timeline
 from accord.engine.validate import validate_group
-from accord.errors import InvalidArgumentError, ShutdownError, with_hint
+from accord.errors import BackendError, InvalidArgumentError, ShutdownError, with_hint
 
 
 class Engine:
@@ -78,6 +79,10 @@ class Engine:
             self._started = True
         if self.settings.timeline:
             self.start_timeline(self.settings.timeline, self.settings.timeline_mark_cycles)
+        try:  # across hosts with a hierarchical data path: negotiate host-first (see host_first)
+            self._global.comm = host_first(self._global.comm, self.sets.communicator(GLOBAL_ID, "cpu"))
+        except BackendError:
+            pass  # no CPU communicator registered (some tests): negotiate on what was given
         self._global.start()
         for set_id in self.sets.ids():
             if set_id != GLOBAL_ID:
