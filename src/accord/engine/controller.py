@@ -32,6 +32,7 @@ from accord.engine import negotiate as neg
 from accord.engine.execute import CommunicationFailure, Executor
 from accord.engine.intake import Intake
 from accord.engine.join import JoinState, stand_in
+from accord.engine.plan import PlannedCycles, Planner
 from accord.engine.request import Handle, Request
 from accord.engine.sets import GLOBAL_ID, ProcessSetRegistry
 from accord.engine.settings import EngineSettings
@@ -46,7 +47,7 @@ OnStop = Callable[["Controller", "BaseException | None"], None]
 OnJoined = Callable[[], None]
 
 
-class Controller:
+class Controller(PlannedCycles):
     """Queue + negotiation + execution of one process set on this rank.
 
     Args:
@@ -100,6 +101,9 @@ class Controller:
         self.stall = StallInspector(s.stall_check_time, s.stall_shutdown_time, s.stall_check_disable)
         self.executor = Executor(sets, s.fusion_threshold, self._complete)
         self.cycles = self.negotiations = self.full_exchanges = 0
+        self.planner = Planner()  # planned cycles: no negotiation while a step repeats
+        self._plan_since = 0.0  # when the planned state began or last ran a cycle
+        self._urgent = False  # a caller waited or polled during the last gathering
 
     # --- caller side ---------------------------------------------------------------------
 
@@ -269,6 +273,12 @@ class Controller:
         s = self.settings
         delay, needed = s.cycle_time, True
         while True:
+            if self.planner.plan is not None:
+                stop_local, _ = self._gather(self._plan_pause())
+                if self._planned(stop_local):
+                    delay = 0.0
+                needed = True
+                continue
             # A joined rank cycles without pausing: its peers' collectives need it, and each
             # cycle blocks in the negotiation until they come, so this does not spin. So does a
             # rank whose requests wait on peers that wait on nothing of its own: the peers enter
@@ -293,6 +303,7 @@ class Controller:
             if (not self.intake.items and not self._stop_requested and not self._join_requested
                     and self._join_target is None and self._join_abort is None and pause > 0):
                 self.cond.wait(pause)
+            self._urgent = self.intake.urgent()
             new = self.intake.take(lambda: self._stop_requested)
             stop = self._stop_requested
             if self._join_requested:  # set here, so a cycle's vector and payload agree
@@ -340,6 +351,7 @@ class Controller:
         stop: BaseException | bool | None = bool(sums[neg.SHUTDOWN]) or None
         joined = None
         if sums[neg.WANT_FULL]:
+            self.planner.leave()
             decision, joined = self._full_exchange(pending, now)
             for name, message in decision.errors.items():
                 r = self._pending.pop(name, None)
@@ -369,6 +381,11 @@ class Controller:
             # The cache did not change this cycle: the ids matched above still hold. (An id
             # ready without a request here is a process set this rank is not in.)
             ready = [self._pending.pop(by_id[i].name) for i in ready_ids if i in by_id]
+            self.planner.observe(neg.steady(sums, self.cache) and not self._pending
+                                 and len(ready) == len(ready_ids), ready_ids, ready,
+                                 self.settings.fusion_threshold, self._scattered())
+            if self.planner.plan is not None:
+                self._plan_since = now
         if tl is not None:
             done = time.monotonic()
             for r in ready:

@@ -302,13 +302,15 @@ class Engine:
 
     def stats(self) -> dict[str, int]:
         """Counters summed over this rank's controllers: cycles, negotiation collectives, full
-        exchanges, data collectives, fusion buffer allocations."""
+        exchanges, data collectives, planned cycles (no negotiation, see
+        :mod:`accord.engine.plan`), fusion buffer allocations."""
         with self._lock:
             controllers = list(self._controllers.values()) + self._retired
         return {"cycles": sum(c.cycles for c in controllers),
                 "negotiations": sum(c.negotiations for c in controllers),
                 "full_exchanges": sum(c.full_exchanges for c in controllers),
                 "collectives": sum(c.executor.collectives for c in controllers),
+                "planned_cycles": sum(c.planner.planned_cycles for c in controllers),
                 "fusion_allocations": sum(c.executor.buffers.allocations for c in controllers)}
 
     def set_stats(self, set_id: int) -> dict[str, int]:

@@ -108,6 +108,14 @@ def ready_from_counts(sums: Sequence[int], cache: ResponseCache) -> list[int]:
     return [i for i in range(len(cache)) if sums[HEADER + i] and sums[HEADER + i] == cache.set_size(i)]
 
 
+def steady(sums: Sequence[int], cache: ResponseCache) -> bool:
+    """Whether a negotiation (without a full exchange) showed every member with exactly the
+    same cached names pending: no shutdown, join or uncached requests, no partial counts."""
+    if sums[WANT_FULL] or sums[SHUTDOWN] or sums[JOINED] or sums[UNCACHED]:
+        return False
+    return all(c == 0 or c == cache.set_size(i) for i, c in enumerate(sums[HEADER:HEADER + len(cache)]))
+
+
 def peers_wait_on_me(sums: Sequence[int], mine: Vector, uncached_mine: bool) -> bool:
     """Whether another rank may be waiting for a request this rank has not submitted.
 
