@@ -153,10 +153,7 @@ class Executor:
         pack(tensors, buf[:numel])
         buf[numel] = control
         t1 = time.monotonic()
-        scale_(buf, sig.prescale)
-        _comm_call(comm.allreduce, buf, op)
-        scale_(buf, post)
-        self.collectives += 1
+        self._reduce(comm, buf, op, sig.prescale, post)
         t2 = time.monotonic()
         if buf[numel].item() != 0:
             return False
@@ -232,10 +229,7 @@ class Executor:
         else:
             buf = self._private(batch[0])
         t1 = time.monotonic()
-        scale_(buf, sig.prescale)
-        _comm_call(comm.allreduce, buf, op)
-        scale_(buf, post)
-        self.collectives += 1
+        self._reduce(comm, buf, op, sig.prescale, post)
         t2 = time.monotonic()
         if span is not None or not fused:
             outcomes = [(r, self._finish(r, r.tensor if fused else buf), None) for r in batch]
@@ -265,6 +259,13 @@ class Executor:
         if self.timeline is not None:
             self._span(batch, "ALLREDUCE", t1, time.monotonic())
         return [(r, self._finish(r, o), None) for r, o in zip(batch, outputs)]
+
+    def _reduce(self, comm: Communicator, buf: torch.Tensor, op: ReduceOp, pre: float, post: float) -> None:
+        """Scale, allreduce in place, scale: one data collective."""
+        scale_(buf, pre)
+        _comm_call(comm.allreduce, buf, op)
+        scale_(buf, post)
+        self.collectives += 1
 
     def _unfuse(self, batch: list[Request], buf: torch.Tensor) -> list[Outcome]:
         parts = unpack(buf, [r.tensor for r in batch])
