@@ -44,9 +44,11 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
                               process_set: ProcessSet = global_process_set) -> None:
     """Make every rank's optimizer state (buffers, step counts, lr and other options) root's.
 
-    An optimizer without state yet gets it first, by one step with zero gradients whose effect
-    on the parameters is undone (so weight decay does not move them). ``model`` is accepted for
-    Horovod compatibility: its gradients are reset to None afterwards.
+    An optimizer without state yet gets it first, as in Horovod, by one step with zero
+    gradients: every parameter that requires grad is left with a zero ``.grad`` (scripts read
+    it afterwards); the step's effect on the parameters is undone (so weight decay does not
+    move them), and parameters that do not require grad are not touched. ``model`` is accepted
+    for Horovod compatibility.
 
     Raises:
         ValueError: ``optimizer`` is an LBFGS (its state is not a set of tensors).
@@ -55,8 +57,6 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
     if len(optimizer.state_dict()["state"]) == 0:
         _initialize_state(optimizer)
-        if model is not None:
-            model.zero_grad(set_to_none=True)
     state_dict = optimizer.state_dict()
     is_root = gateway.rank() == root_rank
     # Root's layout decides: ranks whose state covers other parameters (e.g. root never saw a
@@ -102,21 +102,23 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
 
 
 def _initialize_state(optimizer: torch.optim.Optimizer) -> None:
-    """Create optimizer state with a zero-gradient step, leaving parameters and grads as found."""
+    """Create optimizer state with a zero-gradient step; parameters are left as found, their
+    ``.grad`` zero (Horovod's behaviour)."""
     saved = []
     for group in optimizer.param_groups:
         for p in group["params"]:
             if p.requires_grad:
-                saved.append((p, p.detach().clone(), p.grad))
+                saved.append((p, p.detach().clone()))
                 grad = torch.zeros_like(p)
                 p.grad = grad.to_sparse() if isinstance(optimizer, torch.optim.SparseAdam) else grad
     # A DistributedOptimizer's step() would allreduce; the wrapped class's step() does not.
     step = getattr(optimizer, "_accord_local_step", None) or optimizer.step
     step()
     with torch.no_grad():
-        for p, value, grad in saved:
+        for p, value in saved:
             p.copy_(value)
-            p.grad = grad
+            if p.grad is not None:
+                p.grad.zero_()  # some optimizers update gradients in place (weight decay)
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
