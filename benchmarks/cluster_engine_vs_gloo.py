@@ -83,7 +83,7 @@ def _engine_path() -> str:
     try:
         from accord.engine import session
 
-        comm = session._current().registry.communicator(0, "cpu")
+        comm = session.communicator(0, "cpu")
     except Exception as exc:  # the session's internals moved
         return f"unknown ({exc})"
     chooser = getattr(comm, "chooser", None)

@@ -42,7 +42,7 @@ def _worker(iters: int, warmup: int) -> dict:
                           "ACCORD_LOCAL_SIZE": "2", "ACCORD_CROSS_RANK": str(rank // 2),
                           "ACCORD_CROSS_SIZE": "2", "ACCORD_HIERARCHICAL_ALLREDUCE": "1"})
     session.init()
-    hier = session._current().registry.communicator(0, "cpu")
+    hier = session.communicator(0, "cpu")
     flat = hier.flat
     comms = {"flat_gloo": flat, "hierarchical": hier}
     for name, comm in comms.items():  # correct before fast

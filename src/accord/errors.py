@@ -55,6 +55,14 @@ class ShutdownError(CollectiveError):
     """The engine was shut down while the request was still pending."""
 
 
+class InvalidArgumentError(AccordError, ValueError, RuntimeError):
+    """A collective's arguments were refused on this rank before anything was submitted (a rank
+    outside the process set, a root or splits that do not fit, an op the collective lacks, a
+    name already in flight). Horovod raises a RuntimeError for most of these
+    (HorovodInternalError), so this is both a ValueError and a RuntimeError (see
+    docs/horovod-parity.md)."""
+
+
 class WorkerFailedError(AccordError):
     """A worker process of the job exited with an error (raised by spawn and the launcher)."""
 

@@ -46,7 +46,7 @@ def mostly_sleeping(states: list[tuple[str, str]], share: float = 0.75) -> bool:
 def check_idle(idle: dict) -> None:
     """Assert an idle engine did not spin. ``idle``: ``states`` (its thread's
     :func:`sample_states`), ``cycles`` run and ``seconds`` elapsed meanwhile, and its idle
-    ``tick`` (settings.idle_interval). It must have slept in the kernel (a futex: a condition
+    ``tick`` (settings.tick, the idle interval in effect). It must have slept in the kernel (a futex: a condition
     wait, or a peer wait in a negotiation) and cycled no more often than the tick asks."""
     assert mostly_sleeping(idle["states"]), idle["states"]
     assert any("futex" in w for _, w in idle["states"]), idle["states"]

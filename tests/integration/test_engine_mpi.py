@@ -43,7 +43,7 @@ for _ in range(40):
         states.append((fh.read().rsplit(")", 1)[1].split()[0], wc.read().strip()))
     time.sleep(0.05)
 out["idle"] = {"cycles": engine.stats()["cycles"] - cycles0, "seconds": time.monotonic() - wall0,
-               "tick": engine.settings.idle_interval, "states": states}
+               "tick": engine.settings.tick, "states": states}
 hvd.shutdown()
 with open(f"{sys.argv[1]}.{r}", "w") as fh:
     fh.write(json.dumps(out))
@@ -76,14 +76,15 @@ def test_engine_on_the_mpi_backend(tmp_path):
 @pytest.mark.skipif(not mpi_ready(), reason="needs mpirun and mpi4py")
 def test_engine_precision_on_the_mpi_backend():
     """Every collective x dtype bit-exact (copies) or within the derived bound (reductions),
-    compression included, on 3 ranks (see tests/helpers/precision_checks.py)."""
+    compression included, on 2 ranks (see tests/helpers/precision_checks.py; the communicator
+    checks run the mpi backend on 3 ranks too, in test_comm_mpi.py)."""
     import os
     import re
 
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mpi_comm_checks.py")
-    proc = run_under_mpirun(script, 3, "--engine", ACCORD_CPU_BACKEND="mpi")
+    proc = run_under_mpirun(script, 2, "--engine", ACCORD_CPU_BACKEND="mpi")
     out = proc.stdout + proc.stderr
     summaries = re.findall(r"rank (\d+) on (\w+): (\d+) checks, (\d+) failures", out)
     assert proc.returncode == 0, out[-6000:]
-    assert sorted(int(r) for r, _, _, _ in summaries) == [0, 1, 2], out[-3000:]
+    assert sorted(int(r) for r, _, _, _ in summaries) == [0, 1], out[-3000:]
     assert all(b == "mpi" and int(n) > 200 and f == "0" for _, b, n, f in summaries), out[-3000:]

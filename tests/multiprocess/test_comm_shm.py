@@ -268,7 +268,7 @@ def _through_the_engine(rank, size):
 
     hvd.init()
     try:
-        assert isinstance(session._current().sets.communicator(0, "cpu"), ShmCommunicator)
+        assert isinstance(session.communicator(0, "cpu"), ShmCommunicator)
         got = hvd.allreduce(torch.arange(6.0) * (rank + 1), op=hvd.Sum, name="x")
         assert got.tolist() == [float(v * 3) for v in range(6)]
         assert hvd.allgather(torch.full((rank + 1, 2), rank)).tolist() == [[0, 0], [1, 1], [1, 1]]

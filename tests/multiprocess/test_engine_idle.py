@@ -25,7 +25,7 @@ def _idle(rank, size):
     cycles, wall = engine.stats()["cycles"], time.monotonic()
     states = sample_states(engine_thread_id(), samples=40, interval=0.05)
     idle = {"cycles": engine.stats()["cycles"] - cycles, "seconds": time.monotonic() - wall,
-            "tick": engine.settings.idle_interval, "states": states}
+            "tick": engine.settings.tick, "states": states}
     session.shutdown()
     return backend, level, idle
 

@@ -17,7 +17,7 @@ def _checks(rank, size):
 
     session.init()
     try:
-        backend = type(session._current().sets.communicator(0, "cpu")).__name__
+        backend = type(session.communicator(0, "cpu")).__name__
         count, failures = engine_precision_checks(rank, size)
     finally:
         session.shutdown()

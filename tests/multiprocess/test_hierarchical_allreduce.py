@@ -46,7 +46,7 @@ def _hierarchical_checks(rank, size):
     from accord.engine import session
 
     session.init()
-    comm = session._current().sets.communicator(0, "cpu")
+    comm = session.communicator(0, "cpu")
     kind = type(comm).__name__
     parts = (comm.local.backend_name, comm.cross.backend_name, comm.flat.backend_name) \
         if isinstance(comm, HierarchicalCommunicator) else None
@@ -124,7 +124,7 @@ def _flat_fallback(rank, size):
     from accord.engine import session
 
     session.init()
-    kind = type(session._current().sets.communicator(0, "cpu")).__name__
+    kind = type(session.communicator(0, "cpu")).__name__
     t = torch.full((5,), float(rank + 1))
     session.synchronize(session.submit("allreduce", t, "x", in_place=True))
     session.shutdown()

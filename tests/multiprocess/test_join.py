@@ -63,6 +63,9 @@ def _join_checks(rank, size):
     # 3. Allgather, alltoall, reducescatter, broadcast and barrier with rank 0 joined:
     #    zero rows / zeros from the joined rank; it receives (and drops) what is sent to it.
     if rank == 0:
+        # a broadcast from rank 0 after it joined is an error on rank 0 too: its join() raises
+        with pytest.raises(hvd.HorovodInternalError, match="root rank 0 has joined"):
+            hvd.join()
         results["others"] = hvd.join()
     else:
         active = list(range(1, size))

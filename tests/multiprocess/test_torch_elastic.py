@@ -37,6 +37,11 @@ def _elastic_training(rank, size, steps, fail):
     state = hvd.elastic.TorchState(model, opt, step=0, sizes=[])
     resets = []  # outside the state: sync() overwrites uncommitted attributes with rank 0's
     state.register_reset_callbacks([lambda: resets.append(hvd.size())])
+    # after a reset the new engine holds nothing from before it (the engine's own count)
+    from accord.engine import session
+
+    inflight = []
+    state.register_reset_callbacks([lambda: inflight.append(session.engine().inflight_names())])
 
     @hvd.elastic.run
     def train(state):
@@ -53,7 +58,8 @@ def _elastic_training(rank, size, steps, fail):
 
     done = train(state)
     out = {"done": done, "resets": resets, "sizes": state.sizes, "size": hvd.size(),
-           "weights": state.model.weight.detach().numpy().tolist()}
+           "weights": state.model.weight.detach().numpy().tolist(),
+           "inflight": inflight + [session.engine().inflight_names()]}
     hvd.shutdown()
     return out
 
@@ -91,6 +97,7 @@ def test_transient_failure_restores_last_commit(quiet_inductor):
     results = run_ranks(_elastic_training, 2, 5, _transient, init="accord", timeout=90)
     for out in results:
         assert out["done"] == 5 and out["resets"] == [2] and out["size"] == 2
+        assert out["inflight"] == [[], []]  # at the reset and at the end
         assert out["sizes"] == [2] * 5
         np.testing.assert_allclose(out["weights"], _reference(5, [2] * 5), atol=1e-12)
 
@@ -120,5 +127,6 @@ def test_lost_rank_job_reforms_from_survivors(quiet_inductor):
     sizes = [3, 3, 2, 2, 2]
     for out in results.values():
         assert out["done"] == 5 and out["resets"] == [2] and out["size"] == 2
+        assert out["inflight"] == [[], []]  # at the reset and at the end
         assert out["sizes"] == sizes
         np.testing.assert_allclose(out["weights"], _reference(5, sizes), atol=1e-12)

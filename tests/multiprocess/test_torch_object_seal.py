@@ -8,7 +8,7 @@ pytestmark = pytest.mark.timeout(60)
 
 def _objects(rank, size):
     import accord.torch as hvd
-    from accord.torch import functions
+    from accord.engine import objects as functions  # where the seals are made
 
     hvd.init()
     got = hvd.broadcast_object({"lr": 0.1, "from": rank}, root_rank=0, name="cfg")
@@ -16,7 +16,7 @@ def _objects(rank, size):
     # Rank 1 now checks seals for another purpose: the same bytes from rank 0 must be refused
     # before anything is unpickled (the error names the failed check), never decoded.
     if rank == 1:
-        functions._OBJECT_PURPOSE = b"not what rank 0 sealed for"
+        functions._PURPOSE = b"not what rank 0 sealed for"
     refused = None
     try:
         hvd.broadcast_object(["payload"], root_rank=0, name="tampered")
@@ -41,7 +41,7 @@ def _replays(rank, size):
     import os
 
     import accord.torch as hvd
-    from accord.torch import functions
+    from accord.engine import objects as functions  # where the seals are made
 
     hvd.init()
     sealed, kind = {}, [""]

@@ -1,7 +1,7 @@
 """What this installation can move data with: Horovod's ``*_built()`` flags, frontend-neutral.
 
-accord.mxnet exports these under Horovod's names (accord.torch has its own copies in
-``accord.torch.basics``, which can delegate here).
+accord.torch and accord.mxnet export these under Horovod's names (which library the job uses
+is :mod:`accord.engine.backend_flags`).
 """
 from __future__ import annotations
 

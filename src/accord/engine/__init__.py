@@ -2,7 +2,9 @@
 
 - :mod:`~accord.engine.session` — frontend-neutral API (init, shutdown, process sets, submit);
   ``accord.torch`` and ``accord.kvstore`` wrap it.
-- :mod:`~accord.engine.engine` — the per-process thread: queue, cycles, handles.
+- :mod:`~accord.engine.engine` — routes each request to its process set's controller; handles.
+- :mod:`~accord.engine.controller` — one process set's thread: queue, cycles, negotiation
+  among the set's members only (sets progress independently).
 - :mod:`~accord.engine.negotiate` — which requests are ready / mismatched (pure logic).
 - :mod:`~accord.engine.fusion`, :mod:`~accord.engine.execute` — packing and running collectives.
 - :mod:`~accord.engine.join` — Horovod's join: joined ranks serve the others' collectives.

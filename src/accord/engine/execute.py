@@ -97,9 +97,19 @@ class Executor:
         self.timeline: Timeline | None = None
         self.collectives = 0  # data-plane collectives issued (tests and benchmarks read it)
 
-    def run(self, ready: Sequence[Request]) -> None:
-        """Execute ``ready`` (this rank's requests, in agreed order)."""
-        for item in plan_work(ready, self.fusion_threshold):
+    def run(self, ready: Sequence[Request], control: float | None = None) -> bool:
+        """Execute ``ready`` (this rank's requests, in agreed order).
+
+        ``control`` (a planned cycle, see :mod:`accord.engine.plan`): the first work item, a
+        floating SUM/AVERAGE allreduce, carries one extra element summing every rank's
+        ``control``; when that sum is not 0 some rank did not follow the plan, nothing is
+        completed and False is returned (the same on every rank).
+        """
+        for index, item in enumerate(plan_work(ready, self.fusion_threshold)):
+            if index == 0 and control is not None:
+                if not self._controlled(item, control):
+                    return False
+                continue
             first = item[0]
             # The current CUDA device is per thread and this thread never chose one: run a CUDA
             # item under its tensors' device, so metadata and buffers land there, not on cuda:0.
@@ -124,6 +134,36 @@ class Executor:
             # One completion per item, not per request: waking the caller's thread 160 times
             # would make both threads fight over the GIL while outputs are still being copied.
             self.complete(outcomes)
+        return True
+
+    def _controlled(self, item: list[Request], control: float) -> bool:
+        """Run ``item`` (a floating SUM/AVERAGE allreduce, CPU) through the fusion buffer with
+        ``control`` appended; complete it only when the summed control is 0."""
+        first = item[0]
+        comm = self.sets.communicator(first.process_set_id, "cpu")
+        if comm is None:
+            raise CollectiveError(f"rank is not in process set {first.process_set_id}")
+        sig = first.signature
+        wire_dtype = _wire_dtype(item)
+        op, post = wire_reduction(ReduceOp(sig.reduce_op), wire_dtype, sig.postscale, comm.size)
+        tensors = [r.tensor for r in item]
+        numel = sum(t.numel() for t in tensors)
+        t0 = time.monotonic()
+        buf = self.buffers.get(first.tensor.device, wire_dtype, numel + 1)
+        pack(tensors, buf[:numel])
+        buf[numel] = control
+        t1 = time.monotonic()
+        self._reduce(comm, buf, op, sig.prescale, post)
+        t2 = time.monotonic()
+        if buf[numel].item() != 0:
+            return False
+        outcomes = self._unfuse(item, buf[:numel])
+        if self.timeline is not None:
+            self._span(item, "MEMCPY_IN_FUSION_BUFFER", t0, t1)
+            self._span(item, "ALLREDUCE", t1, t2)
+            self._span(item, "MEMCPY_OUT_FUSION_BUFFER", t2, time.monotonic())
+        self.complete(outcomes)
+        return True
 
     # --- helpers -------------------------------------------------------------------------
 
@@ -189,10 +229,7 @@ class Executor:
         else:
             buf = self._private(batch[0])
         t1 = time.monotonic()
-        scale_(buf, sig.prescale)
-        _comm_call(comm.allreduce, buf, op)
-        scale_(buf, post)
-        self.collectives += 1
+        self._reduce(comm, buf, op, sig.prescale, post)
         t2 = time.monotonic()
         if span is not None or not fused:
             outcomes = [(r, self._finish(r, r.tensor if fused else buf), None) for r in batch]
@@ -222,6 +259,13 @@ class Executor:
         if self.timeline is not None:
             self._span(batch, "ALLREDUCE", t1, time.monotonic())
         return [(r, self._finish(r, o), None) for r, o in zip(batch, outputs)]
+
+    def _reduce(self, comm: Communicator, buf: torch.Tensor, op: ReduceOp, pre: float, post: float) -> None:
+        """Scale, allreduce in place, scale: one data collective."""
+        scale_(buf, pre)
+        _comm_call(comm.allreduce, buf, op)
+        scale_(buf, post)
+        self.collectives += 1
 
     def _unfuse(self, batch: list[Request], buf: torch.Tensor) -> list[Outcome]:
         parts = unpack(buf, [r.tensor for r in batch])

@@ -63,6 +63,10 @@ class Intake:
             self._hurry = True
             self._cond.notify()
 
+    def urgent(self) -> bool:
+        """Whether a caller waits on a handle or polled one (the caller holds the condition)."""
+        return bool(self._waiters or self._hurry)
+
     def take(self, stopping: Callable[[], bool]) -> list[Request]:
         """Keep gathering while the rules above allow, then return and clear the queue (the
         engine thread holds the condition). ``stopping()`` true ends the gathering too."""

@@ -11,10 +11,27 @@ ranks as present for every name. For each ready name a joined rank did not submi
 - broadcast / scatter: a receive buffer (the result is dropped);
 - barrier: takes part.
 
-Horovod 0.28 refuses allgather, alltoall, broadcast and reducescatter while a rank is joined;
-accord runs them as above. A rooted op whose root has joined without submitting it is an
-error on every rank. ``join()`` returns on every rank once all have joined, with the rank that
-joined last (ranks that join in the same cycle: the highest of them).
+What each collective does while some ranks have joined (a decision per collective; Horovod
+0.28 instead raises on the other ranks for allgather, alltoall, broadcast and reducescatter):
+
+- allreduce, reduce: the joined ranks add zeros (as in Horovod);
+- reducescatter: the same, so each active rank gets its slice of the active ranks' sum
+  (Average divides by the whole set's size, as allreduce does): kept, it is well defined;
+- allgather, gather: the joined ranks contribute no rows: the result is the active ranks' rows,
+  in rank order: kept;
+- alltoall: the joined ranks send no rows and drop what they receive: every active rank gets
+  exactly what the other active ranks sent it: kept;
+- broadcast, scatter with an active root: the joined ranks receive and drop the data: kept;
+- broadcast, scatter, reduce, gather whose root has joined without submitting it: not
+  defined (no data to send, or nobody to receive), so a MismatchError on every rank that
+  submitted it *and* on the joined root, whose join() raises it (it should have submitted);
+- barrier: the joined ranks take part.
+
+``join()`` returns on every rank once all have joined, with the rank that joined last (ranks
+that join in the same cycle: the highest of them). It is decided by the global set; while a rank
+is joined its other process sets serve their collectives the same way (see
+:mod:`accord.engine.engine`). If a rank shuts down (it failed, or finished without joining)
+while another waits in join(), that join() raises ShutdownError at once.
 """
 from __future__ import annotations
 

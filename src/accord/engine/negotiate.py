@@ -108,6 +108,14 @@ def ready_from_counts(sums: Sequence[int], cache: ResponseCache) -> list[int]:
     return [i for i in range(len(cache)) if sums[HEADER + i] and sums[HEADER + i] == cache.set_size(i)]
 
 
+def steady(sums: Sequence[int], cache: ResponseCache) -> bool:
+    """Whether a negotiation (without a full exchange) showed every member with exactly the
+    same cached names pending: no shutdown, join or uncached requests, no partial counts."""
+    if sums[WANT_FULL] or sums[SHUTDOWN] or sums[JOINED] or sums[UNCACHED]:
+        return False
+    return all(c == 0 or c == cache.set_size(i) for i, c in enumerate(sums[HEADER:HEADER + len(cache)]))
+
+
 def peers_wait_on_me(sums: Sequence[int], mine: Vector, uncached_mine: bool) -> bool:
     """Whether another rank may be waiting for a request this rank has not submitted.
 
@@ -151,28 +159,39 @@ def _from_doc(doc: dict) -> tuple[Pending, dict[int, tuple[int, ...]], bool]:
 
 @dataclass
 class Exchange:
-    """Every rank's contribution to one full exchange, in rank order."""
+    """Every member's contribution to one full exchange, in communicator order.
+
+    ``ranks`` are the members' global ranks (None: positions are global ranks, the global
+    set); ``joined`` holds global ranks.
+    """
 
     pending: list[Pending]
     sets: list[dict[int, tuple[int, ...]]]
     joined: list[int]
+    ranks: tuple[int, ...] | None = None
+
+    def global_ranks(self) -> tuple[int, ...]:
+        """The global rank of each position."""
+        return tuple(range(len(self.pending))) if self.ranks is None else self.ranks
 
 
-def split_payloads(data: bytes, size: int) -> Exchange:
-    """Split the allgathered payloads of ``size`` ranks (each JSON document delimits itself).
+def split_payloads(data: bytes, size: int, ranks: Sequence[int] | None = None) -> Exchange:
+    """Split the allgathered payloads of ``size`` members (each JSON document delimits itself);
+    ``ranks``: the members' global ranks (default 0 .. size-1).
 
     Raises ValueError on malformed data.
     """
     decoder = json.JSONDecoder()
     text, pos = data.decode(), 0
-    out = Exchange([], [], [])
-    for rank in range(size):
+    out = Exchange([], [], [], None if ranks is None else tuple(ranks))
+    members = out.global_ranks() if ranks is not None else range(size)
+    for position in range(size):
         doc, pos = decoder.raw_decode(text, pos)
         pending, sets, joined = _from_doc(doc)
         out.pending.append(pending)
         out.sets.append(sets)
         if joined:
-            out.joined.append(rank)
+            out.joined.append(members[position])
     if pos != len(text):
         raise ValueError(f"negotiation payload has {len(text) - pos} trailing bytes")
     return out
@@ -199,6 +218,8 @@ class Decision:
     # ready name -> (agreed signature, members of its process set): what a joined rank needs
     # to build a stand-in for a name it never submitted
     agreed: dict[str, tuple[Signature, tuple[int, ...]]] = field(default_factory=dict)
+    # errored name -> its root rank, for rooted ops whose root joined instead of submitting
+    joined_roots: dict[str, int] = field(default_factory=dict)
 
 
 def decide(exchange: Exchange, cache: ResponseCache, tick: int) -> Decision:
@@ -209,14 +230,16 @@ def decide(exchange: Exchange, cache: ResponseCache, tick: int) -> Decision:
     ``cache`` identically on every rank (the exchange is the same everywhere).
     """
     per_rank = exchange.pending
+    ranks = exchange.global_ranks()
     joined_set = set(exchange.joined)
     decision = Decision()
     ready: list[tuple[str, Signature, int]] = []
     for name in sorted(set().union(*per_rank)):
-        holders = {r: d[name] for r, d in enumerate(per_rank) if name in d}
+        holders = {ranks[p]: d[name] for p, d in enumerate(per_rank) if name in d}
         sigs = {r: sig for r, (sig, _) in holders.items()}
         sig = next(iter(sigs.values()))
-        group, problem = _members_of_all(sigs, holders, exchange.sets, len(per_rank))
+        views = {ranks[p]: s for p, s in enumerate(exchange.sets)}
+        group, problem = _members_of_all(sigs, holders, views, len(per_rank))
         if problem:
             decision.errors[name] = problem
             continue
@@ -233,6 +256,7 @@ def decide(exchange: Exchange, cache: ResponseCache, tick: int) -> Decision:
             continue
         if not missing and Op(sig.op) in ROOTED_OPS and sig.root not in holders:
             decision.errors[name] = joined_root_message(name, sig)
+            decision.joined_roots[name] = sig.root
             continue
         if missing:
             age = max(a for _, a in holders.values())
@@ -261,7 +285,7 @@ def decide(exchange: Exchange, cache: ResponseCache, tick: int) -> Decision:
 
 
 def _members_of_all(sigs: Mapping[int, Signature], holders: Mapping[int, object],
-                    sets: Sequence[Mapping[int, Sequence[int]]], size: int) -> tuple[tuple[int, ...], str]:
+                    sets: Mapping[int, Mapping[int, Sequence[int]]], size: int) -> tuple[tuple[int, ...], str]:
     """The ranks that must submit a name: the members of every process set its holders name
     (one set, unless the signatures disagree), or a problem."""
     members: set[int] = set()
@@ -274,9 +298,10 @@ def _members_of_all(sigs: Mapping[int, Signature], holders: Mapping[int, object]
     return tuple(sorted(members)), ""
 
 
-def _members(set_id: int, holders: Mapping[int, object], sets: Sequence[Mapping[int, Sequence[int]]],
+def _members(set_id: int, holders: Mapping[int, object], sets: Mapping[int, Mapping[int, Sequence[int]]],
              size: int) -> tuple[tuple[int, ...], str]:
-    """The members of ``set_id`` as the ranks holding the name report them, or a problem."""
+    """The members of ``set_id`` as the ranks holding the name report them (``sets``: global
+    rank -> that rank's view of the sets), or a problem."""
     if set_id == 0:
         return tuple(range(size)), ""
     views = {r: tuple(sets[r].get(set_id, ())) for r in holders}

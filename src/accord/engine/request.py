@@ -85,7 +85,7 @@ class Handle:
 
     # A bare lock held until completion: a fraction of threading.Event's creation cost, which
     # matters when a training step submits hundreds of gradients.
-    __slots__ = ("name", "_gate", "_done", "_value", "_error")
+    __slots__ = ("name", "_gate", "_done", "_value", "_error", "owner")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -94,6 +94,7 @@ class Handle:
         self._done = False
         self._value: Any = None
         self._error: BaseException | None = None
+        self.owner: Any = None  # the engine's controller that runs the request (set at submit)
 
     def done(self) -> bool:
         """True once the request has completed or failed."""

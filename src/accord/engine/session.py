@@ -129,6 +129,15 @@ def engine() -> Engine:
     return _current().engine
 
 
+def communicator(set_id: int = GLOBAL_ID, device: str = "cpu") -> Any:
+    """This rank's communicator for a process set on a device kind (None when not a member).
+
+    Which communicator the engine chose (flat, hierarchical, shared memory, MPI) is visible here,
+    for reports and tests.
+    """
+    return _current().sets.communicator(set_id, device)
+
+
 def backend_name(device_type: str = "cpu") -> str:
     """The backend the engine uses for ``device_type`` tensors (``auto`` resolved at init).
 
@@ -141,7 +150,9 @@ def backend_name(device_type: str = "cpu") -> str:
 def _add(session: _Session, ranks: Sequence[int]) -> int:
     ranks = session.sets.check_new(int(r) for r in ranks)  # equal on every rank
     comms = {d: b.create(list(ranks)) for d, b in session.backends.items()}  # collective on all ranks
-    return session.sets.add(ranks, comms)
+    set_id = session.sets.add(ranks, comms)
+    session.engine.open_set(set_id)  # its members start the set's controller (once started)
+    return set_id
 
 
 def add_process_set(ranks: Sequence[int]) -> int:
@@ -170,6 +181,9 @@ def remove_process_set(set_id: int) -> None:
             raise ValueError(with_hint(
                 f"process set {set_id} {list(ranks)} still has requests in flight: {busy[:5]}",
                 "synchronize their handles before removing the process set"))
+        # Stop the set's controller first (negotiated with the set's members), so that no
+        # thread uses the communicators below any more.
+        session.engine.close_set(set_id)
         # Release the set's groups now (NCCL communicators hold GPU memory; a job that adds and
         # removes sets would leak it). A barrier first: this rank has nothing in flight on the
         # set, but a peer may still be finishing its part of the last collective.

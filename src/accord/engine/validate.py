@@ -1,7 +1,8 @@
 """Local checks of a request before it is queued: membership, root, splits, op and dtype.
 
-They raise ValueError on the submitting rank only (Horovod raises these locally too); problems
-that need the other ranks' view (shape or dtype mismatches) are found by the negotiation.
+They raise :class:`~accord.errors.InvalidArgumentError` (a ValueError and, as in Horovod, a
+RuntimeError) on the submitting rank only (Horovod raises these locally too); problems that need
+the other ranks' view (shape or dtype mismatches) are found by the negotiation.
 """
 from __future__ import annotations
 
@@ -12,44 +13,44 @@ import torch
 from accord.comm.ops import ReduceOp
 from accord.engine.request import REDUCING_OPS, ROOTED_OPS, Op, Request
 from accord.engine.sets import ProcessSetRegistry
-from accord.errors import with_hint
+from accord.errors import InvalidArgumentError, with_hint
 
 
 def validate(r: Request, sets: ProcessSetRegistry, rank: int) -> None:
-    """Raise ValueError if ``r`` cannot run on ``rank`` (see the module docstring)."""
+    """Raise InvalidArgumentError if ``r`` cannot run on ``rank`` (see the module docstring)."""
     try:
         group = sets.members(r.process_set_id)
     except KeyError:
-        raise ValueError(with_hint(f"{r.op.value} {r.name!r}: unknown process set {r.process_set_id}",
+        raise InvalidArgumentError(with_hint(f"{r.op.value} {r.name!r}: unknown process set {r.process_set_id}",
                                    "register it with add_process_set on every rank first")) from None
     if rank not in group:
-        raise ValueError(with_hint(
+        raise InvalidArgumentError(with_hint(
             f"{r.op.value} {r.name!r}: rank {rank} is not in process set {r.process_set_id} {list(group)}",
             "submit collectives of a process set only on its member ranks"))
     if r.op is not Op.BARRIER:
         if r.tensor is None:
-            raise ValueError(f"{r.op.value} {r.name!r} needs a tensor")
+            raise InvalidArgumentError(f"{r.op.value} {r.name!r} needs a tensor")
         sets.communicator(r.process_set_id, r.signature.device)  # raises if none
     if r.op in REDUCING_OPS:
         if r.reduce_op == ReduceOp.ADASUM:
-            raise ValueError(with_hint(f"{r.op.value} {r.name!r}: Adasum is not supported",
+            raise InvalidArgumentError(with_hint(f"{r.op.value} {r.name!r}: Adasum is not supported",
                                        "use Sum or Average"))
         if r.dtype == torch.bool and (r.prescale_factor != 1 or r.postscale_factor != 1):
-            raise ValueError(f"{r.op.value} {r.name!r}: bool tensors cannot be scaled")
+            raise InvalidArgumentError(f"{r.op.value} {r.name!r}: bool tensors cannot be scaled")
     if r.wire_dtype is not None and not (
             r.op is Op.ALLREDUCE and r.owned and r.tensor is not None and r.tensor.is_floating_point()
             and r.wire_dtype.is_floating_point):
-        raise ValueError(with_hint(
+        raise InvalidArgumentError(with_hint(
             f"{r.op.value} {r.name!r}: a {None if r.tensor is None else r.tensor.dtype} tensor cannot be "
             f"cast to {r.wire_dtype} by the engine",
             "only in-place allreduces of floating tensors travel in another floating dtype"))
     if r.op in ROOTED_OPS and r.root_rank not in group:
-        raise ValueError(with_hint(f"{r.op.value} {r.name!r}: root rank {r.root_rank} is not in "
+        raise InvalidArgumentError(with_hint(f"{r.op.value} {r.name!r}: root rank {r.root_rank} is not in "
                                    f"process set {r.process_set_id} {list(group)}",
                                    "pass a global rank that belongs to the process set"))
     if r.splits is not None and (r.op is Op.ALLTOALL or (r.op is Op.SCATTER and r.root_rank == rank)):
         if len(r.splits) != len(group) or sum(r.splits) != r.tensor.shape[0] or min(r.splits) < 0:
-            raise ValueError(with_hint(
+            raise InvalidArgumentError(with_hint(
                 f"{r.op.value} {r.name!r}: splits {list(r.splits)} must have {len(group)} "
                 f"non-negative entries summing to dim 0 ({r.tensor.shape[0]})",
                 "pass one row count per rank of the process set"))
@@ -61,6 +62,6 @@ def validate_group(requests: Sequence[Request], sets: ProcessSetRegistry, rank: 
     for r in requests:
         validate(r, sets, rank)
         if r.name in seen:
-            raise ValueError(with_hint(f"the name {r.name!r} appears twice in one group on rank {rank}",
+            raise InvalidArgumentError(with_hint(f"the name {r.name!r} appears twice in one group on rank {rank}",
                                        "give every tensor of a grouped call its own name"))
         seen.add(r.name)

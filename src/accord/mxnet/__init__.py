@@ -27,9 +27,9 @@ require_mxnet()
 from accord.errors import CollectiveError as HorovodInternalError  # noqa: E402
 from accord.comm.build_flags import (ccl_built, cuda_built, ddl_built, gloo_built, mpi_built,  # noqa: E402
                                      nccl_built, rocm_built)
-from accord.mxnet.basics import (cross_rank, cross_size, gloo_enabled, is_homogeneous,  # noqa: E402
-                                 is_initialized, local_rank, local_size, mpi_enabled,
-                                 mpi_threads_supported, rank, size, start_timeline, stop_timeline)
+from accord.engine.backend_flags import gloo_enabled, mpi_enabled, mpi_threads_supported  # noqa: E402
+from accord.mxnet.basics import (cross_rank, cross_size, is_homogeneous, is_initialized,  # noqa: E402
+                                 local_rank, local_size, rank, size, start_timeline, stop_timeline)
 from accord.mxnet.lifecycle import init, shutdown  # noqa: E402
 from accord.mxnet.compression import Compression, Compressor  # noqa: E402
 from accord.mxnet.functions import allgather_object, broadcast_object, broadcast_parameters  # noqa: E402

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from accord import config
 from accord.engine import session
 
 NOT_INITIALIZED = "Horovod has not been initialized; use hvd.init()."
@@ -59,35 +58,6 @@ def cross_rank() -> int:
 def is_homogeneous() -> bool:
     """True when every host runs the same number of ranks."""
     return bool(topology().homogeneous)
-
-
-def _cpu_backend() -> str:
-    if session.is_initialized():
-        return session.backend_name("cpu")
-    return str(config.get("ACCORD_CPU_BACKEND")).lower()
-
-
-def mpi_enabled() -> bool:
-    """True when CPU collectives run over MPI."""
-    return _cpu_backend() == "mpi"
-
-
-def mpi_threads_supported() -> bool:
-    """Whether MPI allows calls from several threads.
-
-    Raises:
-        ValueError: MPI is not enabled (as in Horovod).
-    """
-    if not mpi_enabled():
-        raise ValueError("Horovod MPI is not enabled; Please make sure it's installed and enabled.")
-    from mpi4py import MPI
-
-    return bool(MPI.Query_thread() == MPI.THREAD_MULTIPLE)
-
-
-def gloo_enabled() -> bool:
-    """True when CPU collectives run over Gloo or the shared memory that Gloo sets up."""
-    return _cpu_backend() in ("gloo", "shm", "auto")
 
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:

@@ -1,28 +1,20 @@
 """``broadcast_parameters`` (dicts and Gluon ParameterDicts, deferred-init parameters
 included), ``broadcast_object`` and ``allgather_object``.
 
-Objects travel only over the job's data plane, as sealed pickles
-(:mod:`accord.store.sealed_objects`): bytes no rank of this job sealed are refused, never
-unpickled. Unpickling runs code chosen by the sending rank: these functions trust the job's
-ranks as much as the training script itself does.
+Objects travel only over the job's data plane, as sealed pickles bound to the call, exactly as
+accord.torch's (:mod:`accord.engine.objects` says what is checked before anything is unpickled).
 """
 from __future__ import annotations
 
 import types
 from typing import Any
 
-import torch
-
-from accord.engine import session
-from accord.engine.request import Op
-from accord.errors import CollectiveError
+from accord.engine import objects, session
+from accord.errors import CollectiveError, with_hint
 from accord.mxnet import basics
 from accord.mxnet.bridge import mx, mxnet_error
-from accord.mxnet.mpi_ops import broadcast_, run
-from accord.mxnet.process_sets import ProcessSet, global_process_set
-from accord.store.sealed_objects import dumps_sealed, loads_sealed
-
-_PURPOSE = b"accord.mxnet object"
+from accord.mxnet.mpi_ops import broadcast_
+from accord.mxnet.process_sets import ProcessSet, global_process_set, set_id
 
 
 def broadcast_parameters(params: Any, root_rank: int = 0, prefix: str | None = None) -> None:
@@ -80,42 +72,23 @@ def _broadcast_after_init(param: Any, root_rank: int, name: str) -> None:
     param._init_impl = types.MethodType(init_then_broadcast, param)
 
 
-def _dumps(obj: Any) -> torch.Tensor:
-    sealed = dumps_sealed(session.runtime().secret, _PURPOSE, obj)
-    return torch.frombuffer(bytearray(sealed), dtype=torch.uint8)
-
-
-def _loads(data: torch.Tensor) -> Any:
-    try:
-        return loads_sealed(session.runtime().secret, _PURPOSE, data.numpy().tobytes())
-    except ValueError as exc:  # never unpickled: no rank of this job sealed it
-        raise mxnet_error(CollectiveError(str(exc))) from None
-
-
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> Any:
     """Return ``root_rank``'s ``obj`` on every rank of the set (pickled; see the module note)."""
-    is_root = basics.rank() == root_rank
-    payload = _dumps(obj) if is_root else torch.empty(0, dtype=torch.uint8)
-    length = torch.tensor([payload.numel()], dtype=torch.int64)
-    run(Op.BROADCAST, [length], f"{name}.sz" if name else None, process_set, in_place=True,
-        root_rank=root_rank)
-    if not is_root:
-        payload = torch.empty(int(length.item()), dtype=torch.uint8)
-    run(Op.BROADCAST, [payload], f"{name}.t" if name else None, process_set, in_place=True,
-        root_rank=root_rank)
-    return obj if is_root else _loads(payload)
+    if not session.is_initialized():
+        raise mxnet_error(CollectiveError(with_hint(basics.NOT_INITIALIZED, "call hvd.init() first")))
+    try:
+        return objects.broadcast_object(obj, root_rank, name, set_id(process_set))
+    except CollectiveError as exc:
+        raise mxnet_error(exc) from None
 
 
 def allgather_object(obj: Any, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> list[Any]:
     """Return every rank's ``obj`` in rank order (pickled; see the module note)."""
-    payload = _dumps(obj)
-    sizes = run(Op.ALLGATHER, [torch.tensor([payload.numel()], dtype=torch.int64)],
-                f"{name}.sz" if name else None, process_set)[0]
-    gathered = run(Op.ALLGATHER, [payload], f"{name}.t" if name else None, process_set)[0]
-    out, start = [], 0
-    for n in sizes.tolist():
-        out.append(_loads(gathered[start:start + n]))
-        start += n
-    return out
+    if not session.is_initialized():
+        raise mxnet_error(CollectiveError(with_hint(basics.NOT_INITIALIZED, "call hvd.init() first")))
+    try:
+        return objects.allgather_object(obj, name, set_id(process_set))
+    except CollectiveError as exc:
+        raise mxnet_error(exc) from None

@@ -11,8 +11,6 @@ shapes that differ between ranks: raised on every rank) are both accord's error 
 """
 from __future__ import annotations
 
-import itertools
-import threading
 from typing import Any, Sequence
 
 import torch
@@ -29,18 +27,12 @@ from accord.mxnet.process_sets import ProcessSet, global_process_set, set_id
 Average, Sum, Adasum = ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.ADASUM
 Min, Max, Product = ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT
 
-_lock = threading.Lock()
-_unnamed: dict[tuple[str, int], itertools.count] = {}
 
 
-def op_name(op: Op, name: str | None, sid: int) -> str:
-    """``allreduce.<name>``, or ``allreduce.noname.<n>`` numbered per op and process set (ranks
-    outside a set do not skip numbers of later global calls); ``@ps<id>`` marks other sets."""
-    if name is None:
-        with _lock:
-            counter = _unnamed.setdefault((op.value, sid), itertools.count())
-            name = f"noname.{next(counter)}"
-    return f"{op.value}.{name}" + (f"@ps{sid}" if sid else "")
+def op_name(op: Op, name: str | None) -> str | None:
+    """Horovod's ``allreduce.<name>``; None for an unnamed call, which the session numbers
+    (:mod:`accord.engine.naming`: one counter per process set, ``@ps<id>`` for other sets)."""
+    return None if name is None else f"{op.value}.{name}"
 
 
 def reduce_op(average: bool | None, op: Any) -> ReduceOp:
@@ -68,7 +60,7 @@ def submit(op: Op, tensors: Sequence[torch.Tensor], name: str | None, process_se
     if not session.is_initialized():
         raise mxnet_error(CollectiveError(with_hint(basics.NOT_INITIALIZED, "call hvd.init() first")))
     sid = set_id(process_set)
-    full = op_name(op, name, sid)
+    full = op_name(op, name)
     if grouped:
         return session.submit_group(op, list(tensors), full, process_set_id=sid, **kwargs)
     return [session.submit(op, tensors[0], full, process_set_id=sid, **kwargs)]

@@ -24,45 +24,21 @@ from typing import Any
 import torch
 
 from accord.comm.ops import ReduceOp
-from accord.engine import session
+from accord.engine.host_sets import host_set, scope_name
 from accord.engine.request import Op
-from accord.errors import with_hint
 from accord.mxnet import basics
 from accord.mxnet.bridge import mx, read_view, to_ndarray
 from accord.mxnet.mpi_ops import run
 from accord.mxnet.process_sets import ProcessSet, global_process_set
 
 
-def scope_name(comm_scope: Any) -> str:
-    """``'local'`` for 0 / 'local', ``'global'`` for 1 / 'global'.
-
-    Raises:
-        ValueError: anything else.
-    """
-    if comm_scope in (1, "global"):
-        return "global"
-    if comm_scope in (0, "local"):
-        return "local"
-    raise ValueError(with_hint(f"comm_scope must be 0 (local) or 1 (global), got {comm_scope!r}",
-                               "use 0 / 'local' to synchronize within a host, 1 / 'global' over every rank"))
-
-
 def _host_set() -> ProcessSet:
     """This host's process set (registers every host's set once; collective)."""
-    from accord.runtime.groups import local_sets
-
-    topo = session.topology()
-    if topo.local_size == topo.size:
+    set_id, ranks = host_set()
+    if set_id == 0:
         return global_process_set
-    mine = None
-    for ranks in local_sets(topo):
-        sid = basics.find_set(ranks)
-        if sid is None:
-            sid = session.add_process_set(list(ranks))
-        if topo.rank in ranks:
-            mine = ProcessSet(list(ranks))
-            mine.process_set_id = sid
-    assert mine is not None
+    mine = ProcessSet(list(ranks))
+    mine.process_set_id = set_id
     return mine
 
 

@@ -168,17 +168,10 @@ def _sync_dir(ns: argparse.Namespace) -> str | None:
     return path
 
 
-def config_from_args(ns: argparse.Namespace, environ: Mapping[str, str], cwd: str | None = None) -> LaunchConfig:
-    """Validate the parsed command line into a LaunchConfig.
-
-    Args:
-        environ: the launcher's environment (``config.snapshot()``), for DMLC_INTERFACE,
-            PS_VERBOSE and PATH.
-
-    Raises:
-        ConfigError: anything unusable, with a HINT.
-    """
-    elastic = elastic_config.elastic_from_args(ns)
+def _workers(ns: argparse.Namespace, elastic: elastic_config.ElasticConfig | None, cwd: str | None
+             ) -> tuple[list[HostSlots], int, tuple[Slot, ...]]:
+    """Hosts, worker count and every worker's slot, from -np, -H, --hostfile, --ips (or, for an
+    elastic job, the discovery script's first answer)."""
     hosts = _hosts(ns) if elastic is None else elastic_config.first_hosts(elastic, cwd)
     num_proc = ns.num_proc
     if elastic is not None and num_proc is None:
@@ -193,9 +186,10 @@ def config_from_args(ns: argparse.Namespace, environ: Mapping[str, str], cwd: st
         hosts = [HostSlots("localhost", max(num_proc, 1))]
     elif num_proc is None:
         num_proc = sum(h.slots for h in hosts)
-    slots = tuple(assign_slots(hosts, num_proc))
-    all_local = all(is_local(s.hostname) for s in slots)
+    return hosts, num_proc, tuple(assign_slots(hosts, num_proc))
 
+
+def _devices(ns: argparse.Namespace, slots: tuple[Slot, ...]) -> tuple[str, ...] | None:
     devices = parse_devices(ns.devices) if ns.devices is not None else None
     if devices is not None:
         most = max(s.local_size for s in slots)
@@ -204,28 +198,38 @@ def config_from_args(ns: argparse.Namespace, environ: Mapping[str, str], cwd: st
                 f"--gpus/--devices lists {len(devices)} device(s) but a host runs {most} workers",
                 f"list at least {most} devices, or lower the workers per host",
             ))
+    return devices
+
+
+def _ranks_filter(ns: argparse.Namespace, num_proc: int) -> frozenset[int] | None:
     ranks_filter = parse_rank_list(ns.ranks_filter, "--ranks-filter") if ns.ranks_filter is not None else None
     if ranks_filter is not None and max(ranks_filter) >= num_proc:
         raise ConfigError(with_hint(f"--ranks-filter names rank {max(ranks_filter)} but the job has {num_proc} ranks",
                                     f"use ranks 0..{num_proc - 1}"))
-    _positive(ns.grace_period, "--grace-period", allow_zero=True)
+    return ranks_filter
+
+
+def _ssh(ns: argparse.Namespace) -> SshOptions:
     if ns.ssh_identity_file is not None and not os.path.isfile(ns.ssh_identity_file):
         raise ConfigError(with_hint(f"-i/--ssh-identity-file {ns.ssh_identity_file!r} does not exist",
                                     "pass the path of your private key, e.g. ~/.ssh/id_ed25519"))
+    return SshOptions(port=_port(ns.ssh_port, "-p/--ssh-port") or None, identity_file=ns.ssh_identity_file,
+                      strict_host_key_checking=ns.ssh_strict_host_key_checking)
 
+
+def _interface(ns: argparse.Namespace, environ: Mapping[str, str]) -> tuple[str | None, str | None]:
+    """The interface to bind and advertise, and its address."""
     interface = ns.network_interface or config.get("ACCORD_INTERFACE", environ)
-    interface_ip = None
-    if interface is not None:
-        try:
-            interface_ip = interface_address(interface)
-        except LaunchError as exc:
-            raise ConfigError(str(exc)) from None
-    log_level = ns.log_level.lower() if ns.log_level is not None else None
-    if log_level is not None and log_level not in LOG_LEVELS:
-        raise ConfigError(with_hint(f"--log-level {ns.log_level!r} is not a level",
-                                    f"use one of {', '.join(LOG_LEVELS)}"))
-    # a level: --verbose means at least 1; PS_VERBOSE=2 keeps its 2 for the servers
-    verbose = max(1 if ns.verbose else 0, int(config.get("ACCORD_VERBOSE", environ)))
+    if interface is None:
+        return None, None
+    try:
+        return interface, interface_address(interface)
+    except LaunchError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _servers(ns: argparse.Namespace, num_proc: int, slots: tuple[Slot, ...]) -> tuple[str, int, tuple[str, ...]]:
+    """Whose servers (--ps), how many and on which hosts."""
     ps = getattr(ns, "ps", None) or "accord"
     num_servers = _count(ns.num_servers, "--num-servers")
     if ps == "mxnet":
@@ -234,17 +238,45 @@ def config_from_args(ns: argparse.Namespace, environ: Mapping[str, str], cwd: st
         if num_servers < 1:
             raise ConfigError(with_hint("--ps mxnet needs at least one server, got --num-servers 0",
                                         "pass --num-servers 1 (or more), or leave it out for one per worker"))
-    server_hosts = _server_hosts(ns, num_servers, slots)
-    min_np = _elastic(ns, num_proc, sum(h.slots for h in hosts) if elastic is not None else None)
+    return ps, num_servers, _server_hosts(ns, num_servers, slots)
+
+
+def _tuning(ns: argparse.Namespace, environ: Mapping[str, str], interface: str | None) -> Any:
+    """The tuning table's options (:mod:`accord.run.tuning`) from the flags."""
+    log_level = ns.log_level.lower() if ns.log_level is not None else None
+    if log_level is not None and log_level not in LOG_LEVELS:
+        raise ConfigError(with_hint(f"--log-level {ns.log_level!r} is not a level",
+                                    f"use one of {', '.join(LOG_LEVELS)}"))
+    # a level: --verbose means at least 1; PS_VERBOSE=2 keeps its 2 for the servers
+    verbose = max(1 if ns.verbose else 0, int(config.get("ACCORD_VERBOSE", environ)))
     given = {o.name: getattr(ns, o.name) for o in tuning_table.OPTIONS if o.cli}
     if ns.timeline_filename:
         given["timeline_filename"] = os.path.abspath(ns.timeline_filename)
-    tuning = tuning_table.make_tuning({**given, "log_level": log_level, "network_interface": interface,
-                                       "verbose": verbose, "start_timeout": ns.start_timeout},
-                                      "accordrun")
-    ssh_port = _port(ns.ssh_port, "-p/--ssh-port") or None
+    return tuning_table.make_tuning({**given, "log_level": log_level, "network_interface": interface,
+                                     "verbose": verbose, "start_timeout": ns.start_timeout}, "accordrun")
+
+
+def config_from_args(ns: argparse.Namespace, environ: Mapping[str, str], cwd: str | None = None) -> LaunchConfig:
+    """Validate the parsed command line into a LaunchConfig.
+
+    Args:
+        environ: the launcher's environment (``config.snapshot()``), for DMLC_INTERFACE,
+            PS_VERBOSE and PATH.
+
+    Raises:
+        ConfigError: anything unusable, with a HINT.
+    """
+    elastic = elastic_config.elastic_from_args(ns)
+    hosts, num_proc, slots = _workers(ns, elastic, cwd)
+    devices = _devices(ns, slots)
+    ranks_filter = _ranks_filter(ns, num_proc)
+    _positive(ns.grace_period, "--grace-period", allow_zero=True)
+    ssh = _ssh(ns)
+    interface, interface_ip = _interface(ns, environ)
+    tuning = _tuning(ns, environ, interface)
+    ps, num_servers, server_hosts = _servers(ns, num_proc, slots)
     return LaunchConfig(
-        command=_command(ns, environ, all_local),
+        command=_command(ns, environ, all(is_local(s.hostname) for s in slots)),
         num_proc=num_proc,
         hosts=tuple(hosts),
         slots=slots,
@@ -252,8 +284,7 @@ def config_from_args(ns: argparse.Namespace, environ: Mapping[str, str], cwd: st
         devices=devices,
         start_timeout=ns.start_timeout,
         grace_period=DEFAULT_GRACE if ns.grace_period is None else ns.grace_period,
-        ssh=SshOptions(port=ssh_port, identity_file=ns.ssh_identity_file,
-                       strict_host_key_checking=ns.ssh_strict_host_key_checking),
+        ssh=ssh,
         output_dir=os.path.abspath(ns.output_filename) if ns.output_filename else None,
         prefix=not ns.no_prefix,
         prefix_timestamp=ns.prefix_timestamp,
@@ -263,10 +294,10 @@ def config_from_args(ns: argparse.Namespace, environ: Mapping[str, str], cwd: st
         master_addr=ns.master_addr,
         master_port=_port(ns.master_port, "--master-port"),
         interface_ip=interface_ip,
-        verbose=verbose > 0,
+        verbose=tuning.verbose > 0,
         num_servers=num_servers,
         server_hosts=server_hosts,
-        min_np=min_np,
+        min_np=_elastic(ns, num_proc, sum(h.slots for h in hosts) if elastic is not None else None),
         elastic=elastic,
         ps=ps,
         sync_dst_dir=_sync_dir(ns),

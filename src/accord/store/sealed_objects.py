@@ -4,7 +4,8 @@ The sender pickles (cloudpickle when installed, as Horovod does, so lambdas and 
 travel too) and seals the bytes with an HMAC under the job secret; a receiver checks the seal
 before unpickling, so bytes no holder of the secret sealed are refused, never unpickled.
 Unpickling runs code chosen by the sender: only ranks of the same job should be senders.
-Torch-free; accord.mxnet uses it (accord.torch.functions has its own copy, which can move here).
+Torch-free; :mod:`accord.engine.objects` (every frontend's broadcast_object) binds ``purpose``
+to the call.
 """
 from __future__ import annotations
 

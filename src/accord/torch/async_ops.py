@@ -15,7 +15,7 @@ import torch
 
 from accord.comm.ops import ReduceOp
 from accord.engine.compression import Compressor, NoneCompressor
-from accord.errors import with_hint
+from accord.errors import InvalidArgumentError, with_hint
 from accord.torch import adasum, gateway
 from accord.torch.gateway import check_tensor
 from accord.torch.process_sets import ProcessSet, global_process_set, set_id_of
@@ -149,7 +149,7 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: ReduceOp,
 def _check_ragged(tensor: torch.Tensor, what: str) -> None:
     check_tensor(tensor, what)
     if tensor.dim() == 0:
-        raise ValueError(with_hint(f"{what} needs a tensor with at least one dimension, got a scalar",
+        raise InvalidArgumentError(with_hint(f"{what} needs a tensor with at least one dimension, got a scalar",
                                    "reshape it, e.g. tensor.reshape(1)"))
 
 
@@ -210,28 +210,28 @@ def _splits_list(splits: Any) -> list[int] | None:
         return None
     if isinstance(splits, torch.Tensor):
         if splits.dim() != 1 or splits.is_floating_point() or splits.is_complex():
-            raise ValueError(with_hint(f"splits must be a 1-D integer tensor, got {splits.dtype} "
+            raise InvalidArgumentError(with_hint(f"splits must be a 1-D integer tensor, got {splits.dtype} "
                                        f"of shape {list(splits.shape)}",
                                        "pass one row count per rank, e.g. torch.tensor([2, 1])"))
         return [int(v) for v in splits.tolist()]
     values = list(splits)
     if any(not isinstance(v, int) or isinstance(v, bool) for v in values):
-        raise ValueError(with_hint(f"splits must be integers, got {values!r}",
+        raise InvalidArgumentError(with_hint(f"splits must be integers, got {values!r}",
                                    "pass one row count per rank"))
     return values
 
 
 def _check_splits(split_values: list[int], rows: int, members: int) -> None:
     if len(split_values) != members:
-        raise ValueError(with_hint(
+        raise InvalidArgumentError(with_hint(
             f"alltoall splits has {len(split_values)} entries but the process set has "
             f"{members} ranks", "pass one row count per rank of the process set"))
     if sum(split_values) != rows:
-        raise ValueError(with_hint(
+        raise InvalidArgumentError(with_hint(
             f"alltoall splits {split_values} sum to {sum(split_values)}, but the tensor's first "
             f"dimension is {rows}", "the splits must add up to tensor.shape[0]"))
     if min(split_values, default=0) < 0:
-        raise ValueError(with_hint(f"alltoall splits {split_values} has a negative entry",
+        raise InvalidArgumentError(with_hint(f"alltoall splits {split_values} has a negative entry",
                                    "row counts must be >= 0"))
 
 
@@ -263,10 +263,10 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = 
 def _check_reducescatter(tensor: torch.Tensor, op: ReduceOp, what: str) -> None:
     check_tensor(tensor, what)
     if tensor.dim() == 0:
-        raise ValueError(with_hint(f"{what} cannot scatter a scalar tensor",
+        raise InvalidArgumentError(with_hint(f"{what} cannot scatter a scalar tensor",
                                    "pass a tensor with at least one dimension"))
     if op not in (Sum, Average):
-        raise ValueError(with_hint(f"{what} supports only Sum and Average, got {ReduceOp(op).name}",
+        raise InvalidArgumentError(with_hint(f"{what} supports only Sum and Average, got {ReduceOp(op).name}",
                                    "use op=hvd.Sum or op=hvd.Average"))
 
 

@@ -7,13 +7,13 @@ and reset :mod:`accord.torch.gateway`'s handles); the queries raise Horovod's
 from __future__ import annotations
 
 import atexit
-import importlib.util
 from typing import Any
 
-import torch
 
-from accord import config
-from accord.engine import session
+from accord.comm.build_flags import (ccl_built, cuda_built, ddl_built, gloo_built, mpi_built,
+                                     nccl_built, rocm_built)
+from accord.engine import backend_flags, session
+from accord.engine.backend_flags import gloo_enabled, mpi_enabled
 from accord.errors import with_hint
 from accord.runtime import admission
 from accord.torch import gateway
@@ -116,78 +116,18 @@ def is_homogeneous() -> bool:
     return _topology().homogeneous
 
 
-# --- build and runtime flags (what this installation can do) -----------------------------------
-
-def _cpu_backend() -> str:
-    """The CPU backend in use (after init) or configured (before; ``auto`` is then unresolved)."""
-    if session.is_initialized():
-        return session.backend_name("cpu")
-    return str(config.get("ACCORD_CPU_BACKEND")).lower()
-
-
-def mpi_built() -> bool:
-    """True when mpi4py is installed (accord's ``mpi`` backend can be used)."""
-    return importlib.util.find_spec("mpi4py") is not None
-
-
-def mpi_enabled() -> bool:
-    """True when CPU collectives run over MPI (ACCORD_CPU_BACKEND=mpi)."""
-    return _cpu_backend() == "mpi"
-
+# --- build and runtime flags (what this installation can do; the same for every frontend) ----
 
 def mpi_threads_supported() -> bool:
-    """Whether MPI allows calls from several threads (only meaningful when MPI is enabled)."""
+    """Whether MPI allows calls from several threads (only meaningful when MPI is enabled).
+
+    Raises:
+        ValueError: MPI is not enabled, or accord is not initialized.
+    """
     if not mpi_enabled():
         raise ValueError("Horovod MPI is not enabled; Please make sure it's installed and enabled.")
     _topology()
-    from mpi4py import MPI
-
-    return MPI.Query_thread() == MPI.THREAD_MULTIPLE
-
-
-def gloo_built() -> bool:
-    """True: Gloo comes with torch.distributed."""
-    return bool(torch.distributed.is_available() and torch.distributed.is_gloo_available())
-
-
-def gloo_enabled() -> bool:
-    """True when CPU collectives run over Gloo, or over shared memory that Gloo sets up (the
-    default on one host); False under ACCORD_CPU_BACKEND=mpi or another library."""
-    return _cpu_backend() in ("gloo", "shm", "auto")
-
-
-def nccl_built() -> int:
-    """NCCL's version code (e.g. 21803) when torch has NCCL and CUDA, else 0 (as in Horovod)."""
-    try:
-        if not (torch.cuda.is_available() and torch.distributed.is_nccl_available()):
-            return 0
-        major, minor, patch = torch.cuda.nccl.version()[:3]
-    except Exception:  # a CPU-only torch raises various errors here
-        return 0
-    # NCCL_VERSION_CODE: 2.9 and later use five digits for major.minor.patch
-    if (major, minor) >= (2, 9):
-        return major * 10000 + minor * 100 + patch
-    return major * 1000 + minor * 100 + patch
-
-
-def cuda_built() -> bool:
-    """True when torch was built with CUDA."""
-    return torch.version.cuda is not None
-
-
-def rocm_built() -> bool:
-    """True when torch was built with ROCm."""
-    return getattr(torch.version, "hip", None) is not None
-
-
-def ddl_built() -> bool:
-    """False: IBM DDL is not supported."""
-    return False
-
-
-def ccl_built() -> bool:
-    """False: oneCCL is not supported."""
-    return False
+    return backend_flags.mpi_threads_supported()
 
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:

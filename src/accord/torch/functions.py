@@ -1,42 +1,20 @@
 """Helpers over the collectives: broadcasting a model's parameters and an optimizer's state,
 and broadcasting / allgathering arbitrary Python objects.
 
-Security note on ``broadcast_object`` / ``allgather_object``: objects are serialized with pickle
-(cloudpickle when installed, as Horovod does) and the bytes travel only over the job's own data
-plane (the collective backend between the job's ranks, which met through the authenticated
-rendezvous). They never pass through the rendezvous store or any control channel. The sender
-seals the pickle with an HMAC under the job secret and receivers check it before unpickling, so
-bytes that no holder of the secret sealed (another process writing to a data-plane connection)
-are refused, never unpickled. A seal also binds the call: the kind of call, the process set, the
-call's number among this runtime's calls on that set (every member makes them in the same
-order), the name and the sending rank, so a sealed object recorded from an earlier call cannot
-be replayed into a later one. The announced length is checked against ACCORD_MAX_OBJECT_BYTES
-before anything is allocated for it. Unpickling runs code chosen by the sending rank, so these
-functions trust the job's ranks exactly as much as the training script itself does.
+``broadcast_object`` / ``allgather_object`` pickle and seal objects; what is checked before
+anything is unpickled is written in :mod:`accord.engine.objects` (shared with accord.mxnet).
 """
 from __future__ import annotations
 
-import io
-import pickle
-import weakref
 from typing import Any
 
 import torch
 
-from accord import config
-from accord.engine import session
-from accord.errors import CollectiveError as HorovodInternalError
-from accord.errors import with_hint
-from accord.store.secret import SEAL_BYTES, seal, unseal
+from accord.engine import objects
 from accord.torch import async_ops as A
 from accord.torch import gateway
 from accord.torch.gateway import synchronize
-from accord.torch.process_sets import ProcessSet, global_process_set
-
-try:  # cloudpickle also serializes lambdas and local classes, like Horovod's
-    import cloudpickle as _pickler
-except ImportError:  # pragma: no cover - depends on the environment
-    _pickler = pickle
+from accord.torch.process_sets import ProcessSet, global_process_set, set_id_of
 
 
 def broadcast_parameters(params: Any, root_rank: int,
@@ -66,9 +44,11 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
                               process_set: ProcessSet = global_process_set) -> None:
     """Make every rank's optimizer state (buffers, step counts, lr and other options) root's.
 
-    An optimizer without state yet gets it first, by one step with zero gradients whose effect
-    on the parameters is undone (so weight decay does not move them). ``model`` is accepted for
-    Horovod compatibility: its gradients are reset to None afterwards.
+    An optimizer without state yet gets it first, as in Horovod, by one step with zero
+    gradients: every parameter that requires grad is left with a zero ``.grad`` (scripts read
+    it afterwards); the step's effect on the parameters is undone (so weight decay does not
+    move them), and parameters that do not require grad are not touched. ``model`` is accepted
+    for Horovod compatibility.
 
     Raises:
         ValueError: ``optimizer`` is an LBFGS (its state is not a set of tensors).
@@ -77,8 +57,6 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
     if len(optimizer.state_dict()["state"]) == 0:
         _initialize_state(optimizer)
-        if model is not None:
-            model.zero_grad(set_to_none=True)
     state_dict = optimizer.state_dict()
     is_root = gateway.rank() == root_rank
     # Root's layout decides: ranks whose state covers other parameters (e.g. root never saw a
@@ -124,99 +102,37 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
 
 
 def _initialize_state(optimizer: torch.optim.Optimizer) -> None:
-    """Create optimizer state with a zero-gradient step, leaving parameters and grads as found."""
+    """Create optimizer state with a zero-gradient step; parameters are left as found, their
+    ``.grad`` zero (Horovod's behaviour)."""
     saved = []
     for group in optimizer.param_groups:
         for p in group["params"]:
             if p.requires_grad:
-                saved.append((p, p.detach().clone(), p.grad))
+                saved.append((p, p.detach().clone()))
                 grad = torch.zeros_like(p)
                 p.grad = grad.to_sparse() if isinstance(optimizer, torch.optim.SparseAdam) else grad
     # A DistributedOptimizer's step() would allreduce; the wrapped class's step() does not.
     step = getattr(optimizer, "_accord_local_step", None) or optimizer.step
     step()
     with torch.no_grad():
-        for p, value, grad in saved:
+        for p, value in saved:
             p.copy_(value)
-            p.grad = grad
-
-
-_OBJECT_PURPOSE = b"accord.torch object"
-# per runtime (a new one after every init): (process set id, members) -> calls made on that set
-_calls: "weakref.WeakKeyDictionary[Any, dict[tuple, int]]" = weakref.WeakKeyDictionary()
-
-
-def _call(kind: str, name: str | None, process_set: ProcessSet) -> bytes:
-    """What every seal of this call is bound to (the same on every member of the set)."""
-    set_id = process_set.process_set_id
-    members = tuple(gateway.process_set_members(set_id)) if set_id is not None else ()
-    counts = _calls.setdefault(session.runtime(), {})
-    number = counts[(set_id, members)] = counts.get((set_id, members), 0) + 1
-    return f"|{kind}|set {set_id} {list(members)}|call {number}|name {name!r}|from ".encode()
-
-
-def _dumps(obj: Any, call: bytes, sender: int) -> torch.Tensor:
-    buf = io.BytesIO()
-    _pickler.dump(obj, buf)
-    sealed = seal(session.runtime().secret, _OBJECT_PURPOSE + call + str(sender).encode(), buf.getvalue())
-    return torch.frombuffer(bytearray(sealed), dtype=torch.uint8)
-
-
-def _loads(data: torch.Tensor, call: bytes, sender: int) -> Any:
-    try:
-        raw = unseal(session.runtime().secret, _OBJECT_PURPOSE + call + str(sender).encode(),
-                     data.numpy().tobytes())
-    except ValueError as exc:  # never unpickle what a rank of this job did not seal for this call
-        raise HorovodInternalError(str(exc)) from None
-    return pickle.loads(raw)  # cloudpickle output loads with plain pickle
-
-
-def _check_lengths(lengths: list[int], what: str) -> None:
-    """Refuse announced lengths outside [seal size, ACCORD_MAX_OBJECT_BYTES] before allocating
-    (the same on every rank, since every rank sees the same announced lengths)."""
-    limit = int(config.get("ACCORD_MAX_OBJECT_BYTES"))
-    bad = [n for n in lengths if not SEAL_BYTES <= n <= limit]
-    if bad:
-        raise HorovodInternalError(with_hint(
-            f"{what} announced {bad[0]} bytes for a pickled object; accepted: {SEAL_BYTES} to "
-            f"{limit} (ACCORD_MAX_OBJECT_BYTES); nothing was allocated",
-            "send smaller objects (tensors go through broadcast_parameters), or raise "
-            "ACCORD_MAX_OBJECT_BYTES on every rank; if the objects are small, something other "
-            "than the job's ranks wrote to the data plane: run it on a trusted network"))
+            if p.grad is not None:
+                p.grad.zero_()  # some optimizers update gradients in place (weight decay)
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> Any:
-    """Return root's ``obj`` on every rank of the set (pickled; see the module's security note).
+    """Return root's ``obj`` on every rank of the set (pickled and sealed: see
+    :mod:`accord.engine.objects` for what is checked).
 
     Example: ``state = hvd.broadcast_object(state if hvd.rank() == 0 else None, root_rank=0)``.
     """
-    is_root = gateway.rank() == root_rank
-    call = _call("broadcast", name, process_set)
-    payload = _dumps(obj, call, root_rank) if is_root else torch.empty(0, dtype=torch.uint8)
-    length = torch.tensor([payload.numel()], dtype=torch.int64)
-    sz_name = f"{name}.sz" if name else None
-    t_name = f"{name}.t" if name else None
-    synchronize(A.broadcast_async_(length, root_rank, sz_name, process_set))
-    _check_lengths([int(length.item())], f"rank {root_rank}'s broadcast_object")
-    if not is_root:
-        payload = torch.empty(int(length.item()), dtype=torch.uint8)
-    synchronize(A.broadcast_async_(payload, root_rank, t_name, process_set))
-    return obj if is_root else _loads(payload, call, root_rank)
+    return objects.broadcast_object(obj, root_rank, name, set_id_of(process_set))
 
 
 def allgather_object(obj: Any, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> list[Any]:
-    """Return every rank's ``obj`` as a list in rank order (pickled; see the security note)."""
-    call = _call("allgather", name, process_set)
-    payload = _dumps(obj, call, gateway.rank())
-    sizes = synchronize(A.allgather_async(torch.tensor([payload.numel()], dtype=torch.int64),
-                                          f"{name}.sz" if name else None, process_set))
-    _check_lengths(sizes.tolist(), "allgather_object")
-    gathered = synchronize(A.allgather_async(payload, f"{name}.t" if name else None, process_set))
-    members = gateway.process_set_members(process_set.process_set_id)
-    out, start = [], 0
-    for sender, n in zip(members, sizes.tolist()):
-        out.append(_loads(gathered[start:start + n], call, sender))
-        start += n
-    return out
+    """Return every rank's ``obj`` as a list in rank order (pickled and sealed, as
+    :func:`broadcast_object`)."""
+    return objects.allgather_object(obj, name, set_id_of(process_set))

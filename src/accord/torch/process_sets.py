@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from accord.errors import with_hint
+from accord.errors import InvalidArgumentError, with_hint
 from accord.torch import gateway
 
 
@@ -82,11 +82,11 @@ def set_id_of(process_set: ProcessSet) -> int:
     """The registered id of ``process_set``.
 
     Raises:
-        ValueError: the set is not registered (never passed to init or add_process_set, or
-            removed since).
+        InvalidArgumentError (a ValueError and a RuntimeError): the set is not registered
+            (never passed to init or add_process_set, or removed since).
     """
     if process_set.process_set_id is None:
-        raise ValueError(with_hint(f"{process_set} is not registered",
+        raise InvalidArgumentError(with_hint(f"{process_set} is not registered",
                                    "pass it to hvd.init(process_sets=[...]) or hvd.add_process_set()"))
     return process_set.process_set_id
 

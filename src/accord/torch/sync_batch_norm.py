@@ -19,40 +19,20 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from accord.errors import with_hint
+from accord.engine.host_sets import host_set, scope_name
 from accord.torch import async_ops as A
 from accord.torch import gateway
 from accord.torch.gateway import synchronize
 from accord.torch.process_sets import ProcessSet, global_process_set
 
 
-def _scope_name(comm_scope: Any) -> str:
-    if comm_scope in ("global", 1):
-        return "global"
-    if comm_scope in ("local", 0):
-        return "local"
-    raise ValueError(with_hint(f"comm_scope must be 'global' or 'local' (or 1 / 0), got {comm_scope!r}",
-                               "use 'global' to synchronize over every rank, 'local' within a host"))
-
-
 def _local_process_set() -> ProcessSet:
     """The process set of this rank's host (registers every host's set once; collective)."""
-    from accord.engine import session
-    from accord.runtime.groups import local_sets
-    from accord.torch.process_sets import ProcessSet as PS
-
-    topo = session.topology()
-    if topo.local_size == topo.size:
+    set_id, ranks = host_set()
+    if set_id == 0:
         return global_process_set
-    mine = None
-    for ranks in local_sets(topo):
-        set_id = gateway.find_process_set(ranks)
-        if set_id is None:
-            set_id = gateway.add_process_set_ranks(ranks)
-        if topo.rank in ranks:
-            mine = PS(ranks)
-            mine.process_set_id = set_id
-    assert mine is not None
+    mine = ProcessSet(list(ranks))
+    mine.process_set_id = set_id
     return mine
 
 
@@ -126,7 +106,7 @@ class SyncBatchNorm(_BatchNorm):
                  comm_scope: Any = "global", device: Any = None, dtype: Any = None) -> None:
         super().__init__(num_features, eps, momentum, affine, track_running_stats,
                          device=device, dtype=dtype)
-        self.comm_scope = _scope_name(comm_scope)
+        self.comm_scope = scope_name(comm_scope)
         self._process_set: ProcessSet | None = None
 
     def _check_input_dim(self, input: torch.Tensor) -> None:
@@ -167,7 +147,7 @@ class SyncBatchNorm(_BatchNorm):
 
 def convert_sync_batchnorm(module: torch.nn.Module, comm_scope: Any = "global") -> torch.nn.Module:
     """Replace every ``BatchNorm*d`` in ``module`` (recursively) by :class:`SyncBatchNorm`."""
-    scope = _scope_name(comm_scope)
+    scope = scope_name(comm_scope)
     if isinstance(module, _BatchNorm) and not isinstance(module, SyncBatchNorm):
         new = SyncBatchNorm(module.num_features, module.eps, module.momentum, module.affine,
                             module.track_running_stats, comm_scope=scope)

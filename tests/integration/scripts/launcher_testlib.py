@@ -28,9 +28,25 @@ def cli_env(**changes: str | None) -> dict[str, str]:
 
 def accordrun(*args: str, timeout: float = 30, env: dict[str, str] | None = None,
               cwd: str | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m accord.run ARGS`` and return its completed process (text output)."""
-    return subprocess.run([PYTHON, "-m", "accord.run", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env or cli_env(), cwd=cwd)
+    """Run ``python -m accord.run ARGS`` and return its completed process (text output).
+
+    On timeout the launcher gets SIGTERM first (it stops its workers and removes its job
+    directory), SIGKILL only if that does not end it; then TimeoutExpired is raised.
+    """
+    argv = [PYTHON, "-m", "accord.run", *args]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env or cli_env(), cwd=cwd)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            out, err = proc.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        raise subprocess.TimeoutExpired(argv, timeout, out, err) from None
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
 def start_accordrun(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:

@@ -1,0 +1,436 @@
+"""One process set's controller: its queue, negotiation, response cache, stall inspector,
+fusion buffers and thread.
+
+Each process set this rank belongs to has a controller with its own thread
+("accord-set-<id>"), which negotiates only with the set's members, over the set's own CPU
+communicator. Sets therefore progress independently, as Horovod's per-set controllers do: a
+collective on a set never waits for a rank outside it, and disjoint sets run concurrently.
+A communicator is only ever used by its set's thread (negotiation and data alike), so no two
+threads share one (see :mod:`accord.engine.engine` for why that cannot deadlock).
+
+The thread sleeps on a condition until something is submitted (then gathers more: see
+:mod:`accord.engine.intake`) or until an idle tick, so peers waiting on this rank make progress
+and stalls are noticed without spinning. Each cycle: one negotiation allreduce among the set's
+members (plus a full exchange when a member has something new), then the ready requests run
+in the agreed order through :class:`~accord.engine.execute.Executor`.
+
+Join (:mod:`accord.engine.join`) is the global set's affair: only its controller (id 0) ever
+runs stand-ins.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable, Sequence
+
+import torch
+
+from accord.comm.backend import Communicator
+from accord.comm.ops import ReduceOp
+from accord.engine import negotiate as neg
+from accord.engine.execute import CommunicationFailure, Executor
+from accord.engine.intake import Intake
+from accord.engine.join import JoinState, stand_in
+from accord.engine.plan import PlannedCycles, Planner
+from accord.engine.request import Handle, Request
+from accord.engine.sets import GLOBAL_ID, ProcessSetRegistry
+from accord.engine.settings import EngineSettings
+from accord.engine.stall import StallInspector
+from accord.engine.timeline import Timeline
+from accord.errors import (CollectiveError, InvalidArgumentError, MismatchError, RankFailedError,
+                           ShutdownError, with_hint)
+
+log = logging.getLogger("accord.engine")
+
+OnStop = Callable[["Controller", "BaseException | None"], None]
+OnJoined = Callable[[], None]
+
+
+class Controller(PlannedCycles):
+    """Queue + negotiation + execution of one process set on this rank.
+
+    Args:
+        set_id: the process set (0: every rank).
+        rank: this process's global rank.
+        negotiation: the communicator the set's members negotiate on (its ``ranks`` are the
+            set's global ranks); only this controller's thread uses it.
+        sets: the registry (communicators for execution, members for the exchange).
+        on_stop: called on the controller's thread as it exits, with its error (None after a
+            negotiated stop).
+        on_all_joined: (global set) called on the controller's thread once every rank has
+            joined, before join() returns anywhere (see :meth:`Engine.join`).
+        on_join_error: called when this rank, joined, is the root of a rooted collective its
+            peers submitted: its join() must fail (see :mod:`accord.engine.join`).
+    """
+
+    def __init__(self, set_id: int, rank: int, negotiation: Communicator, sets: ProcessSetRegistry,
+                 settings: EngineSettings, on_stop: OnStop | None = None,
+                 on_all_joined: OnJoined | None = None,
+                 on_join_error: Callable[[BaseException], None] | None = None) -> None:
+        self.set_id, self.rank = set_id, rank
+        self.members = tuple(negotiation.ranks)
+        self.size = len(self.members)
+        self.settings = settings
+        self.sets = sets
+        self.comm: Communicator | None = negotiation
+        self._on_stop = on_stop
+        self._on_all_joined = on_all_joined
+        self._on_join_error = on_join_error
+        self._join_abort: BaseException | None = None  # fail join() at the next cycle
+        self.cond = threading.Condition(threading.Lock())
+        self.intake = Intake(self.cond, settings)
+        self._inflight: dict[str, Request] = {}  # submitted and not yet completed, by name
+        self._pending: dict[str, Request] = {}  # controller thread only: waiting for agreement
+        self._stop_requested = False
+        self._stop_cause: BaseException | None = None  # why a forced stop was asked for
+        self.stopped = False
+        self.stop_error: BaseException | None = None
+        self.thread: threading.Thread | None = None
+        self.timeline: Timeline | None = None
+        self.joined = False  # controller thread only: this rank has joined (global set only)
+        self.join_state = JoinState()
+        self._join_requested = False
+        # Other sets follow the global join: (joined, device) to take at the next cycle, and
+        # the event set once taken (see set_joined).
+        self._join_target: tuple[bool, int] | None = None
+        self._join_ack: threading.Event | None = None
+        self._all_joined = False  # every member was joined in the last full exchange
+        self.cache = neg.ResponseCache(settings.cache_capacity)
+        s = settings
+        self.stall = StallInspector(s.stall_check_time, s.stall_shutdown_time, s.stall_check_disable)
+        self.executor = Executor(sets, s.fusion_threshold, self._complete)
+        self.cycles = self.negotiations = self.full_exchanges = 0
+        self.planner = Planner()  # planned cycles: no negotiation while a step repeats
+        self._plan_since = 0.0  # when the planned state began or last ran a cycle
+        self._urgent = False  # a caller waited or polled during the last gathering
+
+    # --- caller side ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the controller's thread."""
+        name = "accord-engine" if self.set_id == GLOBAL_ID else f"accord-set-{self.set_id}"
+        self.thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self.thread.start()
+
+    @property
+    def running(self) -> bool:
+        """True while the thread runs and it was neither stopped nor asked to stop."""
+        return self.thread is not None and self.thread.is_alive() and not self.stopped
+
+    def accepting(self) -> bool:
+        """Whether new requests may be queued (the caller holds ``cond``)."""
+        return not (self.stopped or self._stop_requested or self.thread is None)
+
+    def put(self, requests: Sequence[Request]) -> None:
+        """Queue ``requests`` all or none (the caller holds ``cond`` and checked :meth:`accepting`).
+
+        Raises:
+            InvalidArgumentError: a name is already in flight on this rank.
+        """
+        for request in requests:
+            if request.name in self._inflight:
+                raise InvalidArgumentError(with_hint(
+                    f"a {self._inflight[request.name].op.value} named {request.name!r} is already in "
+                    f"flight on rank {self.rank}",
+                    "synchronize the first handle before reusing the name, or use distinct names"))
+        for request in requests:
+            request.handle.owner = self
+            self._inflight[request.name] = request
+            self.intake.put(request)
+
+    def in_flight(self, name: str) -> bool:
+        """True while a request named ``name`` is submitted here and not completed."""
+        with self.cond:
+            return name in self._inflight
+
+    def inflight_names(self) -> list[str]:
+        """Names submitted here and not yet completed."""
+        with self.cond:
+            return list(self._inflight)
+
+    def request_join(self, handle: Handle, device: int) -> None:
+        """Make this (global) controller's rank join from its next cycle (the caller holds ``cond``)."""
+        self.join_state.handle = handle
+        self.join_state.device = device
+        self._join_requested = True
+        self.cond.notify()
+
+    def set_joined(self, joined: bool, device: int = -1) -> threading.Event:
+        """Make this (non-global) set's controller serve its peers' collectives with stand-ins
+        (or stop doing so) from its next cycle; the returned event is set once it has: every
+        cycle after it uses the new state."""
+        with self.cond:
+            if self._join_ack is not None:
+                self._join_ack.set()  # superseded
+            ack = self._join_ack = threading.Event()
+            self._join_target = (joined, device)
+            if self.stopped:
+                ack.set()
+            self.cond.notify()
+        return ack
+
+    def abort_join(self, error: BaseException) -> None:
+        """(Global set) leave join at the next cycle; this rank's join() raises ``error``."""
+        with self.cond:
+            self._join_abort = error
+            self.cond.notify()
+
+    def request_stop(self, cause: BaseException | None = None) -> None:
+        """Stop after the current cycle, negotiated with the set's members (any member asking
+        stops the set on all of them). ``cause``: the error pending requests fail with (default:
+        ShutdownError)."""
+        with self.cond:
+            self._stop_requested = True
+            if cause is not None and self._stop_cause is None:
+                self._stop_cause = cause
+            self.cond.notify()
+
+    def wait_stopped(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for the thread to exit."""
+        if self.thread is not None:
+            self.thread.join(timeout)
+
+    def stopped_error(self) -> BaseException:
+        """The error a request on this stopped controller fails with."""
+        error = self.stop_error
+        if error is not None:
+            return type(error)(with_hint(f"the accord engine stopped after an earlier error: {error}",
+                                         "shut down and init() again (elastic training does this)"))
+        where = "" if self.set_id == GLOBAL_ID else f" for process set {self.set_id}"
+        return ShutdownError(with_hint(f"the accord engine is not running{where} (shut down, set "
+                                       "removed, or never started)",
+                                       "call init() (and add_process_set) before submitting collectives"))
+
+    # --- controller thread ---------------------------------------------------------------
+
+    def _complete(self, outcomes: Sequence[tuple[Request, Any, BaseException | None]]) -> None:
+        # Names are released before handles complete, so a caller that waited may reuse them.
+        with self.cond:
+            for r, _, _ in outcomes:
+                if self._inflight.get(r.name) is r:  # not a joined rank's stand-in
+                    del self._inflight[r.name]
+        # Last first: a caller usually waits on the first handle, and waking it only once the
+        # rest are done spares a GIL ping-pong per handle.
+        for r, value, error in reversed(outcomes):
+            if error is None:
+                r.handle.set_result(value)
+            else:
+                r.handle.set_exception(error)
+
+    def _main(self) -> None:
+        error: BaseException | None = None
+        # Grad mode is per thread and on by default: the engine's copies and in-place scaling of
+        # tensors that require grad must neither record autograd history nor be refused.
+        torch.set_grad_enabled(False)
+        try:
+            error = self._loop()
+        except CommunicationFailure as failure:
+            where = "" if self.set_id == GLOBAL_ID else f" in process set {self.set_id} {list(self.members)}"
+            error = RankFailedError(with_hint(
+                f"a collective failed on rank {self.rank} of {self.sets.size}{where}: {failure}",
+                "another rank probably died or stopped answering (ACCORD_COLLECTIVE_TIMEOUT="
+                f"{self.settings.collective_timeout:g}s); the launcher's output and per-rank logs "
+                "name the rank that failed first and its root cause"))
+            error.__cause__ = failure.cause
+        except BaseException as exc:  # a bug in the engine: never leave callers waiting
+            log.exception("accord engine thread failed")
+            error = CollectiveError(with_hint(f"the accord engine failed on rank {self.rank}: {exc!r}",
+                                              "this is a bug in accord; please report it with the log"))
+            error.__cause__ = exc
+        finally:
+            with self.cond:
+                if self._join_ack is not None:
+                    self._join_ack.set()
+                self.stopped = True
+                self.stop_error = error or self._stop_cause
+                leftovers = list(self._inflight.values())
+                join_handle, self.join_state.handle = self.join_state.handle, None
+                cause = self._stop_cause
+            final = error or cause or ShutdownError(with_hint(
+                "the accord engine shut down while this request was pending" + (
+                    "" if self.set_id == GLOBAL_ID else
+                    f" (process set {self.set_id} stopped: shutdown or remove_process_set on a member)"),
+                "synchronize every handle before shutdown(), and submit the same names on every rank"))
+            self._complete([(r, None, final) for r in leftovers])
+            if join_handle is not None:
+                join_handle.set_exception(error or cause or ShutdownError(with_hint(
+                    f"join() on rank {self.rank} was waiting for the other ranks when the accord "
+                    "engine shut down: a rank called shutdown() before joining (it failed, or "
+                    "finished without calling join())",
+                    "make every rank call join() before shutdown(); the other ranks' output shows "
+                    "why one stopped")))
+            self._pending.clear()
+            self.executor.buffers.clear()
+            # Controllers live in reference cycles (handles, callbacks): holding the
+            # communicator would leave its process group to a later garbage collection, after
+            # the session has closed the store it was built on, where its teardown can hang.
+            self.comm = None
+            if self._on_stop is not None:
+                self._on_stop(self, error)
+
+    def _loop(self) -> BaseException | None:
+        s = self.settings
+        delay, needed = s.cycle_time, True
+        while True:
+            if self.planner.plan is not None:
+                stop_local, _ = self._gather(self._plan_pause())
+                if self._planned(stop_local):
+                    delay = 0.0
+                needed = True
+                continue
+            # A joined rank cycles without pausing: its peers' collectives need it, and each
+            # cycle blocks in the negotiation until they come, so this does not spin. So does a
+            # rank whose requests wait on peers that wait on nothing of its own: the peers enter
+            # the next negotiation as soon as they submit, and should find this rank there.
+            if (self.joined and not self._all_joined) or (self._pending and not needed):
+                pause = 0.0
+            else:
+                pause = delay if self._pending else s.tick
+            stop_local, arrived = self._gather(pause)
+            executed, stop, needed = self._cycle(stop_local)
+            if stop is not None:
+                return stop if isinstance(stop, BaseException) else None
+            # Peers wait on requests this rank has not submitted: sleep until its caller submits
+            # (an arrival wakes the engine at once), backing off so a rank whose peers wait on
+            # it for long costs little CPU.
+            delay = 0.0 if executed or arrived else min(max(2 * delay, s.cycle_time, 1e-3), s.max_backoff)
+
+    def _gather(self, pause: float) -> tuple[bool, bool]:
+        """Sleep until work, a stop request or ``pause``; then move what arrived into pending,
+        gathering first as :mod:`accord.engine.intake` describes."""
+        with self.cond:
+            if (not self.intake.items and not self._stop_requested and not self._join_requested
+                    and self._join_target is None and self._join_abort is None and pause > 0):
+                self.cond.wait(pause)
+            self._urgent = self.intake.urgent()
+            new = self.intake.take(lambda: self._stop_requested)
+            stop = self._stop_requested
+            if self._join_requested:  # set here, so a cycle's vector and payload agree
+                self._join_requested, self.joined = False, True
+            if self._join_target is not None:
+                (self.joined, self.join_state.device), self._join_target = self._join_target, None
+                self._join_ack.set()
+            aborted, self._join_abort = self._join_abort, None
+            failed_join = None
+            if aborted is not None and self.joined:
+                self.joined = False
+                failed_join, self.join_state.handle = self.join_state.handle, None
+        if failed_join is not None:
+            failed_join.set_exception(aborted)
+        for r in new:
+            self._pending[r.name] = r
+        return stop, bool(new)
+
+    def _cycle(self, stop_local: bool) -> tuple[bool, BaseException | bool | None, bool]:
+        """One negotiation + execution.
+
+        Returns (anything executed, stop reason or None, whether peers may wait on this rank).
+        """
+        now = time.monotonic()
+        self.cycles += 1
+        pending = list(self._pending.values())
+        tl = self.timeline
+        if tl is not None and pending:
+            tl.cycle(now)
+        by_id: dict[int, Request] = {}  # pending requests that match a cache entry
+        unknown = uncached = False
+        for r in pending:
+            i = self.cache.id_of(r.name, r.signature)
+            if i is not None:
+                by_id[i] = r
+            elif not r.announced:
+                unknown = True
+            else:
+                uncached = True
+        oldest = min((r.submitted_at for r in pending), default=None)
+        want_full = unknown or self.joined or self.stall.due(now, oldest)
+        vec = neg.build_vector(by_id, len(self.cache), want_full=want_full, shutdown=stop_local,
+                               joined=self.joined, uncached=uncached)
+        sums = self._negotiate(vec)
+        stop: BaseException | bool | None = bool(sums[neg.SHUTDOWN]) or None
+        joined = None
+        if sums[neg.WANT_FULL]:
+            self.planner.leave()
+            decision, joined = self._full_exchange(pending, now)
+            for name, message in decision.errors.items():
+                r = self._pending.pop(name, None)
+                if r is not None:
+                    self._complete([(r, None, MismatchError(message))])
+            if self.joined and self._on_join_error is not None:
+                mine = sorted(n for n, root in decision.joined_roots.items() if root == self.rank)
+                if mine:  # this rank should have sent it: its join() fails too
+                    self._on_join_error(MismatchError(decision.errors[mine[0]]))
+            stall_error = self.stall.review(decision.partial, now)
+            if stall_error is not None:
+                stop = stall_error
+            needed = any(self.rank in p.missing for p in decision.partial)
+            ready = []
+            for name in decision.ready:
+                r = self._pending.get(name)
+                if r is not None:
+                    ready.append(self._pending.pop(name))
+                elif self.joined:
+                    sig, members = decision.agreed[name]
+                    if self.rank in members:
+                        ready.append(stand_in(name, sig, members, self.join_state.device))
+        else:
+            ready_ids = neg.ready_from_counts(sums, self.cache)
+            self.cache.touch(ready_ids, self.cycles)
+            needed = neg.peers_wait_on_me(sums, vec, uncached)
+            # The cache did not change this cycle: the ids matched above still hold. (An id
+            # ready without a request here is a process set this rank is not in.)
+            ready = [self._pending.pop(by_id[i].name) for i in ready_ids if i in by_id]
+            self.planner.observe(neg.steady(sums, self.cache) and not self._pending
+                                 and len(ready) == len(ready_ids), ready_ids, ready,
+                                 self.settings.fusion_threshold, self._scattered())
+            if self.planner.plan is not None:
+                self._plan_since = now
+        if tl is not None:
+            done = time.monotonic()
+            for r in ready:
+                tl.span(r.name, "NEGOTIATE_" + r.op.value.upper(), r.submitted_at, done)
+        self.executor.run(ready)
+        if tl is not None:
+            tl.maybe_flush()
+        if joined is not None:
+            self._all_joined = len(joined) == self.size
+            if self.set_id == GLOBAL_ID:
+                self._observe_join(joined)
+        return bool(ready), stop, needed
+
+    def _observe_join(self, joined: list[int]) -> None:
+        last = self.join_state.observe(joined, self.size)
+        if last is not None:  # every rank has joined: all of them return, in this cycle
+            self.joined = False
+            if self._on_all_joined is not None:
+                self._on_all_joined()
+                self._negotiate([0])  # every rank's other sets have left join: now return
+            with self.cond:
+                handle, self.join_state.handle = self.join_state.handle, None
+            if handle is not None:
+                handle.set_result(last)
+
+    def _negotiate(self, vec: list[int]) -> list[int]:
+        t = torch.tensor(vec, dtype=torch.int32)
+        try:
+            self.comm.allreduce(t, ReduceOp.SUM)
+        except Exception as exc:
+            raise CommunicationFailure(list(self._pending.values()), exc) from exc
+        self.negotiations += 1
+        return t.tolist()
+
+    def _full_exchange(self, pending: list[Request], now: float) -> tuple[neg.Decision, list[int]]:
+        """Exchange every member's pending names; return the decision and the joined ranks."""
+        self.full_exchanges += 1
+        sets = {i: self.sets.members(i) for i in {r.process_set_id for r in pending} if i != GLOBAL_ID}
+        payload = neg.encode_pending([(r.name, r.signature, now - r.submitted_at) for r in pending],
+                                     sets, self.joined)
+        try:
+            gathered = self.comm.allgather(torch.frombuffer(bytearray(payload), dtype=torch.uint8))
+        except Exception as exc:
+            raise CommunicationFailure(pending, exc) from exc
+        for r in pending:
+            r.announced = True
+        exchange = neg.split_payloads(gathered.numpy().tobytes(), self.size, self.members)
+        return neg.decide(exchange, self.cache, self.cycles), exchange.joined

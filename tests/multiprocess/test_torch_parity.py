@@ -1,0 +1,114 @@
+"""Horovod parity that scripts notice (issue 18): error types, broadcast_optimizer_state's
+gradients, and a failed rank releasing a peer that waits in join(). Real ranks; the Horovod
+behaviour each check holds accord to is listed in docs/horovod-parity.md."""
+import pytest
+
+from helpers.ranks import run_ranks
+
+pytestmark = pytest.mark.timeout(150)
+
+
+def _errors_and_optimizer_state(rank, size):
+    import torch
+
+    import accord.torch as hvd
+
+    hvd.init()
+    out = {}
+
+    def caught(fn):
+        """The exception ``fn`` raises: it must be a RuntimeError, as Horovod's is."""
+        with pytest.raises(RuntimeError) as info:
+            fn()
+        return type(info.value).__name__, isinstance(info.value, ValueError)
+
+    t = torch.ones(4, 3)
+    only0 = hvd.add_process_set([0])
+    checks = {
+        "reducescatter_adasum": lambda: hvd.reducescatter(t, op=hvd.Adasum),
+        "reducescatter_max": lambda: hvd.reducescatter(t, op=hvd.Max),
+        "alltoall_splits_sum": lambda: hvd.alltoall(t, splits=[1, 1]),
+        "alltoall_splits_count": lambda: hvd.alltoall(t, splits=[4]),
+        "allgather_scalar": lambda: hvd.allgather_async(torch.tensor(1.0)),  # hvd.allgather: IndexError in both
+        "broadcast_root_outside": lambda: hvd.broadcast(t, root_rank=size + 3),
+        "unregistered_set": lambda: hvd.allreduce(t, process_set=hvd.ProcessSet([0, 1])),
+    }
+    if rank == 1:
+        checks["not_a_member"] = lambda: hvd.allreduce(t, process_set=only0)
+    out["errors"] = {k: caught(f) for k, f in checks.items()}
+    # a name in flight twice: ValueError in Horovod, accord's is both
+    h = hvd.allreduce_async(t, name="dup")
+    out["errors"]["duplicate_name"] = caught(lambda: hvd.allreduce_async(t, name="dup"))
+    hvd.synchronize(h)
+    # errors found across ranks: HorovodInternalError (a RuntimeError) on every rank
+    out["mismatch"] = caught(lambda: hvd.allreduce(torch.ones(2 + rank), name="mm"))
+    # what Horovod raises as a plain ValueError stays one
+    with pytest.raises(ValueError, match="contiguous"):
+        hvd.allreduce(torch.ones(4, 4).t())
+    hvd.barrier(process_set=only0) if rank == 0 else None
+    hvd.remove_process_set(only0)
+
+    # broadcast_optimizer_state on an optimizer without state: zero .grad on parameters that
+    # require grad (None on frozen ones), parameters unchanged, root's state everywhere
+    torch.manual_seed(rank)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1))
+    for p in model[1].parameters():
+        p.requires_grad_(False)
+    before = [p.detach().clone() for p in model.parameters()]
+    opt = torch.optim.SGD(model.parameters(), lr=0.1 * (rank + 1), momentum=0.9, weight_decay=0.5)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    out["grads"] = [None if p.grad is None else (list(p.grad.shape), float(p.grad.abs().sum()))
+                    for p in model.parameters()]
+    out["params_unchanged"] = all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    out["lr"] = opt.param_groups[0]["lr"]
+    out["momentum_buffers"] = sorted(k for s in opt.state.values() for k in s)
+    hvd.shutdown()
+    return out
+
+
+def test_error_types_and_optimizer_state_match_horovod():
+    results = run_ranks(_errors_and_optimizer_state, 2, init="accord", timeout=60)
+    for rank, res in enumerate(results):
+        names = set(res["errors"])
+        assert names >= {"reducescatter_adasum", "alltoall_splits_sum", "allgather_scalar",
+                         "broadcast_root_outside", "unregistered_set", "duplicate_name"}
+        for what, (cls, is_value_error) in res["errors"].items():
+            assert cls == "InvalidArgumentError" and is_value_error, (rank, what, cls)
+        assert res["mismatch"] == ("MismatchError", False)
+        assert res["grads"] == [([2, 3], 0.0), ([2], 0.0), None, None]
+        assert res["params_unchanged"]
+        assert res["lr"] == pytest.approx(0.1)  # root's options
+        assert res["momentum_buffers"] == ["momentum_buffer", "momentum_buffer"]
+    assert "not_a_member" in results[1]["errors"]
+
+
+def _failed_rank_releases_join(rank, size):
+    import time
+
+    import accord.torch as hvd
+
+    hvd.init()
+    if rank == 1:
+        try:
+            time.sleep(0.5)
+            assert 1 == 2, "a test assertion fails on rank 1"
+        except AssertionError:
+            hvd.shutdown()  # what a test's teardown (or the atexit hook) does
+        return None
+    start = time.monotonic()
+    with pytest.raises(hvd.HorovodInternalError) as info:
+        hvd.join()
+    waited = time.monotonic() - start
+    # the next collectives and shutdown raise or return at once: nothing hangs
+    start = time.monotonic()
+    with pytest.raises(hvd.HorovodInternalError):
+        hvd.barrier()
+    hvd.shutdown()
+    return {"message": str(info.value), "waited": waited, "after": time.monotonic() - start}
+
+
+def test_a_failed_ranks_shutdown_releases_a_peer_waiting_in_join():
+    res = run_ranks(_failed_rank_releases_join, 2, init="accord", timeout=60)[0]
+    assert "join() on rank 0 was waiting for the other ranks" in res["message"], res["message"]
+    assert "HINT:" in res["message"]
+    assert res["waited"] < 10.0 and res["after"] < 5.0, res
