@@ -45,16 +45,22 @@ def test_accordrun_refuses_nan_and_infinity_in_every_float_flag(capsys):
     from accord.run.cli import build_parser
 
     parser = build_parser()
-    flags = [flag for flag, _ in _float_actions(parser)]
+    actions = _float_actions(parser)
+    flags = [flag for flag, _ in actions]
     assert {"--start-timeout", "--grace-period", "--cycle-time-ms", "--fusion-threshold-mb",
-            "--stall-check-warning-time-seconds", "--stall-check-shutdown-time-seconds"} <= set(flags)
-    for flag in flags:
+            "--stall-check-warning-time-seconds", "--stall-check-shutdown-time-seconds",
+            "--discovery-interval", "--elastic-timeout", "--blacklist-cooldown-range"} <= set(flags)
+    for flag, action in actions:
         for text in NOT_FINITE:
+            # a flag of several numbers (--blacklist-cooldown-range MIN MAX) gets the bad one first
+            given = [f"{flag}={text}"] if action.nargs is None else [flag, text] + ["1"] * (action.nargs - 1)
             with pytest.raises(SystemExit) as info:
-                parser.parse_args(["-np", "1", f"{flag}={text}", "python3", "-c", "pass"])
+                parser.parse_args(["-np", "1", *given, "python3", "-c", "pass"])
             err = capsys.readouterr().err
             assert info.value.code == 2, (flag, text)
-            assert flag in err and "HINT:" in err and "finite" in err, (flag, text, err)
+            # argparse reads a lone "-inf" as an option: refused too, as a missing value
+            why = "expected" if action.nargs is not None and text.startswith("-") else "finite"
+            assert flag in err and "HINT:" in err and why in err, (flag, text, err)
 
 
 def test_accord_bench_refuses_nan_and_infinity_in_every_float_flag(capsys):

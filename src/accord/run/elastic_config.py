@@ -13,6 +13,7 @@ import argparse
 import os
 from dataclasses import dataclass
 
+from accord import config
 from accord.errors import ConfigError, with_hint
 from accord.run.discovery import DiscoveryError, run_discovery
 from accord.run.hosts import HostSlots
@@ -53,15 +54,15 @@ def add_arguments(g: argparse._ArgumentGroup) -> None:
                         "'host:slots' or 'host' line each; run every --discovery-interval, the job "
                         "grows onto new hosts and leaves hosts that disappear")
     g.add_argument("--slots-per-host", type=int, help="slots of a host the script prints without ':slots'")
-    g.add_argument("--discovery-interval", type=float, metavar="SECONDS",
+    g.add_argument("--discovery-interval", type=config.finite_float, metavar="SECONDS",
                    help=f"seconds between runs of the discovery script (default {DEFAULT_DISCOVERY_INTERVAL:g})")
-    g.add_argument("--elastic-timeout", type=float, metavar="SECONDS",
+    g.add_argument("--elastic-timeout", type=config.finite_float, metavar="SECONDS",
                    help=f"seconds the job may stay below --min-np (waiting for hosts) before it fails; "
                         f"also how long workers wait for each other when they re-form "
                         f"(default {DEFAULT_ELASTIC_TIMEOUT:g})")
     g.add_argument("--reset-limit", type=int, help="fail the job after this many re-formations "
                    "(hosts added, removed or failed; default: no limit)")
-    g.add_argument("--blacklist-cooldown-range", type=float, nargs=2, metavar=("MIN", "MAX"),
+    g.add_argument("--blacklist-cooldown-range", type=config.finite_float, nargs=2, metavar=("MIN", "MAX"),
                    help="a failing host is blacklisted for a random MIN..MAX seconds (doubled for "
                         "each earlier failure, at most MAX), then may be used again (default: for good)")
 
