@@ -99,7 +99,8 @@ def _loads(result: dict) -> str:
     def fmt(x: list | None) -> str:
         return " ".join(f"{v:.2f}" for v in x) if x else "?"
 
-    return f"load average before {fmt(result.get('load_average_before'))}, after {fmt(result['environment'].get('load_average'))}"
+    before, after = result.get("load_average_before"), result["environment"].get("load_average")
+    return f"load average before {fmt(before)}, after {fmt(after)}"
 
 
 def _size(n: int) -> str:
@@ -125,7 +126,8 @@ def _collectives_md(title: str, result: dict) -> list[str]:
 
 def _train_md(title: str, result: dict) -> list[str]:
     out = [f"### {title}", "", _cmd(result) + f" ({_loads(result)})", "",
-           "| run | ranks | samples/s | per step mean ± 1.96σ | per device | step ms (median) | efficiency | vs baseline | peak RSS MB |",
+           "| run | ranks | samples/s | per step mean ± 1.96σ | per device | step ms (median) | efficiency "
+           "| vs baseline | peak RSS MB |",
            "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in result["runs"]:
         ci = r["samples_per_s"]["ci95"]
@@ -189,7 +191,8 @@ def markdown() -> str:
         lines += [f"Versions: accord {env['accord']}, torch {env['torch']}, python {env['python']}; "
                   f"recorded {env['date']}.", ""]
     lines += ["## Allreduce on 2 ranks: accord vs raw torch.distributed Gloo, same run", ""]
-    for name, title in (("collectives_allreduce_engine", "Through the engine (what `hvd.allreduce` runs: negotiation, cycle time, fusion)"),
+    for name, title in (("collectives_allreduce_engine",
+                         "Through the engine (what `hvd.allreduce` runs: negotiation, cycle time, fusion)"),
                         ("collectives_allreduce_comm", "accord's gloo communicator alone (no engine)")):
         result = _load(name)
         if result:
@@ -197,7 +200,8 @@ def markdown() -> str:
     lines += ["## Training on 2 ranks: accord's DistributedOptimizer vs DDP, same run", ""]
     for name, title in (("train_resnet50_ddp", "ResNet-50, 64×64 synthetic, batch 16/rank"),
                         ("train_mlp_ddp", "MLP 26.2M parameters, batch 32/rank"),
-                        ("train_mlp_bf16_ddp", "MLP 26.2M parameters, batch 32/rank, accord with bf16 compression (DDP uncompressed)")):
+                        ("train_mlp_bf16_ddp",
+                         "MLP 26.2M parameters, batch 32/rank, accord with bf16 compression (DDP uncompressed)")):
         result = _load(name)
         if result:
             lines += _train_md(title, result)

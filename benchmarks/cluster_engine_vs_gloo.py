@@ -63,7 +63,8 @@ def worker(iters: int) -> None:
     for name, (ours, theirs, reps) in cases.items():
         times: dict[str, list[float]] = {"engine": [], "raw": []}
         for it in range(reps + 2):
-            for label, fn in (("engine", ours), ("raw", theirs)) if it % 2 == 0 else (("raw", theirs), ("engine", ours)):
+            pair = (("engine", ours), ("raw", theirs))
+            for label, fn in pair if it % 2 == 0 else pair[::-1]:
                 dist.barrier(group=raw)
                 start = time.perf_counter()
                 fn()

@@ -102,7 +102,8 @@ def _worker(iters: int, warmup: int) -> dict:
             "engine_64MB_bus_bandwidth_vs_raw": round(med["raw_64MB"] / med["engine_64MB"], 3),
             "engine_160x100KB_time_vs_raw_flat": round(med["engine_160x100KB"] / med["raw_flat_16MB"], 3),
             "engine_160x100KB_time_vs_hand_fused": round(med["engine_160x100KB"] / med["raw_hand_fused_160x100KB"], 3),
-            "engine_adjacent_views_time_vs_raw_flat": round(med["engine_160x100KB_adjacent_views"] / med["raw_flat_16MB"], 3),
+            "engine_adjacent_views_time_vs_raw_flat":
+                round(med["engine_160x100KB_adjacent_views"] / med["raw_flat_16MB"], 3),
             "raw_one_by_one_time_vs_raw_flat": round(med["raw_one_by_one_160x100KB"] / med["raw_flat_16MB"], 3),
             "engine_1KB_latency_vs_raw": round(med["engine_20x1KB_sync"] / med["raw_20x1KB_sync"], 3),
         },

@@ -84,7 +84,8 @@ def markdown(summary: dict[str, Any]) -> str:
     bench = summary.get("bench") or {}
     resnet = bench.get("resnet")
     if resnet:
-        lines += ["", f"## {resnet['model']} {resnet['image_size']}x{resnet['image_size']}, synthetic data, 1 GPU, NHWC",
+        side = resnet["image_size"]
+        lines += ["", f"## {resnet['model']} {side}x{side}, synthetic data, 1 GPU, NHWC",
                   "", "| run | batch | images/s | step ms (median) | peak GPU MB | compile warm-up s |",
                   "|---|---|---|---|---|---|"]
         for label, run in resnet["runs"].items():

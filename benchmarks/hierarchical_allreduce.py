@@ -86,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     record(result, RESULTS, "hierarchical_allreduce.py", argv)
     print(f"{'size':>10}  {'flat gloo ms':>12}  {'hierarchical ms':>15}  speed-up")
     for size, row in result["sizes"].items():
-        print(f"{int(size) // 1024:>8}KB  {row['flat_gloo_ms']:>12.2f}  {row['hierarchical_ms']:>15.2f}  {row['speedup']:.2f}x")
+        print(f"{int(size) // 1024:>8}KB  {row['flat_gloo_ms']:>12.2f}  "
+              f"{row['hierarchical_ms']:>15.2f}  {row['speedup']:.2f}x")
     print(f"wrote {RESULTS}")
     return 0
 

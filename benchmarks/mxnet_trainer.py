@@ -149,7 +149,6 @@ def main() -> int:
     print(f"accord / MXNet dist_sync samples per second: {ratio:.2f}x (target >= 1.5x)")
     import mxnet
     import torch
-
     from recording import record
 
     result = {"benchmark": "mxnet_trainer", "results": table, "accord_over_mxnet": round(ratio, 3),

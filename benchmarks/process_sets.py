@@ -48,7 +48,7 @@ def _worker(ops: int) -> dict:
         out = {}
         for label, tensor, count in (("1KB", small, ops), ("1MB", big, max(ops // 2, 1))):
             start = time.perf_counter()
-            for i in range(count):
+            for _i in range(count):
                 session.synchronize(session.submit("allreduce", tensor, f"{tag}.{label}", in_place=True,
                                                    process_set_id=mine))
             out[f"{label}_ms_per_op"] = round((time.perf_counter() - start) * 1e3 / count, 3)

@@ -70,7 +70,7 @@ def main() -> int:
             fh.write(SCRIPT)
         launchers = _launchers(sys.executable, script)
         samples: dict[str, list[dict[str, float]]] = {name: [] for name in launchers}
-        for name, argv in launchers.items():  # warm-up: page cache, .pyc files
+        for argv in launchers.values():  # warm-up: page cache, .pyc files
             _one(argv, env)
         for i in range(args.runs):
             for name, argv in launchers.items():

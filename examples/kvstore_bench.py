@@ -84,7 +84,8 @@ def run_mxnet(python: str, args: argparse.Namespace) -> dict:
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     lines = [ln.split(":", 1)[1] for ln in proc.stdout.splitlines() if '"kvstore": "mxnet' in ln]
     if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"MXNet's dist_sync failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+        raise RuntimeError(f"MXNet's dist_sync failed ({proc.returncode}):\n"
+                           f"{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
     print(lines[-1].strip(), flush=True)
     return json.loads(lines[-1])
 

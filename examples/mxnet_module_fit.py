@@ -27,7 +27,10 @@ def digits(rank: int, workers: int, batch: int) -> tuple[np.ndarray, ...]:
     x_train, y_train, x_test, y_test = x[:1440], y[:1440], x[1440:], y[1440:]
     steps = len(x_train) // (workers * batch)
     used = steps * workers * batch
-    shard = lambda a: a[:used].reshape(steps, workers, batch, *a.shape[1:])[:, rank].reshape(-1, *a.shape[1:])
+
+    def shard(a):
+        return a[:used].reshape(steps, workers, batch, *a.shape[1:])[:, rank].reshape(-1, *a.shape[1:])
+
     return shard(x_train), shard(y_train), x_test, y_test
 
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install (into .venv and .venv-mxnet) and run the whole test suite. Extra arguments go to pytest.
+# Install (into .venv and .venv-mxnet), lint (ruff) and run the whole test suite. Extra arguments go
+# to pytest (and skip the lint).
 #
 # tests/with_mxnet needs MXNet 1.9.1 and its numpy pin, which live in .venv-mxnet: the first run (in
 # .venv) skips them with that reason, the second runs them in .venv-mxnet. With arguments, the
@@ -8,6 +9,11 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup_env.sh
 status=0
+# lint first: a finding fails the run, after every test has run and reported
+if [ $# -eq 0 ]; then
+  echo "== ruff check =="
+  .venv/bin/python -m ruff check . || status=$?
+fi
 .venv/bin/python -m pytest -p no:cacheprovider "$@" || status=$?
 mxnet_args=()
 if [ $# -eq 0 ]; then

@@ -15,9 +15,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 
-from simcluster import Cluster, missing_prerequisites  # noqa: E402
-
 from helpers.cluster_jobs import check_idle  # noqa: E402
+from simcluster import Cluster, missing_prerequisites  # noqa: E402
 
 _REASON: list[str | None] = []
 

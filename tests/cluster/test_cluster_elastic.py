@@ -16,8 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from elastic_check import (check_same_weights, check_samples, committed, first_step_after, load,
-                           replay, size_changes)
+from elastic_check import check_same_weights, check_samples, committed, first_step_after, load, replay, size_changes
 from helpers.cluster_jobs import PYTHON, script, start_accordrun
 
 pytestmark = pytest.mark.timeout(420)
@@ -37,7 +36,8 @@ def _wait_steps(proc: subprocess.Popen, log_dir: Path, size: int, since: float, 
     while _steps_at(log_dir, size, since) < count:
         if proc.poll() is not None:
             out, err = proc.communicate()
-            pytest.fail(f"the job ended ({proc.returncode}) while waiting for size {size}:\n{out[-3000:]}\n{err[-5000:]}")
+            pytest.fail(f"the job ended ({proc.returncode}) while waiting for size {size}:\n"
+                        f"{out[-3000:]}\n{err[-5000:]}")
         if time.monotonic() > deadline:
             proc.kill()
             out, err = proc.communicate()

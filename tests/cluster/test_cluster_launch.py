@@ -52,16 +52,16 @@ def test_hosts_interface_servers_and_automatic_hierarchy(cluster, shared_dir):
     # nothing on a wildcard address; everything else on the host's own eth0 address or loopback
     for host, found in listeners.items():
         own = cluster.hosts[host].address
-        wild = [str(l) for l in found if l.address in ("0.0.0.0", "::")]
+        wild = [str(lis) for lis in found if lis.address in ("0.0.0.0", "::")]
         assert not wild, f"{host}: listening on every interface: {wild}"
-        stray = [str(l) for l in found if l.address not in (own, "127.0.0.1", "::1")]
+        stray = [str(lis) for lis in found if lis.address not in (own, "127.0.0.1", "::1")]
         assert not stray, f"{host}: listening on another address than {own}: {stray}"
-        servers = [l for l in found if "accord.kvstore.server" in l.command and l.address == own]
-        assert servers, f"{host}: no parameter server listens on {own}: {[str(l) for l in found]}"
-        workers = [l for l in found if "hvd_job.py" in l.command and l.address == own]
-        assert workers, f"{host}: no worker (Gloo) listens on {own}: {[str(l) for l in found]}"
-    store = [l for l in listeners["h1"] if "accordrun" in l.command]
-    assert store and all(l.address == "10.77.0.1" for l in store), [str(l) for l in store]
+        servers = [lis for lis in found if "accord.kvstore.server" in lis.command and lis.address == own]
+        assert servers, f"{host}: no parameter server listens on {own}: {[str(lis) for lis in found]}"
+        workers = [lis for lis in found if "hvd_job.py" in lis.command and lis.address == own]
+        assert workers, f"{host}: no worker (Gloo) listens on {own}: {[str(lis) for lis in found]}"
+    store = [lis for lis in listeners["h1"] if "accordrun" in lis.command]
+    assert store and all(lis.address == "10.77.0.1" for lis in store), [str(lis) for lis in store]
 
     got = reports(out)
     assert sorted(got) == [0, 1, 2, 3], out + err

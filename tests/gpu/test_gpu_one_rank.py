@@ -7,7 +7,6 @@ runs them on a GPU machine. Each test starts a real rank (accord's own init, NCC
 tensors); expected values come from tests/helpers/gpu_checks.py, computed on the CPU.
 """
 import pytest
-
 from helpers import gpu_checks as g
 from helpers.gpu_checks import DEVICE, ON_CPU, skip_reason
 from helpers.ranks import run_ranks

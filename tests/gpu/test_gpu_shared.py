@@ -7,7 +7,6 @@ for NCCL explicitly is a clear error at init; a torch without NCCL falls back th
 Marked ``gpu``: skipped (with the reason) where torch sees no GPU.
 """
 import pytest
-
 from helpers import gpu_checks as g
 from helpers.gpu_checks import DEVICE, ON_CPU, skip_reason
 from helpers.ranks import run_ranks
@@ -38,9 +37,9 @@ def _sync_batch_norm(c, size):
     """SyncBatchNorm on each rank's part of the batch equals BatchNorm on the whole batch
     (output, input gradient, summed weight/bias gradients, running statistics)."""
     import torch
+    from helpers.gpu_checks import values
 
     import accord.torch as hvd
-    from helpers.gpu_checks import values
 
     rank = c.rank
 

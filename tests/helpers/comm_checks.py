@@ -151,7 +151,8 @@ def check_reductions(c: Checks) -> None:
             case = f"red-{tag}"
             inputs = [values(case, r, shape, dtype, op) for r in members]
             if refused(dtype, op):
-                c.raises(f"allreduce {tag}", ValueError, lambda: comm.allreduce(to_tensor(inputs[comm.rank], dtype), op))
+                c.raises(f"allreduce {tag}", ValueError,
+                         lambda: comm.allreduce(to_tensor(inputs[comm.rank], dtype), op))
                 continue
             want, bound = expected_reduce(inputs, op, dtype), tolerance(inputs, op, dtype)
 

@@ -155,16 +155,19 @@ def horovod_api(c: Collector, size: int, device: str = DEVICE) -> None:
         def one_dtype(dtype: str = dtype) -> None:
             inputs = [values("h", r, (4, 3), dtype) for r in range(size)]
             total = _reduce(torch.stack(inputs), "sum", dtype)
-            c.same(f"hvd.allreduce {dtype}", hvd.allreduce(inputs[rank].to(device, copy=True), op=hvd.Sum), total, device)
+            mine = inputs[rank].to(device, copy=True)
+            c.same(f"hvd.allreduce {dtype}", hvd.allreduce(mine, op=hvd.Sum), total, device)
             t = inputs[rank].to(device, copy=True)
             c.true(f"hvd.allreduce_ {dtype} returns its input", hvd.allreduce_(t, op=hvd.Sum) is t)
             c.same(f"hvd.allreduce_ {dtype}", t, total, device)
             handle = hvd.allreduce_async(inputs[rank].to(device, copy=True), op=hvd.Sum, name=f"async.{dtype}")
             c.same(f"hvd.allreduce_async {dtype}", hvd.synchronize(handle), total, device)
-            outs = hvd.grouped_allreduce([inputs[rank].to(device, copy=True), inputs[rank][:1].to(device, copy=True)], op=hvd.Sum)
+            outs = hvd.grouped_allreduce([inputs[rank].to(device, copy=True), inputs[rank][:1].to(device, copy=True)],
+                                         op=hvd.Sum)
             c.same(f"hvd.grouped_allreduce {dtype} [0]", outs[0], total, device)
             c.same(f"hvd.grouped_allreduce {dtype} [1]", outs[1], total[:1], device)
-            c.same(f"hvd.allgather {dtype}", hvd.allgather(inputs[rank].to(device, copy=True)), torch.cat(inputs), device)
+            gathered = hvd.allgather(inputs[rank].to(device, copy=True))
+            c.same(f"hvd.allgather {dtype}", gathered, torch.cat(inputs), device)
             c.same(f"hvd.broadcast {dtype}", hvd.broadcast(inputs[rank].to(device, copy=True), root_rank=0),
                    inputs[0], device)
             t = inputs[rank].to(device, copy=True)
@@ -174,7 +177,8 @@ def horovod_api(c: Collector, size: int, device: str = DEVICE) -> None:
             c.same(f"hvd.alltoall {dtype}", out, torch.stack([inputs[s][rank] for s in range(size)]), device)
             rs = [values("hrs", r, (2 * size, 3), dtype) for r in range(size)]
             out = hvd.reducescatter(rs[rank].to(device, copy=True), op=hvd.Sum)
-            c.same(f"hvd.reducescatter {dtype}", out, _reduce(torch.stack(rs), "sum", dtype)[2 * rank:2 * rank + 2], device)
+            want = _reduce(torch.stack(rs), "sum", dtype)[2 * rank:2 * rank + 2]
+            c.same(f"hvd.reducescatter {dtype}", out, want, device)
 
         c.guarded(f"horovod api {dtype}", one_dtype)
 

@@ -112,7 +112,7 @@ def _compression(c: Collector, rank: int, size: int) -> None:
                                                      "cmp.broadcast", root_rank=size - 1,
                                                      compression=compression))
             c.check("broadcast with Compression.none", got, ins[size - 1][:1], torch.float32)
-    for what, t, want, dtype, bound, handle in pending:
+    for what, _, want, dtype, bound, handle in pending:
         got = session.synchronize(handle)
         c.check(what, got, want, dtype, bound)
 

@@ -23,7 +23,6 @@ import os
 import queue
 import shutil
 import signal
-import sys
 import tempfile
 import time
 import traceback
@@ -54,8 +53,9 @@ def _rank_main(fn, rank, size, args, env, init, store_port, results, stack_file)
 
             torch.set_num_threads(1)
             if init == "torch":
-                import torch.distributed as dist
                 from datetime import timedelta
+
+                import torch.distributed as dist
 
                 store = dist.TCPStore("127.0.0.1", store_port, size, is_master=False,
                                       timeout=timedelta(seconds=30))
@@ -109,8 +109,9 @@ def run_ranks(
     store_port = 0
     common = dict(env or {})
     if init == "torch":
-        import torch.distributed as dist
         from datetime import timedelta
+
+        import torch.distributed as dist
 
         store = dist.TCPStore("127.0.0.1", 0, nprocs, is_master=True, wait_for_workers=False,
                               timeout=timedelta(seconds=30))
@@ -180,7 +181,7 @@ def _collect(procs, results, nprocs, timeout, stack_files) -> list[Any]:
 
 
 def _hang_report(procs, got, timeout, stack_files) -> str:
-    for r, p in enumerate(procs):
+    for p in procs:
         if p.is_alive():
             try:
                 os.kill(p.pid, signal.SIGUSR1)

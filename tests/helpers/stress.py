@@ -98,7 +98,8 @@ def plan_round(seed: int, rnd: int, size: int) -> list[Item]:
     candidates = [it for it in items if it.kind in ("allreduce", "broadcast") and len(it.members) > 1]
     if candidates and rng.random() < 0.35:
         it = candidates[int(rng.integers(0, len(candidates)))]
-        it.mismatch = str(rng.choice(["shape", "dtype", "op"] if it.kind == "allreduce" else ["shape", "dtype", "root"]))
+        kinds = ["shape", "dtype", "op"] if it.kind == "allreduce" else ["shape", "dtype", "root"]
+        it.mismatch = str(rng.choice(kinds))
         it.culprit = int(rng.choice(it.members))
     return items
 
@@ -240,7 +241,8 @@ class Round:
                         self._fail(item, "in-place result is not the submitted tensor")
                     self._check(item, f"in-place tensor {p}", tensors[p], want, dtype, bound)
                 else:
-                    self._check(item, f"input {p} untouched", tensors[p], self._input(item, self.rank, pshape, p), dtype)
+                    self._check(item, f"input {p} untouched", tensors[p],
+                                self._input(item, self.rank, pshape, p), dtype)
             return
         got = results[0]
         if k == "broadcast":

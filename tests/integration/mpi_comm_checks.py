@@ -15,18 +15,19 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 
 def _comm_checks() -> tuple[str, int, list[str]]:
+    from helpers.comm_checks import run_checks
     from mpi4py import MPI
 
     from accord.comm import get_backend
-    from helpers.comm_checks import run_checks
 
     world = MPI.COMM_WORLD
     return f"rank {world.Get_rank()}", *run_checks(get_backend("mpi"), world.Get_rank(), world.Get_size())
 
 
 def _engine_checks() -> tuple[str, int, list[str]]:
-    from accord.engine import session
     from helpers.precision_checks import engine_precision_checks
+
+    from accord.engine import session
 
     session.init()
     try:

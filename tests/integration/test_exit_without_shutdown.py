@@ -23,7 +23,7 @@ print("rank", hvd.rank(), "done")
 def test_scripts_without_shutdown_exit_cleanly(tmp_path):
     script = tmp_path / "no_shutdown.py"
     script.write_text(SCRIPT)
-    for attempt in range(3):  # the race showed up in a few runs out of ten before the fix
+    for _attempt in range(3):  # the race showed up in a few runs out of ten before the fix
         proc = subprocess.run([sys.executable, "-m", "accord.run", "-np", "2", sys.executable, str(script)],
                               capture_output=True, text=True, timeout=60,
                               env={**os.environ, "OMP_NUM_THREADS": "1"})

@@ -148,7 +148,7 @@ def test_check_build_lists_frameworks_and_backends():
     assert proc.returncode == 0, proc.stderr
     import torch
 
-    assert f"[X] PyTorch" in proc.stdout and torch.__version__ in proc.stdout
+    assert "[X] PyTorch" in proc.stdout and torch.__version__ in proc.stdout
     assert "[X] Gloo" in proc.stdout
     for name in ("NCCL", "MPI", "CUDA", "MXNet"):
         assert name in proc.stdout

@@ -133,7 +133,7 @@ def test_dist_sync_through_servers_gives_the_sum_of_each_round(kv_job):
     proc, results, _ = kv_job
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(results) == list(range(WORKERS))
-    for rank, data in results.items():
+    for _rank, data in results.items():
         assert data["num_workers"] == WORKERS and data["num_servers"] == SERVERS
         for r, (big, small) in enumerate(data["sync"], start=1):
             # assign semantics: the stored value is this round's merged push

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from helpers.mpirun import mpi_ready, run_under_mpirun
 
 pytestmark = pytest.mark.mpi

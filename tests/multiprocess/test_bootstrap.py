@@ -5,7 +5,6 @@ from __future__ import annotations
 import socket
 
 import pytest
-
 from helpers.ranks import run_ranks
 
 

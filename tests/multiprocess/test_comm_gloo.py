@@ -4,13 +4,13 @@ All checks for one world size run inside one set of ranks (a rank costs ~1 s to 
 tests/helpers/comm_checks.py for what is checked and how expected values are computed.
 """
 import pytest
-
 from helpers.ranks import run_ranks
 
 
 def _gloo_checks(rank, size):
-    from accord.comm import get_backend
     from helpers.comm_checks import run_checks
+
+    from accord.comm import get_backend
 
     return run_checks(get_backend("gloo"), rank, size)
 
@@ -26,9 +26,10 @@ def test_gloo_collectives(size):
 
 
 def _peer_leaves(rank, size):
+    import torch
+
     from accord.comm import ReduceOp, get_backend
     from accord.errors import RankFailedError
-    import torch
 
     comm = get_backend("gloo").create(range(size))
     if rank == 1:

@@ -6,7 +6,6 @@ values from numpy, see tests/helpers/comm_checks.py) runs through it here on CPU
 same wrapper over CUDA tensors on one shared GPU is tested in tests/gpu/.
 """
 import pytest
-
 from helpers.ranks import run_ranks
 
 pytestmark = pytest.mark.timeout(120)
@@ -14,11 +13,11 @@ pytestmark = pytest.mark.timeout(120)
 
 def _staged_checks(rank, size, inner):
     import torch
+    from helpers.comm_checks import run_checks
 
     from accord.comm import get_backend
     from accord.comm.host_staged import HostStagedBackend, HostStagedCommunicator
     from accord.comm.ops import ReduceOp
-    from helpers.comm_checks import run_checks
 
     backend = HostStagedBackend(get_backend(inner))
     count, failures = run_checks(backend, rank, size)

@@ -12,7 +12,6 @@ import threading
 
 import numpy as np
 import pytest
-
 from helpers.dying_ranks import run_ranks_with_deaths
 from helpers.ranks import run_ranks
 
@@ -104,9 +103,10 @@ def _many_checks(comm, rank, size, tag):
 
 
 def _suite(rank, size):
+    from helpers.comm_checks import run_checks
+
     from accord.comm import get_backend
     from accord.comm.shm import ShmBackend
-    from helpers.comm_checks import run_checks
 
     count, failures = run_checks(get_backend("shm"), rank, size)
     n, f = run_checks(ShmBackend(**TINY), rank, size)
@@ -322,7 +322,7 @@ def test_futex_barrier_keeps_threads_in_step():
     assert not any(t.is_alive() for t in threads)
     assert errors == []
     assert ctypes.c_uint32.from_buffer(buffer, COUNTER_OFFSET).value == 2 * 2 * rounds
-    del progress
+    progress.clear()  # the views pin the mapping: drop them before closing it
     buffer.close()
 
 

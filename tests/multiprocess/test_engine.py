@@ -9,7 +9,6 @@ import os
 
 import numpy as np
 import pytest
-
 from helpers.proc_state import check_idle
 from helpers.ranks import run_ranks
 from helpers.values import close as _close
@@ -31,15 +30,15 @@ def _sync(engine, handle):
 # --- 2 ranks: idle CPU, matching, ops, dtypes, scale factors, errors, steady state, timeline -------------
 
 def _two_rank_checks(rank, size, timeline_dir):
+    import time
+
     import torch
     import torch.distributed as dist
+    from helpers.engine_comm import start_engine
 
     from accord.comm.ops import ReduceOp
     from accord.engine.compression import Compression
     from accord.errors import MismatchError
-    from helpers.engine_comm import start_engine
-
-    import time
 
     eng = start_engine(rank, size, count_negotiation=True, cycle_time=0.005)
     report = {}
@@ -196,9 +195,10 @@ def _two_rank_checks(rank, size, timeline_dir):
 
     # 5. mismatches raise on every rank, with per-rank values, and the engine keeps working
     messages = {}
+    rank_dtype = torch.float32 if rank == 0 else torch.float64
     cases = {
         "grad.fc.weight": lambda: _submit(eng, "allreduce", torch.zeros(3 + rank), "grad.fc.weight"),
-        "m.dtype": lambda: _submit(eng, "allreduce", torch.zeros(2, dtype=torch.float32 if rank == 0 else torch.float64), "m.dtype"),
+        "m.dtype": lambda: _submit(eng, "allreduce", torch.zeros(2, dtype=rank_dtype), "m.dtype"),
         "m.op": lambda: _submit(eng, "allreduce" if rank == 0 else "allgather", torch.zeros(2), "m.op"),
         "m.root": lambda: _submit(eng, "broadcast", torch.zeros(2), "m.root", root_rank=rank),
     }
@@ -248,14 +248,15 @@ def _two_rank_checks(rank, size, timeline_dir):
 @pytest.mark.timeout(120)
 def test_engine_two_ranks(tmp_path):
     reports = run_ranks(_two_rank_checks, 2, str(tmp_path), timeout=100)
-    for rank, rep in enumerate(reports):
+    for _rank, rep in enumerate(reports):
         check_idle(rep["idle"])
         assert rep["fused_collectives"] < 40  # 40 allreduces were fused into fewer collectives
         msgs = rep["mismatch"]
         assert msgs["grad.fc.weight"].startswith(
             "Mismatched allreduce shapes for 'grad.fc.weight': rank 0 sent [3], rank 1 sent [4]")
         assert "HINT:" in msgs["grad.fc.weight"]
-        assert "Mismatched allreduce data types for 'm.dtype': rank 0 sent float32, rank 1 sent float64" in msgs["m.dtype"]
+        want = "Mismatched allreduce data types for 'm.dtype': rank 0 sent float32, rank 1 sent float64"
+        assert want in msgs["m.dtype"]
         assert "Mismatched operations for 'm.op': rank 0 sent allreduce, rank 1 sent allgather" in msgs["m.op"]
         assert "Mismatched broadcast root ranks for 'm.root': rank 0 sent 0, rank 1 sent 1" in msgs["m.root"]
         steady = rep["steady"]
@@ -285,9 +286,9 @@ def test_engine_two_ranks(tmp_path):
 
 def _three_rank_checks(rank, size):
     import torch
+    from helpers.engine_comm import start_engine
 
     from accord.errors import MismatchError
-    from helpers.engine_comm import start_engine
 
     # A non-zero quiet time here: the gathering loop that waits for submissions to pause.
     eng = start_engine(rank, size, extra_sets=[(0, 2)], quiet_time=0.0005)
@@ -336,9 +337,9 @@ def _stall_checks(rank, size):
     import time
 
     import torch
+    from helpers.engine_comm import start_engine
 
     from accord.errors import StallError
-    from helpers.engine_comm import start_engine
 
     eng = start_engine(rank, size)
     assert eng.settings.stall_check_time == 0.5 and eng.settings.stall_shutdown_time == 2.0

@@ -7,7 +7,6 @@ import threading
 
 import numpy as np
 import pytest
-
 from helpers.ranks import run_ranks
 
 pytestmark = pytest.mark.timeout(180)
@@ -18,10 +17,10 @@ THREADS, PER_THREAD = 3, 12
 def _thread_work(tid, rank, size, errors):
     """One thread's mix: allreduce (sync and async), allgather, broadcast, grouped allreduce."""
     import torch
-
-    from accord.engine import session
     from helpers.comm_checks import SUM, expected_reduce, tolerance
     from helpers.values import bits_equal, random_values, to_tensor, within
+
+    from accord.engine import session
 
     try:
         pending = []

@@ -1,7 +1,6 @@
 """A rank that dies (SIGKILL) or hangs (SIGSTOP) while the others wait: the survivors raise
 RankFailedError within the collective timeout, never hang."""
 import pytest
-
 from helpers.dying_ranks import run_ranks_with_deaths
 
 pytestmark = pytest.mark.timeout(60)
@@ -13,10 +12,10 @@ def _die_mid_run(rank, size, how):
     import time
 
     import torch
+    from helpers.engine_comm import start_engine
 
     from accord.engine.request import Op, build_request
     from accord.errors import RankFailedError
-    from helpers.engine_comm import start_engine
 
     eng = start_engine(rank, size)
     ok = eng.synchronize(eng.enqueue(build_request(Op.ALLREDUCE, torch.ones(3), "before")))

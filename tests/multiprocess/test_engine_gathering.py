@@ -6,7 +6,6 @@ The cycle time is set to 20 s here, so a check that passes in well under that sh
 did not wait it out.
 """
 import pytest
-
 from helpers.ranks import run_ranks
 
 pytestmark = pytest.mark.timeout(90)

@@ -2,7 +2,6 @@
 per-cycle negotiation sums within each host, then across hosts; mismatches still raise on every
 rank. 4 ranks as 2 fake hosts x 2 (ACCORD_HOSTNAME), expected values computed independently."""
 import pytest
-
 from helpers.ranks import run_ranks
 
 pytestmark = pytest.mark.timeout(150)
@@ -41,7 +40,7 @@ def _checks(rank, size):
 def test_negotiation_goes_host_first_and_keeps_errors_on_every_rank():
     results = run_ranks(_checks, 4, init="accord", per_rank_env=_env, timeout=120,
                         env={"ACCORD_HIERARCHICAL_ALLREDUCE": "1", "ACCORD_CPU_BACKEND": "auto"})
-    for rank, res in enumerate(results):
+    for _rank, res in enumerate(results):
         assert res["negotiation"] == "HostFirstNegotiation"
         for step, got in enumerate(res["sums"]):
             assert got == [[float(sum(r * 10 + k + step for r in range(4)))] * 3 for k in range(4)]

@@ -3,7 +3,6 @@ kernel and it runs no more cycles than its idle tick asks for (read from the eng
 not from CPU time, which a busy machine distorts); the worker's log level comes from
 ACCORD_LOG_LEVEL / HOROVOD_LOG_LEVEL."""
 import pytest
-
 from helpers.proc_state import check_idle
 from helpers.ranks import run_ranks
 
@@ -14,8 +13,9 @@ def _idle(rank, size):
     import logging
     import time
 
-    from accord.engine import session
     from helpers.proc_state import engine_thread_id, sample_states
+
+    from accord.engine import session
 
     session.init()
     engine = session.engine()

@@ -5,7 +5,6 @@ Two real ranks over Gloo; expected values computed from each rank's input."""
 import time
 
 import pytest
-
 from helpers.ranks import run_ranks
 
 pytestmark = pytest.mark.timeout(150)
@@ -19,9 +18,9 @@ def _submit(eng, tensor, name):
 
 def _plan_checks(rank, size):
     import torch
+    from helpers.engine_comm import start_engine
 
     from accord.errors import MismatchError
-    from helpers.engine_comm import start_engine
 
     eng = start_engine(rank, size, count_negotiation=True)
     out = {}
@@ -71,7 +70,7 @@ def _plan_checks(rank, size):
 
 def test_planned_cycles_skip_negotiation_and_leave_together():
     results = run_ranks(_plan_checks, 2, timeout=120)
-    for rank, res in enumerate(results):
+    for _rank, res in enumerate(results):
         assert res["steady_values_ok"]
         assert res["planned"] >= 6, res  # 12 steps: at most a few negotiated ones before the plan
         assert res["negotiations"] <= 12 - res["planned"] + 1, res

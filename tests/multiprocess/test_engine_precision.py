@@ -5,15 +5,15 @@ Compression.none bit-exact, fp16/bf16 within their wire's bound (tests/helpers/p
 The mpi backend runs the same checks under mpirun (tests/integration/test_engine_mpi.py).
 """
 import pytest
-
 from helpers.ranks import run_ranks
 
 pytestmark = pytest.mark.timeout(120)
 
 
 def _checks(rank, size):
-    from accord.engine import session
     from helpers.precision_checks import engine_precision_checks
+
+    from accord.engine import session
 
     session.init()
     try:

@@ -6,7 +6,6 @@ Timings here are generous bounds on waiting that the old single negotiation made
 (a stalled non-member held every set back for its idle tick, 1 s, per cycle), not benchmarks.
 """
 import pytest
-
 from helpers.ranks import run_ranks
 
 pytestmark = pytest.mark.timeout(150)
@@ -193,7 +192,8 @@ def test_errors_and_shutdown_stay_correct_with_several_sets():
     results = run_ranks(_errors_within_a_set, 4, init="accord", timeout=60)
     for rank in (0, 1, 2):
         m = results[rank]["mismatch"]
-        assert m.startswith("Mismatched allreduce shapes for 'allreduce.bad@ps1': ranks 0, 1 sent [3], rank 2 sent [4]"), m
+        assert m.startswith("Mismatched allreduce shapes for 'allreduce.bad@ps1': "
+                            "ranks 0, 1 sent [3], rank 2 sent [4]"), m
     for rank in (1, 2):
         assert results[rank]["pending_errors"] == ["ShutdownError", "ShutdownError"]
     for res in results:

@@ -3,9 +3,7 @@ import json
 import os
 import threading
 
-import numpy as np
 import pytest
-
 from helpers.ranks import run_ranks
 
 pytestmark = pytest.mark.timeout(90)

@@ -13,7 +13,6 @@ import os
 import secrets
 
 import pytest
-
 from helpers.ranks import run_ranks
 
 ROUNDS = int(os.environ.get("STRESS_ROUNDS", "12"))
@@ -24,8 +23,9 @@ pytestmark = pytest.mark.timeout(max(120, 10 * ROUNDS))
 
 
 def _stress(rank, size, seed, rounds):
-    from accord.engine import session
     from helpers.stress import run_stress
+
+    from accord.engine import session
 
     session.init()
     try:
@@ -45,7 +45,8 @@ def test_random_collectives_in_random_orders(backend, nprocs):
     failures = [f for rep in out for f in rep["failures"]]
     assert not failures, f"seed {SEED}: {len(failures)} failures:\n" + "\n".join(failures[:30])
     for rank, rep in enumerate(out):
-        assert rep["mismatches"] == rep["planned_mismatches"], (SEED, rank, rep["mismatches"], rep["planned_mismatches"])
+        assert rep["mismatches"] == rep["planned_mismatches"], \
+            (SEED, rank, rep["mismatches"], rep["planned_mismatches"])
         assert rep["inflight_after"] == [], (SEED, rank, rep["inflight_after"])
         assert rep["checks"] > 10 * ROUNDS, (SEED, rank, rep["checks"])
     assert sum(rep["planned_mismatches"] for rep in out) > 0 or ROUNDS < 6, SEED  # the seed injects some

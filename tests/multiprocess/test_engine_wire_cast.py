@@ -3,11 +3,10 @@ while it moves the data, on the shm backend (cast into and out of the shared slo
 Gloo (cast while packing the fusion buffer), lone and fused, mixed with requests that already
 are in the wire dtype, with scale factors and Average.
 
-Inputs are whole numbers plus 2**-10: the fraction is lost in bfloat16, so the expected sums, computed here with plain Python arithmetic, tell whether the data really
-travelled in the narrow dtype.
+Inputs are whole numbers plus 2**-10: the fraction is lost in bfloat16, so the expected sums, computed here
+with plain Python arithmetic, tell whether the data really travelled in the narrow dtype.
 """
 import pytest
-
 from helpers.ranks import run_ranks
 
 pytestmark = pytest.mark.timeout(90)
@@ -23,9 +22,9 @@ def _whole(rank, k, n):
 def _wire_cast_checks(rank, size):
     import torch
 
+    from accord.comm.ops import ReduceOp
     from accord.engine import session
     from accord.engine.compression import Compression
-    from accord.comm.ops import ReduceOp
 
     session.init()
     backend = session.backend_name()

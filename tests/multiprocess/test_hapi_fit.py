@@ -7,10 +7,9 @@ test below checks one part of what it returned against values computed in this p
 import numpy as np
 import pytest
 import torch
-from torch import nn
-
 from helpers.ranks import run_ranks
 from helpers.small_nets import _data, _net, _weights, numpy_metrics
+from torch import nn
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -7,10 +7,9 @@ rule and the sampler's documented permutation). One set of ranks runs every scen
 import numpy as np
 import pytest
 import torch
-from torch import nn
-
 from helpers.ranks import run_ranks
 from helpers.small_nets import _data, _net, _weights, numpy_metrics
+from torch import nn
 
 pytestmark = pytest.mark.timeout(120)
 

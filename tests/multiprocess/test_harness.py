@@ -1,6 +1,5 @@
 """The rank harness itself: results in order, failures reported, hangs killed."""
 import pytest
-
 from helpers.ranks import RanksFailed, run_ranks
 
 

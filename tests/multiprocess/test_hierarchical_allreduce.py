@@ -6,7 +6,6 @@ Expected values are computed with numpy from every rank's input.
 """
 import numpy as np
 import pytest
-
 from helpers.ranks import run_ranks
 
 pytestmark = pytest.mark.timeout(120)
@@ -94,7 +93,7 @@ def test_two_hosts_of_two_ranks_reduce_hierarchically():
     hosts = ["hostA", "hostA", "hostB", "hostB"]
     out = run_ranks(_hierarchical_checks, 4, init="accord", per_rank_env=_hosts_env(hosts), timeout=100,
                     env={"ACCORD_HIERARCHICAL_ALLREDUCE": "1", "ACCORD_CPU_BACKEND": "auto"})
-    for rank, res in enumerate(out):
+    for _rank, res in enumerate(out):
         assert res["kind"] == "HierarchicalCommunicator", res["kind"]
         assert res["parts"] == ("shm", "gloo", "gloo")
         # every allreduce of at least one element per local rank took the three steps (the

@@ -7,7 +7,6 @@ the uneven training in one process with plain torch.
 """
 import numpy as np
 import pytest
-
 from helpers.ranks import run_ranks
 
 pytestmark = pytest.mark.timeout(60)
@@ -237,7 +236,7 @@ def test_distributed_optimizer_with_uneven_batches_then_join(nprocs):
     results = run_ranks(_train_then_join, nprocs, init="accord", timeout=50)
     expected = _reference(nprocs)
     last_rank = nprocs - 1
-    for rank, (last, params, sums) in enumerate(results):
+    for _rank, (last, _params, sums) in enumerate(results):
         assert last == last_rank
         tri = nprocs * (nprocs - 1) / 2
         assert sums[:3] == [[tri + nprocs * k] * 3 for k in range(3)]

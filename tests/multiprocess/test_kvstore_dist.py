@@ -12,7 +12,6 @@ import os
 
 import numpy as np
 import pytest
-
 from helpers.ranks import run_ranks
 
 pytestmark = pytest.mark.timeout(60)

@@ -4,7 +4,6 @@ import time
 
 import numpy as np
 import pytest
-
 from helpers.ranks import run_ranks
 
 pytestmark = pytest.mark.timeout(60)
@@ -32,7 +31,7 @@ def _async_worker(rank, size):
     with pytest.raises(ValueError, match="dist_sync"):
         kv.push("x", np.ones(20, np.float32), op="max")
     seen = []
-    for k in range(1, 6):
+    for _k in range(1, 6):
         kv.push("x", [torch.full((20,), rank + 1.0)])
         seen.append(kv.pull("x").copy())
     kv.barrier()

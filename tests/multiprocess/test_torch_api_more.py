@@ -9,7 +9,6 @@ import time
 
 import numpy as np
 import pytest
-
 from helpers.ranks import run_ranks
 from helpers.values import close as _close
 from helpers.values import int_data as _data

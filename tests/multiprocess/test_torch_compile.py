@@ -12,7 +12,6 @@ import sys
 
 import numpy as np
 import pytest
-
 from helpers.ranks import run_ranks
 
 SIZE = 2

@@ -4,7 +4,6 @@ import os
 
 import numpy as np
 import pytest
-
 from helpers.ranks import _start_accord_store, run_ranks
 
 pytestmark = pytest.mark.timeout(120)

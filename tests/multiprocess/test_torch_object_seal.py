@@ -1,6 +1,5 @@
 """broadcast_object / allgather_object unpickle only payloads sealed with the job secret."""
 import pytest
-
 from helpers.ranks import run_ranks
 
 pytestmark = pytest.mark.timeout(60)

@@ -8,7 +8,6 @@ import os
 
 import numpy as np
 import pytest
-
 from helpers.ranks import run_ranks
 from helpers.values import close as _close
 from helpers.values import int_data as _data

@@ -6,7 +6,6 @@ equals big-batch training" is checked directly.
 """
 import numpy as np
 import pytest
-
 from helpers.ranks import run_ranks
 
 pytestmark = pytest.mark.timeout(120)

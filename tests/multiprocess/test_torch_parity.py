@@ -2,7 +2,6 @@
 gradients, and a failed rank releasing a peer that waits in join(). Real ranks; the Horovod
 behaviour each check holds accord to is listed in docs/horovod-parity.md."""
 import pytest
-
 from helpers.ranks import run_ranks
 
 pytestmark = pytest.mark.timeout(150)

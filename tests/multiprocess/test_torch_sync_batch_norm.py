@@ -6,7 +6,6 @@ gradient, the summed weight/bias gradients and the running statistics.
 """
 import numpy as np
 import pytest
-
 from helpers.ranks import run_ranks
 
 pytestmark = pytest.mark.timeout(120)

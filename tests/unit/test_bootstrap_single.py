@@ -10,9 +10,9 @@ from accord.errors import ConfigError, RendezvousError
 from accord.runtime import environments as envs
 from accord.runtime.bootstrap import active_runtime, bootstrap, load_secret
 from accord.runtime.rendezvous import interface_address
-from accord.worker_contract import CHECKIN_KEY
 from accord.store.connection import StoreConnection
 from accord.store.server import StoreServer
+from accord.worker_contract import CHECKIN_KEY
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -3,8 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from accord.engine.compression import (BF16Compressor, Compression, FP16Compressor,
-                                       NoneCompressor)
+from accord.engine.compression import BF16Compressor, Compression, FP16Compressor, NoneCompressor
 
 pytestmark = pytest.mark.timeout(10)
 

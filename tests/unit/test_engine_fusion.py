@@ -3,11 +3,11 @@ import numpy as np
 import pytest
 import torch
 
+from accord.comm.base_communicator import split_rows
 from accord.comm.ops import ReduceOp
+from accord.engine.execute import wire_reduction
 from accord.engine.fusion import FusionBuffers, adjacent_span, copy_out, pack, plan_work, unpack
 from accord.engine.request import Op, Request
-from accord.comm.base_communicator import split_rows
-from accord.engine.execute import wire_reduction
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -35,7 +35,8 @@ def test_new_ids_follow_the_lowest_ranks_submission_order_and_survive_updates():
     # a set without rank 0: its lowest member's order counts
     d = decide(exch([{}, {"y": (sig(pset=1), 0), "x": (sig(pset=1), 0)}, {}]), ResponseCache(), tick=1)
     assert d.ready == []  # set 1 is {0, 2}: rank 1 cannot use it (and rank 0 lacks it)
-    d = decide(exch([{"y": (sig(pset=1), 0), "x": (sig(pset=1), 0)}, {}, {"x": (sig(pset=1), 0), "y": (sig(pset=1), 0)}]),
+    both = {"y": (sig(pset=1), 0), "x": (sig(pset=1), 0)}
+    d = decide(exch([both, {}, dict(reversed(list(both.items())))]),
                ResponseCache(), tick=1)
     assert d.ready == ["y", "x"]
 
@@ -49,7 +50,8 @@ def test_ready_order_is_cache_id_order_not_arrival_order():
 
 def test_counts_vector_and_ready_detection():
     cache = ResponseCache()
-    decide(exch([{"a": (sig(), 0), "s": (sig(pset=1), 0)}, {"a": (sig(), 0)}, {"a": (sig(), 0), "s": (sig(pset=1), 0)}]), cache, tick=1)
+    with_s = {"a": (sig(), 0), "s": (sig(pset=1), 0)}
+    decide(exch([with_s, {"a": (sig(), 0)}, dict(with_s)]), cache, tick=1)
     a, s = cache.id_of("a", sig()), cache.id_of("s", sig(pset=1))
     v0 = neg.build_vector([a, s], len(cache), want_full=False, shutdown=False, joined=False)
     v1 = neg.build_vector([a], len(cache), want_full=True, shutdown=True, joined=False)

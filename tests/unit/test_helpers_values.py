@@ -3,7 +3,6 @@ their dtype, and the reduction bound separates a correct wire from a narrowed on
 import numpy as np
 import pytest
 import torch
-
 from helpers.values import bits_equal, random_values, reduce_tolerance, to_tensor, within
 
 

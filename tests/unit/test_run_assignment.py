@@ -45,7 +45,7 @@ def test_unused_hosts_are_dropped():
 
 def test_cross_groups_partition_ranks():
     slots = assign_slots([HostSlots("a", 3), HostSlots("b", 1), HostSlots("c", 2)], 6)
-    for local_rank, group in itertools.groupby(sorted(slots, key=lambda s: s.local_rank),
+    for _local_rank, group in itertools.groupby(sorted(slots, key=lambda s: s.local_rank),
                                                key=lambda s: s.local_rank):
         group = list(group)
         assert sorted(s.cross_rank for s in group) == list(range(len(group)))

@@ -18,8 +18,7 @@ from accord.run.elastic_config import ElasticConfig
 from accord.run.elastic_plan import Plan, plan_changes, usable_hosts
 from accord.run.hosts import HostSlots
 from accord.run.launch_config import config_from_args
-from accord.worker_contract import (ELASTIC_DEAD_KEY, ELASTIC_LEAVING_KEY, ELASTIC_UPDATE_KEY,
-                                    ELASTIC_UPDATES_KEY)
+from accord.worker_contract import ELASTIC_DEAD_KEY, ELASTIC_LEAVING_KEY, ELASTIC_UPDATE_KEY, ELASTIC_UPDATES_KEY
 
 pytestmark = pytest.mark.timeout(30)
 

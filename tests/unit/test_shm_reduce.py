@@ -13,7 +13,7 @@ def test_pieces_cover_every_element_once_in_order():
     chunks, total = chunk_pieces(sizes, 4)
     assert total == 20 and len(chunks) == 5
     seen = []
-    for c, pieces in enumerate(chunks):
+    for _c, pieces in enumerate(chunks):
         offsets = []
         for i, lo, hi, at in pieces:
             assert sizes[i] > 0 and 0 <= lo < hi <= sizes[i] and 0 <= at and at + hi - lo <= 4

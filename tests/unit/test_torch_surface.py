@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import accord.torch as hvd
-from accord.errors import CollectiveError
 from accord.engine.naming import RequestNamer
+from accord.errors import CollectiveError
 from accord.torch import adasum, gateway
 from accord.torch.async_ops import handle_average_backwards_compatibility
 from accord.torch.grad_reduction import split_list

@@ -10,7 +10,6 @@ import uuid
 
 import numpy as np
 import pytest
-
 from helpers.mxnet_env import require_mxnet
 
 require_mxnet()

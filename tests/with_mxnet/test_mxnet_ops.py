@@ -6,7 +6,6 @@ Every rank rebuilds every rank's input from (seed, rank), so expected values com
 """
 import numpy as np
 import pytest
-
 from helpers.mxnet_env import require_mxnet
 from helpers.ranks import run_ranks
 from helpers.values import close, int_data

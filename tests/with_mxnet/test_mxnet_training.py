@@ -8,7 +8,6 @@ concatenated batch, from the same initial weights, and compares.
 """
 import numpy as np
 import pytest
-
 from helpers.fake_hosts import fake_host_env
 from helpers.mxnet_env import require_mxnet
 from helpers.ranks import run_ranks
@@ -179,7 +178,7 @@ def _sync_bn(rank, size):
         gamma = np.array([1.0, 2.0, 0.5])
         beta = np.array([0.1, -0.2, 0.3])
 
-        def run(layer, x, w):
+        def run(layer, x, w, gamma=gamma, beta=beta):
             layer.cast("float64")
             layer.initialize()
             layer.gamma.set_data(mx.nd.array(gamma, dtype="float64"))

@@ -194,7 +194,7 @@ class Cluster:
                  "private", "sh", "-c", script],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
         deadline = time.monotonic() + timeout
-        while not any(l.port == 22 for l in self.listening(name, owners=False)):
+        while not any(lis.port == 22 for lis in self.listening(name, owners=False)):
             if host.proc.poll() is not None or time.monotonic() > deadline:
                 with open(log.name, encoding="utf-8", errors="replace") as fh:
                     tail = fh.read()[-2000:]

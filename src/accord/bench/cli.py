@@ -16,8 +16,8 @@ import sys
 from typing import Any, Sequence
 
 from accord.bench import launch, options, report
-from accord.bench.placement import Placement, default_threads, placement
 from accord.bench.environment import load_average
+from accord.bench.placement import Placement, default_threads, placement
 from accord.config import finite_float
 from accord.errors import AccordError, ConfigError, WorkerFailedError, with_hint
 

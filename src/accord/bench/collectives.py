@@ -170,7 +170,8 @@ def _measure(opts: CollectivesOptions, backend: str, comm: Any, op: str, dtype: 
 
 
 def _progress_line(series: dict[str, Any], row: dict[str, Any]) -> str:
-    raw = "" if row["ratio"] is None else f"  raw busbw {row['raw']['busbw_gbps']['median']:.3f}  ratio {row['ratio']:.2f}"
+    raw = ("" if row["ratio"] is None
+           else f"  raw busbw {row['raw']['busbw_gbps']['median']:.3f}  ratio {row['ratio']:.2f}")
     return (f"[{series['backend']}/{series['api']}] {series['op']} {series['dtype']} "
             f"{format_size(row['size_bytes'])}: {row['time_us']['median']:.1f} us  "
             f"busbw {row['busbw_gbps']['median']:.3f} GB/s{raw}")

@@ -23,7 +23,6 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from accord.engine import session
 from accord.bench import results
 from accord.bench.environment import describe
 from accord.bench.memory import MemoryMeter
@@ -32,6 +31,7 @@ from accord.bench.precision import Precision
 from accord.bench.report import progress_bar
 from accord.bench.strategies import make_strategy
 from accord.bench.workload import batches, build_model, image_size
+from accord.engine import session
 
 _SINGLE_DONE = "accord-bench/single-done"
 

@@ -61,7 +61,8 @@ def _shape_digits(x: torch.Tensor, opts: TrainOptions) -> torch.Tensor:
     return images if opts.model == "lenet" else images.expand(-1, 3, -1, -1).contiguous()
 
 
-def batches(opts: TrainOptions, rank: int, size: int, device: torch.device) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def batches(opts: TrainOptions, rank: int, size: int,
+            device: torch.device) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Endless (inputs, labels) batches of ``opts.batch_size`` for this rank, on ``device``."""
     gen = torch.Generator().manual_seed(opts.seed * 1000 + rank)
     if opts.data == "synthetic":

@@ -14,7 +14,11 @@ import sys
 
 from accord import config
 from accord.comm.backend import (
-    Backend, Communicator, get_backend, known_backends, register_backend,
+    Backend,
+    Communicator,
+    get_backend,
+    known_backends,
+    register_backend,
 )
 from accord.comm.ops import ReduceOp
 from accord.errors import BackendError, with_hint

@@ -16,10 +16,15 @@ from typing import Any, Callable, Sequence
 import torch
 
 from accord.comm import dtypes
-from accord.comm.backend import Communicator
 from accord.comm.agreement import (
-    alltoall_splits, check_headers, check_root, header, normalize_ranks, scatter_problem,
+    alltoall_splits,
+    check_headers,
+    check_root,
+    header,
+    normalize_ranks,
+    scatter_problem,
 )
+from accord.comm.backend import Communicator
 from accord.comm.ops import ReduceOp
 from accord.errors import AccordError, CollectiveError, RankFailedError, with_hint
 
@@ -257,7 +262,8 @@ class BaseCommunicator(Communicator):
         return out.view(dtype).reshape(rows[self.rank], *trailing)
 
     @_collective
-    def alltoall(self, tensor: torch.Tensor, splits: Sequence[int] | torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def alltoall(self, tensor: torch.Tensor,
+                 splits: Sequence[int] | torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Send ``splits[i]`` rows to rank i (even split when None).
 
         Returns ``(output, received_splits)``: the received rows concatenated in rank order, and

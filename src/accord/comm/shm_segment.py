@@ -1,12 +1,12 @@
 """The shared-memory segment of one ``shm`` communicator: its layout, creation and attachment.
 
-The segment is a file in ``/dev/shm`` (tmpfs; a temporary directory where there is none) that
-the set's first rank creates with a random name, mode 0600, and fills with ``posix_fallocate``
-so that a full tmpfs fails here with a clear error instead of a SIGBUS later. The other ranks
-map it, then every member unlinks the name (whoever comes first): from then on the memory lives
-only as long as some rank maps it, so nothing is left in ``/dev/shm`` even when ranks are
-killed (only a leader killed inside ``create``, between creating and the unlink a few
-milliseconds later, can leave an ``accord-shm-<pid>-*`` file behind). Layout (every area aligned to 64 bytes, data areas to 4096)::
+The segment is a file in ``/dev/shm`` (tmpfs; a temporary directory where there is none) that the set's first
+rank creates with a random name, mode 0600, and fills with ``posix_fallocate`` so that a full tmpfs fails here
+with a clear error instead of a SIGBUS later. The other ranks map it, then every member unlinks the name
+(whoever comes first): from then on the memory lives only as long as some rank maps it, so nothing is left in
+``/dev/shm`` even when ranks are killed (only a leader killed inside ``create``, between creating and the
+unlink a few milliseconds later, can leave an ``accord-shm-<pid>-*`` file behind). Layout (every area aligned
+to 64 bytes, data areas to 4096)::
 
     header   magic, token (proves that a rank mapped the segment its leader created), sizes
              the barrier counter and abort word, each on its own cache line

@@ -38,8 +38,14 @@ from accord.engine.sets import GLOBAL_ID, ProcessSetRegistry
 from accord.engine.settings import EngineSettings
 from accord.engine.stall import StallInspector
 from accord.engine.timeline import Timeline
-from accord.errors import (CollectiveError, InvalidArgumentError, MismatchError, RankFailedError,
-                           ShutdownError, with_hint)
+from accord.errors import (
+    CollectiveError,
+    InvalidArgumentError,
+    MismatchError,
+    RankFailedError,
+    ShutdownError,
+    with_hint,
+)
 
 log = logging.getLogger("accord.engine")
 

@@ -14,8 +14,8 @@ from typing import Any, Callable, Sequence
 import torch
 
 from accord.comm import memory
-from accord.comm.base_communicator import split_rows
 from accord.comm.backend import Communicator
+from accord.comm.base_communicator import split_rows
 from accord.comm.dtypes import scale_
 from accord.comm.ops import ReduceOp
 from accord.engine.compression import decompress_into

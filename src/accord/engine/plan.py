@@ -16,11 +16,11 @@ members stop negotiating and only verify, inside the data collective itself:
   element, this rank's *control* value (0), so the one collective both moves the data and
   tells every member whether all followed the plan (:meth:`Executor.run`).
 - **Leaving.** A member that cannot follow the plan (another or a changed name is pending, a
-  caller waits on a handle while the plan is incomplete, shutdown, join, part of the plan has
-  waited an idle tick for the rest, or nothing came for a quarter of the collective timeout) joins the same first collective with zeros and control 1. Every member sees a
-  non-zero sum: nothing of that cycle completes (results stay in the fusion buffer), the
-  members leave the planned state together and negotiate normally from the next cycle, with
-  their requests still pending. Mismatches, stalls and errors are then found as always.
+  caller waits on a handle while the plan is incomplete, shutdown, join, part of the plan has waited an idle
+  tick for the rest, or nothing came for a quarter of the collective timeout) joins the same first collective
+  with zeros and control 1. Every member sees a non-zero sum: nothing of that cycle completes (results stay in
+  the fusion buffer), the members leave the planned state together and negotiate normally from the next cycle,
+  with their requests still pending. Mismatches, stalls and errors are then found as always.
 
 Only the first work item carries the control value: once it says every member followed the
 plan, every member has every request of it, so the rest runs as usual.

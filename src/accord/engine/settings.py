@@ -76,9 +76,9 @@ class EngineSettings:
 
     @classmethod
     def from_config(cls, cpu_backend: str | None = None, **overrides) -> "EngineSettings":
-        """Read ACCORD_FUSION_THRESHOLD, ACCORD_CYCLE_TIME and ACCORD_CYCLE_QUIET_TIME (ms), ACCORD_TIMELINE, ACCORD_STALL_*,
-        ACCORD_COLLECTIVE_TIMEOUT, ACCORD_CACHE_CAPACITY,
-        ACCORD_HIERARCHICAL_ALLREDUCE, ACCORD_HIERARCHICAL_MIN_BYTES (and their Horovod aliases); ``overrides`` win. Cycle times
+        """Read ACCORD_FUSION_THRESHOLD, ACCORD_CYCLE_TIME and ACCORD_CYCLE_QUIET_TIME (ms), ACCORD_TIMELINE,
+        ACCORD_STALL_*, ACCORD_COLLECTIVE_TIMEOUT, ACCORD_CACHE_CAPACITY, ACCORD_HIERARCHICAL_ALLREDUCE,
+        ACCORD_HIERARCHICAL_MIN_BYTES (and their Horovod aliases); ``overrides`` win. Cycle times
         that are not set default by ``cpu_backend`` (see :func:`default_cycle_times`)."""
         cycle, quiet, early = default_cycle_times(cpu_backend)
         set_cycle, set_quiet = config.get("ACCORD_CYCLE_TIME"), config.get("ACCORD_CYCLE_QUIET_TIME")

@@ -1,10 +1,10 @@
 """A chrome://tracing (Trace Event Format) timeline of the engine's phases per tensor name.
 
-One row (tid) per name under one process (pid = rank): NEGOTIATE_<OP> from submit until every
-rank agreed, WAIT_FOR_DATA, MEMCPY_IN_FUSION_BUFFER, the collective itself (ALLREDUCE, ...),
-MEMCPY_OUT_FUSION_BUFFER. Events are complete ("X") events buffered in memory (as tuples, formatted
-later) and appended to the file at most about once a second from the engine thread; :meth:`Timeline.close` writes the closing bracket, after which the file is valid
-JSON (before that, chrome://tracing still reads it: it tolerates a missing ``]}``).
+One row (tid) per name under one process (pid = rank): NEGOTIATE_<OP> from submit until every rank agreed,
+WAIT_FOR_DATA, MEMCPY_IN_FUSION_BUFFER, the collective itself (ALLREDUCE, ...), MEMCPY_OUT_FUSION_BUFFER.
+Events are complete ("X") events buffered in memory (as tuples, formatted later) and appended to the file at
+most about once a second from the engine thread; :meth:`Timeline.close` writes the closing bracket, after
+which the file is valid JSON (before that, chrome://tracing still reads it: it tolerates a missing ``]}``).
 """
 from __future__ import annotations
 

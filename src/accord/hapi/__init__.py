@@ -4,8 +4,7 @@
 """
 from __future__ import annotations
 
-from accord.hapi.callbacks import (Callback, EarlyStopping, LRScheduler, ModelCheckpoint,
-                                   ProgBarLogger)
+from accord.hapi.callbacks import Callback, EarlyStopping, LRScheduler, ModelCheckpoint, ProgBarLogger
 from accord.hapi.metrics import Accuracy, Mean, Metric
 from accord.hapi.model import Model
 

@@ -26,8 +26,7 @@ import numpy as np
 import torch
 
 from accord.errors import with_hint
-from accord.kvstore.values import (KeyInfo, check_op, check_value, info_of, is_value, numpy_dtype,
-                                   write)
+from accord.kvstore.values import KeyInfo, check_op, check_value, info_of, is_value, numpy_dtype, write
 
 __all__ = ["KVStoreBase"]
 

@@ -51,11 +51,11 @@ import zmq
 
 from accord import config
 from accord.errors import AuthenticationError, ConfigError, RendezvousError, with_hint
-from accord.logs import Refusals
 from accord.kvstore import protocol
 from accord.kvstore.address import Advertised, new_token
 from accord.kvstore.server_core import ServerCore, _Buf
 from accord.kvstore.server_memory import retain_freed_memory
+from accord.logs import Refusals
 
 log = logging.getLogger("accord.kvstore")
 

@@ -16,10 +16,10 @@ do max/min rounds.
 ``dist_async``: each push is applied on its own as it arrives, with the optimizer (required:
 a push without one is answered with an error, never a hang).
 
-Arrays that a reply may still be sending (zero-copy) are waited for before being written.
-A round's first push is kept as received (its zmq frame, no copy) and merged with the second
-straight into the round's buffer, so no push is copied just to be added. A server asks glibc to
-keep freed message buffers (:func:`accord.kvstore.server_memory.retain_freed_memory`), so that receiving does not page-fault.
+Arrays that a reply may still be sending (zero-copy) are waited for before being written. A round's first push
+is kept as received (its zmq frame, no copy) and merged with the second straight into the round's buffer, so
+no push is copied just to be added. A server asks glibc to keep freed message buffers
+(:func:`accord.kvstore.server_memory.retain_freed_memory`), so that receiving does not page-fault.
 """
 from __future__ import annotations
 

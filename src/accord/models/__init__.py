@@ -9,10 +9,10 @@ from typing import Any, Callable
 
 from torch import nn
 
-from accord.registry import Registry
 from accord.models.lenet import LeNet, lenet
 from accord.models.mlp import MLP, mlp_26m
 from accord.models.resnet import ResNet, resnet18, resnet50
+from accord.registry import Registry
 
 __all__ = [
     "LeNet", "MLP", "ResNet", "get_model", "known_models", "lenet", "mlp_26m",

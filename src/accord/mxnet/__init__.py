@@ -24,23 +24,46 @@ from accord.mxnet.bridge import require_mxnet
 
 require_mxnet()
 
-from accord.errors import CollectiveError as HorovodInternalError  # noqa: E402
-from accord.comm.build_flags import (ccl_built, cuda_built, ddl_built, gloo_built, mpi_built,  # noqa: E402
-                                     nccl_built, rocm_built)
+from accord.comm.build_flags import ccl_built, cuda_built, ddl_built, gloo_built, mpi_built, nccl_built, rocm_built  # noqa: E402
 from accord.engine.backend_flags import gloo_enabled, mpi_enabled, mpi_threads_supported  # noqa: E402
-from accord.mxnet.basics import (cross_rank, cross_size, is_homogeneous, is_initialized,  # noqa: E402
-                                 local_rank, local_size, rank, size, start_timeline, stop_timeline)
-from accord.mxnet.lifecycle import init, shutdown  # noqa: E402
+from accord.errors import CollectiveError as HorovodInternalError  # noqa: E402
+from accord.mxnet.basics import (  # noqa: E402
+                                     cross_rank,
+                                     cross_size,
+                                     is_homogeneous,
+                                     is_initialized,
+                                     local_rank,
+                                     local_size,
+                                     rank,
+                                     size,
+                                     start_timeline,
+                                     stop_timeline,
+)
 from accord.mxnet.compression import Compression, Compressor  # noqa: E402
 from accord.mxnet.functions import allgather_object, broadcast_object, broadcast_parameters  # noqa: E402
 from accord.mxnet.kvstore import AccordKVStore, create  # noqa: E402
-from accord.mxnet.mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allreduce,  # noqa: E402
-                                  allreduce_, alltoall, broadcast, broadcast_, grouped_allgather,
-                                  grouped_allreduce, grouped_allreduce_, grouped_reducescatter,
-                                  reducescatter)
+from accord.mxnet.lifecycle import init, shutdown  # noqa: E402
+from accord.mxnet.mpi_ops import (  # noqa: E402
+                                     Adasum,
+                                     Average,
+                                     Max,
+                                     Min,
+                                     Product,
+                                     Sum,
+                                     allgather,
+                                     allreduce,
+                                     allreduce_,
+                                     alltoall,
+                                     broadcast,
+                                     broadcast_,
+                                     grouped_allgather,
+                                     grouped_allreduce,
+                                     grouped_allreduce_,
+                                     grouped_reducescatter,
+                                     reducescatter,
+)
 from accord.mxnet.optimizer import DistributedOptimizer  # noqa: E402
-from accord.mxnet.process_sets import (ProcessSet, add_process_set, global_process_set,  # noqa: E402
-                                       remove_process_set)
+from accord.mxnet.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set  # noqa: E402
 from accord.mxnet.sync_batch_norm import PerseusSyncBatchNorm, SyncBatchNorm  # noqa: E402
 from accord.mxnet.trainer import DistributedTrainer  # noqa: E402
 

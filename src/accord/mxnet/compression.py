@@ -6,7 +6,6 @@ into the fusion buffer and back, no extra pass), so the NDArrays keep their dtyp
 """
 from __future__ import annotations
 
-from accord.engine.compression import (BF16Compressor, Compression, Compressor, FP16Compressor,
-                                       NoneCompressor)
+from accord.engine.compression import BF16Compressor, Compression, Compressor, FP16Compressor, NoneCompressor
 
 __all__ = ["BF16Compressor", "Compression", "Compressor", "FP16Compressor", "NoneCompressor"]

@@ -47,7 +47,7 @@ class DistributedTrainer(mx.gluon.Trainer):
         if isinstance(optimizer, DistributedOptimizer):
             optimizer = optimizer._optimizer
             warnings.warn("DistributedTrainer does not take DistributedOptimizer as its optimizer. "
-                          "We have unwrapped it for you.")
+                          "We have unwrapped it for you.", stacklevel=2)
         if not isinstance(prefix, (str, type(None))):
             raise ValueError(with_hint(f"prefix must be a str or None, got {type(prefix).__name__}",
                                        "pass prefix='model_a.' (or leave it out)"))

@@ -12,8 +12,8 @@ from typing import NoReturn, Sequence
 
 from accord import config
 from accord.errors import ConfigError, LaunchError
-from accord.run.launch_config import DEFAULT_GRACE, LOG_LEVELS, config_from_args
 from accord.run import elastic_config, tuning
+from accord.run.launch_config import DEFAULT_GRACE, LOG_LEVELS, config_from_args
 from accord.run.ssh import STRICT_POLICIES
 from accord.version import __version__
 

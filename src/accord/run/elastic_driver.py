@@ -36,9 +36,16 @@ from accord.run.elastic_plan import plan_changes, usable_hosts
 from accord.run.failures import describe_returncode
 from accord.run.hosts import HostSlots
 from accord.run.supervisor import Member, Supervisor
-from accord.worker_contract import (ELASTIC_DEAD_KEY, ELASTIC_LATEST_KEY, ELASTIC_LAUNCH_KEY,
-                                    ELASTIC_LAUNCHED_KEY, ELASTIC_LEAVING_KEY, ELASTIC_MEMBERS_KEY,
-                                    ELASTIC_UPDATE_KEY, ELASTIC_UPDATES_KEY)
+from accord.worker_contract import (
+    ELASTIC_DEAD_KEY,
+    ELASTIC_LATEST_KEY,
+    ELASTIC_LAUNCH_KEY,
+    ELASTIC_LAUNCHED_KEY,
+    ELASTIC_LEAVING_KEY,
+    ELASTIC_MEMBERS_KEY,
+    ELASTIC_UPDATE_KEY,
+    ELASTIC_UPDATES_KEY,
+)
 
 _LEAVE_GRACE = 30.0  # seconds a leaving worker has to reach its next commit and exit
 _WARN_EVERY = 30.0  # the same discovery error is repeated at most this often
@@ -219,7 +226,8 @@ class ElasticDriver:
             if not w.member.stopped and now - w.leaving_since > _LEAVE_GRACE:
                 self._say(f"elastic: worker {w.member.index} did not leave within {_LEAVE_GRACE:g}s; stopping it")
                 self.supervisor.ask_to_stop(w.member)
-            elif w.member.stopped and not w.killed and now - w.leaving_since > _LEAVE_GRACE + self.supervisor.grace + 10:
+            elif (w.member.stopped and not w.killed
+                  and now - w.leaving_since > _LEAVE_GRACE + self.supervisor.grace + 10):
                 w.killed = True
                 self.supervisor.kill_one(w.member)
 

@@ -14,6 +14,8 @@ from typing import Any, Mapping
 
 from accord import config
 from accord.errors import ConfigError, LaunchError, with_hint
+from accord.run import elastic_config
+from accord.run import tuning as tuning_table
 from accord.run.assignment import Slot, assign_slots
 from accord.run.hosts import (
     HostSlots,
@@ -27,8 +29,6 @@ from accord.run.hosts import (
 )
 from accord.run.servers import server_placement
 from accord.run.ssh import SshOptions
-from accord.run import elastic_config
-from accord.run import tuning as tuning_table
 from accord.run.tuning import Tuning, check_number
 
 LOG_LEVELS = tuple(config.LOG_LEVELS)

@@ -1,15 +1,14 @@
 """Run one job: store, workers, output, and the first failure stops everything.
 
 The sequence: start accord's rendezvous store with a fresh 32-byte secret, start the job's
-:class:`~accord.run.supervisor.Supervisor` (and with it the guardian of :mod:`accord.run.local`),
-start every worker through its host's runner (:mod:`accord.run.runners`: here, or through ssh),
-watch them. The first
-worker that exits non-zero or dies by a signal stops the job: the others get SIGTERM, a grace
-period, then SIGKILL of their whole process group; the launcher prints the root cause and exits
-with that worker's status. With ``--min-np N`` (elastic jobs, ``hvd.elastic.run``) a failed
-worker is left out instead while at least N workers are alive or have succeeded; the others
-re-form without it, and the job succeeds when they do. SIGINT/SIGTERM/SIGHUP to the launcher stop the job the same way (the
-signal received is the one forwarded; a second one skips the grace period).
+:class:`~accord.run.supervisor.Supervisor` (and with it the guardian of :mod:`accord.run.local`), start every
+worker through its host's runner (:mod:`accord.run.runners`: here, or through ssh), watch them. The first
+worker that exits non-zero or dies by a signal stops the job: the others get SIGTERM, a grace period, then
+SIGKILL of their whole process group; the launcher prints the root cause and exits with that worker's status.
+With ``--min-np N`` (elastic jobs, ``hvd.elastic.run``) a failed worker is left out instead while at least N
+workers are alive or have succeeded; the others re-form without it, and the job succeeds when they do.
+SIGINT/SIGTERM/SIGHUP to the launcher stop the job the same way (the signal received is the one forwarded; a
+second one skips the grace period).
 
 With ``--num-servers N`` the launcher also starts N parameter servers before the workers, here
 or spread over the worker hosts (:mod:`accord.run.servers`): same session handling, guardian,
@@ -37,11 +36,17 @@ from typing import Any, BinaryIO, TextIO
 from accord import config, worker_contract
 from accord.errors import LaunchError, with_hint
 from accord.run import job_store, mxnet_ps
-from accord.run.failures import (Failure, describe_returncode, exit_status, format_root_cause,
-                                 pick_root_cause, signal_name)
-from accord.run.hosts import is_local
 from accord.run.assignment import Slot
 from accord.run.elastic_driver import ElasticDriver
+from accord.run.failures import (
+    Failure,
+    describe_returncode,
+    exit_status,
+    format_root_cause,
+    pick_root_cause,
+    signal_name,
+)
+from accord.run.hosts import is_local
 from accord.run.launch_config import LaunchConfig, describe
 from accord.run.output import OutputMux
 from accord.run.runners import StartOptions

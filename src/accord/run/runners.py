@@ -46,7 +46,7 @@ class Runner(ABC):
             OSError: the program (or the runner's client) cannot be started.
         """
 
-    def ask_to_stop(self, proc: subprocess.Popen[bytes]) -> None:
+    def ask_to_stop(self, proc: subprocess.Popen[bytes]) -> None:  # noqa: B027 - an optional hook
         """What comes before the stop signal; the signal alone stops a local process."""
 
 

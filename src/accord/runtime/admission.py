@@ -19,8 +19,14 @@ from typing import Any
 
 from accord import config
 from accord.errors import RendezvousError, with_hint
-from accord.worker_contract import (ELASTIC_JOINER_KEY, ELASTIC_JOINERS_KEY, ELASTIC_LATEST_KEY,
-                                    ELASTIC_MEMBERS_KEY, ELASTIC_UPDATE_KEY, ELASTIC_UPDATES_KEY)
+from accord.worker_contract import (
+    ELASTIC_JOINER_KEY,
+    ELASTIC_JOINERS_KEY,
+    ELASTIC_LATEST_KEY,
+    ELASTIC_MEMBERS_KEY,
+    ELASTIC_UPDATE_KEY,
+    ELASTIC_UPDATES_KEY,
+)
 
 log = logging.getLogger("accord.elastic")
 

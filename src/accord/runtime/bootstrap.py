@@ -41,9 +41,9 @@ from accord import config, worker_contract
 from accord.errors import RendezvousError, with_hint
 from accord.logs import apply_log_level
 from accord.runtime import environments as envs
-from accord.store.secret import read_secret_file, secret_from_hex
 from accord.runtime.rendezvous import Rendezvous, reach_store
 from accord.runtime.topology import Topology, topology_from_hostnames
+from accord.store.secret import read_secret_file, secret_from_hex
 
 log = logging.getLogger("accord.runtime")
 

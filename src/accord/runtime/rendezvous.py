@@ -25,8 +25,8 @@ import torch.distributed as dist
 from accord import config
 from accord.errors import ConfigError, RendezvousError, with_hint
 from accord.runtime import environments as envs
-from accord.store import wire
 from accord.runtime.store_client import StoreClient
+from accord.store import wire
 from accord.store.server import StoreServer
 from accord.worker_contract import CHECKIN_KEY
 

@@ -21,32 +21,75 @@ from __future__ import annotations
 
 from accord.comm.ops import ReduceOp
 from accord.errors import CollectiveError as HorovodInternalError
-from accord.torch.async_ops import (Adasum, Average, Max, Min, Product, Sum, allgather_async,
-                                    allreduce_async, allreduce_async_, alltoall_async, barrier,
-                                    broadcast_async, broadcast_async_, grouped_allgather_async,
-                                    grouped_allreduce_async, grouped_allreduce_async_,
-                                    grouped_reducescatter_async, join, reducescatter_async,
-                                    sparse_allreduce_async)
-from accord.torch.basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
-                                 gloo_built, gloo_enabled, init, is_homogeneous, is_initialized,
-                                 local_rank, local_size, mpi_built, mpi_enabled,
-                                 mpi_threads_supported, nccl_built, rank, rocm_built, shutdown,
-                                 size, start_timeline, stop_timeline)
-from accord.torch.compression import Compression, Compressor
-from accord.torch.functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
-                                    broadcast_parameters)
-from accord.torch.gateway import poll, synchronize
+from accord.torch import elastic  # noqa: E402  (hvd.elastic.run, TorchState, ElasticSampler)
+from accord.torch.async_ops import (
+                                    Adasum,
+                                    Average,
+                                    Max,
+                                    Min,
+                                    Product,
+                                    Sum,
+                                    allgather_async,
+                                    allreduce_async,
+                                    allreduce_async_,
+                                    alltoall_async,
+                                    barrier,
+                                    broadcast_async,
+                                    broadcast_async_,
+                                    grouped_allgather_async,
+                                    grouped_allreduce_async,
+                                    grouped_allreduce_async_,
+                                    grouped_reducescatter_async,
+                                    join,
+                                    reducescatter_async,
+                                    sparse_allreduce_async,
+)
+from accord.torch.basics import (
+                                    ccl_built,
+                                    cross_rank,
+                                    cross_size,
+                                    cuda_built,
+                                    ddl_built,
+                                    gloo_built,
+                                    gloo_enabled,
+                                    init,
+                                    is_homogeneous,
+                                    is_initialized,
+                                    local_rank,
+                                    local_size,
+                                    mpi_built,
+                                    mpi_enabled,
+                                    mpi_threads_supported,
+                                    nccl_built,
+                                    rank,
+                                    rocm_built,
+                                    shutdown,
+                                    size,
+                                    start_timeline,
+                                    stop_timeline,
+)
+
 # The synchronous collectives come from ``compiled``: eager calls go straight to mpi_ops, and
 # under torch.compile they become accord's custom ops (no graph break).
-from accord.torch.compiled import (allgather, allreduce, allreduce_, allreduce_gradients,
-                                   alltoall, broadcast, broadcast_, grouped_allreduce,
-                                   grouped_allreduce_, reducescatter)
+from accord.torch.compiled import (
+                                    allgather,
+                                    allreduce,
+                                    allreduce_,
+                                    allreduce_gradients,
+                                    alltoall,
+                                    broadcast,
+                                    broadcast_,
+                                    grouped_allreduce,
+                                    grouped_allreduce_,
+                                    reducescatter,
+)
+from accord.torch.compression import Compression, Compressor
+from accord.torch.functions import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters
+from accord.torch.gateway import poll, synchronize
 from accord.torch.mpi_ops import grouped_allgather, grouped_reducescatter
 from accord.torch.optimizer import DistributedOptimizer
-from accord.torch.process_sets import (ProcessSet, add_process_set, global_process_set,
-                                       remove_process_set)
+from accord.torch.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from accord.torch.sync_batch_norm import SyncBatchNorm, convert_sync_batchnorm
-from accord.torch import elastic  # noqa: E402  (hvd.elastic.run, TorchState, ElasticSampler)
 
 __all__ = [
     "Adasum", "Average", "Compression", "Compressor", "DistributedOptimizer",

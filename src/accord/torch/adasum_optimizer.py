@@ -15,8 +15,7 @@ import torch
 from accord.comm.ops import ReduceOp
 from accord.torch import async_ops as A
 from accord.torch import gateway
-from accord.torch.grad_reduction import (TOO_MANY_PASSES, ZERO_GRAD_RACE, _DistributedMixin,
-                                         wrap_optimizer)
+from accord.torch.grad_reduction import TOO_MANY_PASSES, ZERO_GRAD_RACE, _DistributedMixin, wrap_optimizer
 from accord.torch.process_sets import global_process_set
 
 

@@ -9,9 +9,7 @@ from __future__ import annotations
 import atexit
 from typing import Any
 
-
-from accord.comm.build_flags import (ccl_built, cuda_built, ddl_built, gloo_built, mpi_built,
-                                     nccl_built, rocm_built)
+from accord.comm.build_flags import ccl_built, cuda_built, ddl_built, gloo_built, mpi_built, nccl_built, rocm_built
 from accord.engine import backend_flags, session
 from accord.engine.backend_flags import gloo_enabled, mpi_enabled
 from accord.errors import with_hint

@@ -232,7 +232,7 @@ class _DistributedMixin:
                               "context after optimizer.synchronize(). This can cause training "
                               "slowdown. You may want to consider using "
                               "optimizer.skip_synchronize() context if you use "
-                              "optimizer.synchronize() in your code.")
+                              "optimizer.synchronize() in your code.", stacklevel=2)
             self.synchronize()
         self._synchronized = False
         return super().step(closure)

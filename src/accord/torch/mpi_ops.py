@@ -20,26 +20,60 @@ import torch
 
 from accord.comm.ops import ReduceOp
 from accord.engine.compression import Compressor, NoneCompressor
+from accord.errors import CollectiveError as HorovodInternalError  # noqa: F401,E402
 from accord.torch import async_ops as A
 from accord.torch import gateway
-from accord.torch.gateway import poll, synchronize  # noqa: F401 (Horovod's module layout)
-from accord.torch.process_sets import (ProcessSet, add_process_set,  # noqa: F401
-                                       global_process_set, remove_process_set, set_id_of)
 
 # Horovod's ``horovod.torch.mpi_ops`` also holds the async ops and the basics; scripts that import
 # them from there keep working.
-from accord.torch.async_ops import (Adasum, Average, Max, Min, Product, Sum,  # noqa: F401,E402
-                                    allgather_async, allreduce_async, allreduce_async_,
-                                    alltoall_async, barrier, broadcast_async, broadcast_async_,
-                                    grouped_allgather_async, grouped_allreduce_async,
-                                    grouped_allreduce_async_, grouped_reducescatter_async, join,
-                                    reducescatter_async, sparse_allreduce_async)
-from accord.torch.basics import (ccl_built, cross_rank, cross_size, cuda_built,  # noqa: F401,E402
-                                 ddl_built, gloo_built, gloo_enabled, init, is_homogeneous,
-                                 is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
-                                 mpi_threads_supported, nccl_built, rank, rocm_built, shutdown,
-                                 size, start_timeline, stop_timeline)
-from accord.errors import CollectiveError as HorovodInternalError  # noqa: F401,E402
+from accord.torch.async_ops import (  # noqa: F401,E402
+    Adasum,
+    Average,
+    Max,
+    Min,
+    Product,
+    Sum,
+    allgather_async,
+    allreduce_async,
+    allreduce_async_,
+    alltoall_async,
+    barrier,
+    broadcast_async,
+    broadcast_async_,
+    grouped_allgather_async,
+    grouped_allreduce_async,
+    grouped_allreduce_async_,
+    grouped_reducescatter_async,
+    join,
+    reducescatter_async,
+    sparse_allreduce_async,
+)
+from accord.torch.basics import (  # noqa: F401,E402
+    ccl_built,
+    cross_rank,
+    cross_size,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
+    init,
+    is_homogeneous,
+    is_initialized,
+    local_rank,
+    local_size,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rank,
+    rocm_built,
+    shutdown,
+    size,
+    start_timeline,
+    stop_timeline,
+)
+from accord.torch.gateway import poll, synchronize  # noqa: F401 (Horovod's module layout)
+from accord.torch.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set, set_id_of  # noqa: F401
 
 
 def _set_size(process_set: ProcessSet) -> int:

@@ -2,8 +2,9 @@
 allreduces exactly representable values, trains a small model for a few steps and, in a job with
 parameter servers, pushes and pulls through dist_sync and dist_async. Prints one ``REPORT {json}``.
 
-With ``--report-dir DIR`` the report also goes to DIR/report.<rank>.json. With ``--pause DIR`` it writes DIR/ready.<rank> once everything is set up and waits for DIR/go
-before shutting down (so that a test can look at the hosts' sockets meanwhile).
+With ``--report-dir DIR`` the report also goes to DIR/report.<rank>.json. With ``--pause DIR`` it writes
+DIR/ready.<rank> once everything is set up and waits for DIR/go before shutting down (so that a test can look
+at the hosts' sockets meanwhile).
 """
 import hashlib
 import json

@@ -4,8 +4,8 @@ import os
 import sys
 import time
 
-from accord.worker_contract import CHECKIN_KEY
 from accord.store.connection import StoreConnection
+from accord.worker_contract import CHECKIN_KEY
 
 rank = int(os.environ["ACCORD_RANK"])
 skip = int(sys.argv[1]) if len(sys.argv) > 1 else -1

@@ -36,7 +36,8 @@ def train(state):
         if first_rank == args.die_rank and state.step == args.die_step:
             os._exit(3)
         gen = torch.Generator().manual_seed(100 * state.step + hvd.rank())
-        x, y = torch.randn(4, 3, generator=gen, dtype=torch.float64), torch.randn(4, 1, generator=gen, dtype=torch.float64)
+        x = torch.randn(4, 3, generator=gen, dtype=torch.float64)
+        y = torch.randn(4, 1, generator=gen, dtype=torch.float64)
         torch.nn.functional.mse_loss(state.model(x), y).backward()
         state.optimizer.step()
         state.optimizer.zero_grad()

@@ -22,7 +22,7 @@ env["argv"] = sys.argv[1:]
 print("ENV " + json.dumps(env), flush=True)
 rank = os.environ["ACCORD_RANK"]
 print(f"to stderr from {rank}", file=sys.stderr, flush=True)
-sys.stdout.write(f"progress 1/2\rprogress 2/2\r\n")
+sys.stdout.write("progress 1/2\rprogress 2/2\r\n")
 sys.stdout.flush()
 snow = "\u2603".encode()  # 3 bytes, written in two pieces
 sys.stdout.buffer.write(b"snow " + snow[:1])

@@ -31,8 +31,7 @@ from accord.errors import CollectiveError as HorovodInternalError
 from accord.torch import basics, gateway
 from accord.torch.elastic.reform import MemberRemoved, Membership
 from accord.torch.elastic.sampler import ElasticSampler
-from accord.torch.elastic.state import (HostsUpdatedInterrupt, ObjectState, State,
-                                        TorchState)
+from accord.torch.elastic.state import HostsUpdatedInterrupt, ObjectState, State, TorchState
 
 __all__ = ["ElasticSampler", "HorovodInternalError", "HostsUpdatedInterrupt", "MemberRemoved",
            "ObjectState", "State", "TorchState", "run"]

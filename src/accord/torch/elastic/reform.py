@@ -32,10 +32,18 @@ from accord import config
 from accord.errors import RankFailedError, with_hint
 from accord.runtime import admission
 from accord.torch import gateway
-from accord.worker_contract import (ELASTIC_DEAD_KEY, ELASTIC_JOINER_KEY, ELASTIC_JOINERS_KEY,
-                                    ELASTIC_LATEST_KEY, ELASTIC_LAUNCH_KEY, ELASTIC_LAUNCHED_KEY,
-                                    ELASTIC_LEAVING_KEY, ELASTIC_MEMBERS_KEY, ELASTIC_UPDATE_KEY,
-                                    ELASTIC_UPDATES_KEY)
+from accord.worker_contract import (
+    ELASTIC_DEAD_KEY,
+    ELASTIC_JOINER_KEY,
+    ELASTIC_JOINERS_KEY,
+    ELASTIC_LATEST_KEY,
+    ELASTIC_LAUNCH_KEY,
+    ELASTIC_LAUNCHED_KEY,
+    ELASTIC_LEAVING_KEY,
+    ELASTIC_MEMBERS_KEY,
+    ELASTIC_UPDATE_KEY,
+    ELASTIC_UPDATES_KEY,
+)
 
 log = logging.getLogger("accord.elastic")
 

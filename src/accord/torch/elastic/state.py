@@ -15,8 +15,8 @@ from typing import Any, Callable
 import torch
 
 from accord.torch import functions, gateway
-from accord.torch.gateway import rank
 from accord.torch.elastic.sampler import ElasticSampler
+from accord.torch.gateway import rank
 
 
 class HostsUpdatedInterrupt(RuntimeError):
