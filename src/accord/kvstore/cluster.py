@@ -95,12 +95,6 @@ class LocalCluster:
             time.sleep(0.02)
         return self
 
-    def kill_server(self, index: int = 0, sig: int = signal.SIGKILL) -> None:
-        """Send ``sig`` to one server process (to test failure handling) and reap it."""
-        proc = self.servers[index]
-        proc.send_signal(sig)
-        proc.wait(10)
-
     def close(self, grace: float = 5.0) -> list[int | None]:
         """Stop the servers (SIGTERM, then SIGKILL after ``grace``) and the store; return their
         exit codes."""
