@@ -138,7 +138,7 @@ def test_servers_refuse_wrong_sizes_and_unknown_keys():
 def test_wrong_secret_is_refused_and_the_server_keeps_serving():
     from accord.errors import AuthenticationError
     from accord.kvstore.connection import ServerConnections
-    from accord.kvstore.server import SERVER_KEY
+    from accord.kvstore.discovery import SERVER_KEY
     from accord.store.connection import StoreConnection
 
     with _cluster(1, 1) as cl:
@@ -164,7 +164,7 @@ def test_workers_on_the_servers_host_use_its_unix_socket_and_others_tcp(tmp_path
     import stat
 
     from accord.kvstore.connection import ServerConnections, pick_endpoint
-    from accord.kvstore.server import SERVER_KEY
+    from accord.kvstore.discovery import SERVER_KEY
     from accord.store.connection import StoreConnection
 
     with _cluster(1, 1) as cl:
@@ -213,7 +213,7 @@ def test_mxnet_style_launch_with_dmlc_variables(tmp_path):
     import sys
 
     from accord import config
-    from accord.kvstore.server import start_servers
+    from accord.kvstore.cluster import start_servers
 
     with socket.socket() as s:  # the scheduler's port, as launch.py picks one
         s.bind(("127.0.0.1", 0))

@@ -19,9 +19,10 @@ import zmq
 
 from accord.kvstore import protocol
 from accord.kvstore.address import Advertised
-from accord.kvstore.server import ParameterServer
+from accord.kvstore.server_socket import ParameterServer
 from accord.store import wire
-from accord.store.server import Op, Status, StoreServer
+from accord.store.opcodes import Op, Status
+from accord.store.server import StoreServer
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -14,8 +14,9 @@ import pytest
 from accord import config
 from accord.errors import ConfigError
 from accord.store import wire
+from accord.store.opcodes import Op, Status
 from accord.store.secret import read_secret_file
-from accord.store.server import Op, Status, StoreServer
+from accord.store.server import StoreServer
 
 pytestmark = pytest.mark.timeout(30)
 

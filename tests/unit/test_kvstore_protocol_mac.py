@@ -12,7 +12,7 @@ from cryptography.hazmat.primitives.poly1305 import Poly1305
 
 from accord.errors import AuthenticationError, ConfigError
 from accord.kvstore import protocol
-from accord.kvstore.server import ParameterServer
+from accord.kvstore.server_socket import ParameterServer
 
 pytestmark = pytest.mark.timeout(30)
 

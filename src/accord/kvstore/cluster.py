@@ -8,7 +8,9 @@ and gives the environment a worker needs::
         env = cluster.worker_env(rank=0)   # ACCORD_STORE_*, ACCORD_JOB_SECRET, ACCORD_NUM_SERVERS, ...
         ...                                 # start workers with env (run_ranks, subprocess, ...)
 
-``accordrun --num-servers`` does the same with the launcher's own store.
+:func:`start_servers` starts just the server processes (``python -m accord.kvstore.server``)
+for a store that runs elsewhere. ``accordrun --num-servers`` does the same with the launcher's
+own store.
 """
 from __future__ import annotations
 
@@ -20,9 +22,10 @@ from typing import Any, Mapping
 
 from accord import config
 from accord.errors import LaunchError, with_hint
-from accord.kvstore.server import SERVER_KEY, start_servers
+from accord.kvstore.discovery import SERVER_KEY
+from accord.run.servers import server_command
 
-__all__ = ["LocalCluster"]
+__all__ = ["LocalCluster", "server_environment", "start_servers"]
 
 _JOB_VARIABLES = {
     "ACCORD_RANK", "ACCORD_SIZE", "ACCORD_LOCAL_RANK", "ACCORD_LOCAL_SIZE", "ACCORD_CROSS_RANK",
@@ -116,3 +119,41 @@ class LocalCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def server_environment(env: Mapping[str, str], num_servers: int) -> dict[str, str]:
+    """``env`` plus the server role and MXNet's names (DMLC_ROLE/NUM_SERVER/NUM_WORKER).
+
+    ``env`` must already hold the store address (ACCORD_STORE_ADDR/PORT), the secret and
+    ACCORD_NUM_WORKERS (or ACCORD_SIZE).
+    """
+    out = dict(env)
+    out.update({"ACCORD_ROLE": "server", "DMLC_ROLE": "server",
+                "ACCORD_NUM_SERVERS": str(num_servers), "DMLC_NUM_SERVER": str(num_servers)})
+    workers = out.get("ACCORD_NUM_WORKERS") or out.get("DMLC_NUM_WORKER") or out.get("ACCORD_SIZE")
+    if workers:
+        out.setdefault("ACCORD_NUM_WORKERS", workers)
+        out.setdefault("DMLC_NUM_WORKER", workers)
+    return out
+
+
+def start_servers(num_servers: int, env: Mapping[str, str], *, stdout: Any = None,
+                  stderr: Any = None, cwd: str | None = None) -> list[subprocess.Popen]:
+    """Start ``num_servers`` server processes (each in its own session) and return them.
+
+    Args:
+        env: the full environment for the servers (see :func:`server_environment`).
+        stdout, stderr: as for :class:`subprocess.Popen` (e.g. ``subprocess.PIPE``).
+    """
+    procs: list[subprocess.Popen] = []
+    full = server_environment(env, num_servers)
+    try:
+        for _ in range(num_servers):
+            procs.append(subprocess.Popen(server_command(), env=full, cwd=cwd, stdin=subprocess.DEVNULL,
+                                          stdout=stdout, stderr=stderr, start_new_session=True))
+    except OSError:
+        for p in procs:
+            p.kill()
+            p.wait()
+        raise
+    return procs

@@ -5,7 +5,10 @@ servers and kvstore clients connect to it. Every frame carries an HMAC-SHA256 wi
 secret, checked before anything is decoded (:mod:`accord.store.wire`); no pickle.
 
 - :mod:`accord.store.wire`: frames, MACs, nonces.
-- :mod:`accord.store.server`: ``StoreServer`` (set, get, add, compare_set, wait, delete, num_keys).
+- :mod:`accord.store.server`: ``StoreServer``, which serves a ``KeyTable`` (:mod:`accord.store.table`: set, get,
+  add, compare_set, wait, delete, num_keys) to authenticated connections.
+- :mod:`accord.store.handshake`: bounded handshakes of connections that have not yet authenticated.
+- :mod:`accord.store.opcodes`: the request and status codes client and server share.
 - :mod:`accord.store.connection`: ``StoreConnection``, a blocking client.
 - :mod:`accord.store.secret`: reading the job secret (hex or a 0600 file).
 """

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 from accord.errors import RendezvousError, with_hint
 from accord.store import wire
-from accord.store.server import Op, Status
+from accord.store.opcodes import Op, Status
 
 # Extra seconds the socket waits beyond a blocking request's own timeout, so that the server's
 # TIMEOUT answer (which names the missing keys) arrives before the socket gives up.

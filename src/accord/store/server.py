@@ -1,12 +1,12 @@
 """The job's rendezvous store: an authenticated key-value server and its torch-free client.
 
-:class:`StoreServer` keeps ``str -> bytes`` pairs in memory and serves them over
-:mod:`accord.store.wire` (every frame carries an HMAC-SHA256 with the per-job secret, checked
-before anything is decoded). One daemon thread accepts and runs every handshake
-(:mod:`accord.store.handshake`: bounded, no thread per stranger); each connection that has sent
-an authentic first frame gets a thread of its own, so a client blocked in ``get``/``wait`` holds
-up nobody else. Counters made by ``add`` are stored as
-ASCII decimals, like torch's TCPStore, so ``get`` of a counter returns ``b"3"``.
+:class:`StoreServer` serves a :class:`~accord.store.table.KeyTable` (``str -> bytes`` pairs in
+memory, and the operations on them) over :mod:`accord.store.wire` (every frame carries an
+HMAC-SHA256 with the per-job secret, checked before anything is decoded). One daemon thread
+accepts and runs every handshake (:mod:`accord.store.handshake`: bounded, no thread per
+stranger); each connection that has sent an authentic first frame gets a thread of its own, so
+a client blocked in ``get``/``wait`` holds up nobody else. This module is that serving: the
+listener, the connections and their threads, and the answer to each request.
 
 :class:`StoreConnection` is the client end (one socket, not thread-safe); the launcher uses it
 directly, and :class:`accord.runtime.store_client.StoreClient` pools them for torch.
@@ -18,52 +18,24 @@ loopback unless the caller asks for another address.
 """
 from __future__ import annotations
 
-import enum
 import itertools
 import logging
-import math
 import socket
 import struct
 import threading
-import time
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from accord.errors import AuthenticationError, RendezvousError, with_hint
 from accord.logs import Refusals
 from accord.store import wire
 from accord.store.handshake import HandshakePool
+from accord.store.opcodes import Status
+from accord.store.table import KeyTable
 
 log = logging.getLogger("accord.store")
 
-_INT64 = (-(1 << 63), (1 << 63) - 1)
-
 # Largest frame accepted before a connection has authenticated itself.
 _FIRST_FRAME_LIMIT = 64 * 1024
-
-
-class Op(enum.IntEnum):
-    """Request codes of the store protocol."""
-
-    PING = 0
-    SET = 1
-    GET = 2
-    ADD = 3
-    COMPARE_SET = 4
-    WAIT = 5
-    CHECK = 6
-    DELETE = 7
-    NUM_KEYS = 8
-    MULTI_GET = 9
-    MULTI_SET = 10
-    APPEND = 11
-
-
-class Status(enum.IntEnum):
-    """First value of every response."""
-
-    OK = 0
-    TIMEOUT = 1
-    ERROR = 2
 
 
 class StoreServer:
@@ -107,28 +79,13 @@ class StoreServer:
         self._max_pending = max_pending
         self._refusals = Refusals(log)
         self._pool: HandshakePool | None = None
-        self._data: dict[str, bytes] = {}
-        self._cond = threading.Condition()
+        self._table = KeyTable()
         self._closed = False
         self._listener: socket.socket | None = None
         self._accept_thread: threading.Thread | None = None
         self._conns: dict[int, tuple[socket.socket, threading.Thread]] = {}
         self._conn_ids = itertools.count()
-        self._lock = threading.Lock()  # guards _conns
-        self._ops: dict[int, Callable[..., list[Any]]] = {
-            Op.PING: lambda: [Status.OK],
-            Op.SET: self._set,
-            Op.GET: self._get,
-            Op.ADD: self._add,
-            Op.COMPARE_SET: self._compare_set,
-            Op.WAIT: self._wait,
-            Op.CHECK: self._check,
-            Op.DELETE: self._delete,
-            Op.NUM_KEYS: self._num_keys,
-            Op.MULTI_GET: self._multi_get,
-            Op.MULTI_SET: self._multi_set,
-            Op.APPEND: self._append,
-        }
+        self._lock = threading.Lock()  # guards _conns and _closed
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -152,8 +109,7 @@ class StoreServer:
 
     def has_keys(self, keys: Sequence[str]) -> bool:
         """True when every key exists (in-process check for the server's owner)."""
-        with self._cond:
-            return all(k in self._data for k in keys)
+        return self._table.has_keys(keys)
 
     def start(self) -> "StoreServer":
         """Bind, listen and serve in background daemon threads. Returns self.
@@ -191,11 +147,11 @@ class StoreServer:
 
     def close(self) -> None:
         """Stop serving, drop every connection and join every thread (idempotent)."""
-        with self._cond:
+        with self._lock:
             if self._closed:
                 return
             self._closed = True
-            self._cond.notify_all()  # wake blocked get/wait so their threads can finish
+        self._table.close()  # wake blocked get/wait so their threads can finish
         if self._pool is not None:
             self._pool.close()
         if self._listener is not None:
@@ -281,137 +237,10 @@ class StoreServer:
         try:
             request = wire.decode(payload)
             op, args = request[0], request[1:]
-            handler = self._ops.get(op) if isinstance(op, int) else None
+            handler = self._table.handler(op)
             if handler is None:
                 return [Status.ERROR, f"unknown store operation {op!r}"]
             return handler(*args)
         except Exception as exc:  # noqa: BLE001 - no request, however malformed, ends the server
             log.warning("accord store got a malformed request from %s: %r", peer, exc)
             return [Status.ERROR, f"malformed request: {exc}"]
-
-    # --- operations (each returns the response values) ----------------------------------------
-
-    def _wait_for(self, keys: Sequence[str], timeout: Any) -> list[str]:
-        """Block until every key exists; return those still missing at the deadline."""
-        timeout = _timeout(timeout)
-        deadline = None if timeout < 0 else time.monotonic() + timeout
-        with self._cond:
-            while True:
-                missing = [k for k in keys if k not in self._data]
-                if not missing or self._closed:
-                    return missing
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    return missing
-                self._cond.wait(remaining)
-
-    def _blocking_result(self, keys: Sequence[str], timeout: Any) -> list[Any] | None:
-        missing = self._wait_for(keys, timeout)
-        if not missing:
-            return None
-        if self._closed:
-            return [Status.ERROR, "the store is shutting down"]
-        return [Status.TIMEOUT, missing]
-
-    def _set(self, key: str, value: bytes) -> list[Any]:
-        with self._cond:
-            self._data[_key(key)] = _value(value)
-            self._cond.notify_all()
-        return [Status.OK]
-
-    def _get(self, key: str, timeout: float) -> list[Any]:
-        failed = self._blocking_result([_key(key)], timeout)
-        if failed:
-            return failed
-        with self._cond:
-            return [Status.OK, self._data[key]]
-
-    def _add(self, key: str, delta: int) -> list[Any]:
-        if isinstance(delta, bool) or not isinstance(delta, int):
-            raise TypeError(f"add takes an integer, got {type(delta).__name__}")
-        with self._cond:
-            current = self._data.get(_key(key), b"0")
-            try:
-                value = int(current) + delta
-            except ValueError:
-                return [Status.ERROR, f"key {key!r} holds {current[:32]!r}, not a counter"]
-            if not _INT64[0] <= value <= _INT64[1]:  # counters are 64-bit, as torch's TCPStore
-                return [Status.ERROR, f"adding {delta} to counter {key!r} ({int(current)}) "
-                        "leaves the 64-bit range"]
-            self._data[key] = str(value).encode()
-            self._cond.notify_all()
-        return [Status.OK, value]
-
-    def _compare_set(self, key: str, expected: bytes, desired: bytes) -> list[Any]:
-        # torch's TCPStore semantics: a missing key is created only when expected is empty.
-        with self._cond:
-            current = self._data.get(_key(key))
-            if current is None:
-                if _value(expected) == b"":
-                    self._data[key] = _value(desired)
-                    self._cond.notify_all()
-                    return [Status.OK, desired]
-                return [Status.OK, expected]
-            if current == expected:
-                self._data[key] = _value(desired)
-                self._cond.notify_all()
-            return [Status.OK, self._data[key]]
-
-    def _wait(self, keys: list[str], timeout: float) -> list[Any]:
-        return self._blocking_result([_key(k) for k in keys], timeout) or [Status.OK]
-
-    def _check(self, keys: list[str]) -> list[Any]:
-        with self._cond:
-            return [Status.OK, all(_key(k) in self._data for k in keys)]
-
-    def _delete(self, key: str) -> list[Any]:
-        with self._cond:
-            return [Status.OK, self._data.pop(_key(key), None) is not None]
-
-    def _num_keys(self) -> list[Any]:
-        with self._cond:
-            return [Status.OK, len(self._data)]
-
-    def _multi_get(self, keys: list[str], timeout: float) -> list[Any]:
-        failed = self._blocking_result([_key(k) for k in keys], timeout)
-        if failed:
-            return failed
-        with self._cond:
-            return [Status.OK, [self._data[k] for k in keys]]
-
-    def _multi_set(self, keys: list[str], values: list[bytes]) -> list[Any]:
-        if len(keys) != len(values):
-            raise ValueError(f"multi_set got {len(keys)} keys and {len(values)} values")
-        with self._cond:
-            for k, v in zip(keys, values):
-                self._data[_key(k)] = _value(v)
-            self._cond.notify_all()
-        return [Status.OK]
-
-    def _append(self, key: str, value: bytes) -> list[Any]:
-        with self._cond:
-            self._data[_key(key)] = self._data.get(key, b"") + _value(value)
-            self._cond.notify_all()
-        return [Status.OK]
-
-
-def _timeout(value: Any) -> float:
-    """A request's timeout in seconds: a finite number; negative waits forever."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"a timeout is a number of seconds, got {type(value).__name__}")
-    if not math.isfinite(value):
-        raise ValueError(f"a timeout must be a finite number of seconds, got {value!r} "
-                         "(a negative one waits forever)")
-    return -1.0 if value < 0 else min(float(value), threading.TIMEOUT_MAX / 2)
-
-
-def _key(key: Any) -> str:
-    if not isinstance(key, str):
-        raise TypeError(f"store keys are strings, got {type(key).__name__}")
-    return key
-
-
-def _value(value: Any) -> bytes:
-    if not isinstance(value, bytes):
-        raise TypeError(f"store values are bytes, got {type(value).__name__}")
-    return value
