@@ -14,8 +14,9 @@ and stalls are noticed without spinning. Each cycle: one negotiation allreduce a
 members (plus a full exchange when a member has something new), then the ready requests run
 in the agreed order through :class:`~accord.engine.execute.Executor`.
 
-Join (:mod:`accord.engine.join`) is the global set's affair: only its controller (id 0) ever
-runs stand-ins.
+Join (:mod:`accord.engine.join`) is decided by the global set's controller; every controller
+enters and leaves the joined state, and runs stand-ins while joined, as
+:mod:`accord.engine.join_control` describes.
 """
 from __future__ import annotations
 
@@ -31,9 +32,9 @@ from accord.comm.ops import ReduceOp
 from accord.engine import negotiate as neg
 from accord.engine.execute import CommunicationFailure, Executor
 from accord.engine.intake import Intake
-from accord.engine.join import JoinState, stand_in
+from accord.engine.join_control import JoinControl, OnJoined, OnJoinError
 from accord.engine.plan import PlannedCycles, Planner
-from accord.engine.request import Handle, Request
+from accord.engine.request import Request
 from accord.engine.sets import GLOBAL_ID, ProcessSetRegistry
 from accord.engine.settings import EngineSettings
 from accord.engine.stall import StallInspector
@@ -50,10 +51,9 @@ from accord.errors import (
 log = logging.getLogger("accord.engine")
 
 OnStop = Callable[["Controller", "BaseException | None"], None]
-OnJoined = Callable[[], None]
 
 
-class Controller(PlannedCycles):
+class Controller(PlannedCycles, JoinControl):
     """Queue + negotiation + execution of one process set on this rank.
 
     Args:
@@ -73,7 +73,7 @@ class Controller(PlannedCycles):
     def __init__(self, set_id: int, rank: int, negotiation: Communicator, sets: ProcessSetRegistry,
                  settings: EngineSettings, on_stop: OnStop | None = None,
                  on_all_joined: OnJoined | None = None,
-                 on_join_error: Callable[[BaseException], None] | None = None) -> None:
+                 on_join_error: OnJoinError | None = None) -> None:
         self.set_id, self.rank = set_id, rank
         self.members = tuple(negotiation.ranks)
         self.size = len(self.members)
@@ -81,9 +81,6 @@ class Controller(PlannedCycles):
         self.sets = sets
         self.comm: Communicator | None = negotiation
         self._on_stop = on_stop
-        self._on_all_joined = on_all_joined
-        self._on_join_error = on_join_error
-        self._join_abort: BaseException | None = None  # fail join() at the next cycle
         self.cond = threading.Condition(threading.Lock())
         self.intake = Intake(self.cond, settings)
         self._inflight: dict[str, Request] = {}  # submitted and not yet completed, by name
@@ -94,14 +91,7 @@ class Controller(PlannedCycles):
         self.stop_error: BaseException | None = None
         self.thread: threading.Thread | None = None
         self.timeline: Timeline | None = None
-        self.joined = False  # controller thread only: this rank has joined (global set only)
-        self.join_state = JoinState()
-        self._join_requested = False
-        # Other sets follow the global join: (joined, device) to take at the next cycle, and
-        # the event set once taken (see set_joined).
-        self._join_target: tuple[bool, int] | None = None
-        self._join_ack: threading.Event | None = None
-        self._all_joined = False  # every member was joined in the last full exchange
+        self._init_join(on_all_joined, on_join_error)
         self.cache = neg.ResponseCache(settings.cache_capacity)
         s = settings
         self.stall = StallInspector(s.stall_check_time, s.stall_shutdown_time, s.stall_check_disable)
@@ -154,33 +144,6 @@ class Controller(PlannedCycles):
         """Names submitted here and not yet completed."""
         with self.cond:
             return list(self._inflight)
-
-    def request_join(self, handle: Handle, device: int) -> None:
-        """Make this (global) controller's rank join from its next cycle (the caller holds ``cond``)."""
-        self.join_state.handle = handle
-        self.join_state.device = device
-        self._join_requested = True
-        self.cond.notify()
-
-    def set_joined(self, joined: bool, device: int = -1) -> threading.Event:
-        """Make this (non-global) set's controller serve its peers' collectives with stand-ins
-        (or stop doing so) from its next cycle; the returned event is set once it has: every
-        cycle after it uses the new state."""
-        with self.cond:
-            if self._join_ack is not None:
-                self._join_ack.set()  # superseded
-            ack = self._join_ack = threading.Event()
-            self._join_target = (joined, device)
-            if self.stopped:
-                ack.set()
-            self.cond.notify()
-        return ack
-
-    def abort_join(self, error: BaseException) -> None:
-        """(Global set) leave join at the next cycle; this rank's join() raises ``error``."""
-        with self.cond:
-            self._join_abort = error
-            self.cond.notify()
 
     def request_stop(self, cause: BaseException | None = None) -> None:
         """Stop after the current cycle, negotiated with the set's members (any member asking
@@ -246,12 +209,10 @@ class Controller(PlannedCycles):
             error.__cause__ = exc
         finally:
             with self.cond:
-                if self._join_ack is not None:
-                    self._join_ack.set()
+                join_handle = self._release_join()
                 self.stopped = True
                 self.stop_error = error or self._stop_cause
                 leftovers = list(self._inflight.values())
-                join_handle, self.join_state.handle = self.join_state.handle, None
                 cause = self._stop_cause
             final = error or cause or ShutdownError(with_hint(
                 "the accord engine shut down while this request was pending" + (
@@ -260,12 +221,7 @@ class Controller(PlannedCycles):
                 "synchronize every handle before shutdown(), and submit the same names on every rank"))
             self._complete([(r, None, final) for r in leftovers])
             if join_handle is not None:
-                join_handle.set_exception(error or cause or ShutdownError(with_hint(
-                    f"join() on rank {self.rank} was waiting for the other ranks when the accord "
-                    "engine shut down: a rank called shutdown() before joining (it failed, or "
-                    "finished without calling join())",
-                    "make every rank call join() before shutdown(); the other ranks' output shows "
-                    "why one stopped")))
+                self._fail_join(join_handle, error or cause)
             self._pending.clear()
             self.executor.buffers.clear()
             # Controllers live in reference cycles (handles, callbacks): holding the
@@ -306,24 +262,15 @@ class Controller(PlannedCycles):
         """Sleep until work, a stop request or ``pause``; then move what arrived into pending,
         gathering first as :mod:`accord.engine.intake` describes."""
         with self.cond:
-            if (not self.intake.items and not self._stop_requested and not self._join_requested
-                    and self._join_target is None and self._join_abort is None and pause > 0):
+            if not self.intake.items and not self._stop_requested and not self._join_changed and pause > 0:
                 self.cond.wait(pause)
             self._urgent = self.intake.urgent()
             new = self.intake.take(lambda: self._stop_requested)
             stop = self._stop_requested
-            if self._join_requested:  # set here, so a cycle's vector and payload agree
-                self._join_requested, self.joined = False, True
-            if self._join_target is not None:
-                (self.joined, self.join_state.device), self._join_target = self._join_target, None
-                self._join_ack.set()
-            aborted, self._join_abort = self._join_abort, None
-            failed_join = None
-            if aborted is not None and self.joined:
-                self.joined = False
-                failed_join, self.join_state.handle = self.join_state.handle, None
+            # taken here, at the cycle boundary, so a cycle's vector and payload agree
+            failed_join = self._take_join() if self._join_changed else None
         if failed_join is not None:
-            failed_join.set_exception(aborted)
+            failed_join[0].set_exception(failed_join[1])
         for r in new:
             self._pending[r.name] = r
         return stop, bool(new)
@@ -357,29 +304,9 @@ class Controller(PlannedCycles):
         stop: BaseException | bool | None = bool(sums[neg.SHUTDOWN]) or None
         joined = None
         if sums[neg.WANT_FULL]:
-            self.planner.leave()
-            decision, joined = self._full_exchange(pending, now)
-            for name, message in decision.errors.items():
-                r = self._pending.pop(name, None)
-                if r is not None:
-                    self._complete([(r, None, MismatchError(message))])
-            if self.joined and self._on_join_error is not None:
-                mine = sorted(n for n, root in decision.joined_roots.items() if root == self.rank)
-                if mine:  # this rank should have sent it: its join() fails too
-                    self._on_join_error(MismatchError(decision.errors[mine[0]]))
-            stall_error = self.stall.review(decision.partial, now)
+            ready, needed, joined, stall_error = self._full_cycle(pending, now)
             if stall_error is not None:
                 stop = stall_error
-            needed = any(self.rank in p.missing for p in decision.partial)
-            ready = []
-            for name in decision.ready:
-                r = self._pending.get(name)
-                if r is not None:
-                    ready.append(self._pending.pop(name))
-                elif self.joined:
-                    sig, members = decision.agreed[name]
-                    if self.rank in members:
-                        ready.append(stand_in(name, sig, members, self.join_state.device))
         else:
             ready_ids = neg.ready_from_counts(sums, self.cache)
             self.cache.touch(ready_ids, self.cycles)
@@ -400,22 +327,35 @@ class Controller(PlannedCycles):
         if tl is not None:
             tl.maybe_flush()
         if joined is not None:
-            self._all_joined = len(joined) == self.size
-            if self.set_id == GLOBAL_ID:
-                self._observe_join(joined)
+            self._saw_joined(joined)
         return bool(ready), stop, needed
 
-    def _observe_join(self, joined: list[int]) -> None:
-        last = self.join_state.observe(joined, self.size)
-        if last is not None:  # every rank has joined: all of them return, in this cycle
-            self.joined = False
-            if self._on_all_joined is not None:
-                self._on_all_joined()
-                self._negotiate([0])  # every rank's other sets have left join: now return
-            with self.cond:
-                handle, self.join_state.handle = self.join_state.handle, None
-            if handle is not None:
-                handle.set_result(last)
+    def _full_cycle(self, pending: list[Request], now: float
+                    ) -> tuple[list[Request], bool, list[int], BaseException | None]:
+        """The rest of a cycle whose negotiation asked for a full exchange: mismatches fail, the
+        stall inspector reviews what is partly submitted.
+
+        Returns (the ready requests in the agreed order, stand-ins included; whether peers may
+        wait on this rank; the joined members; the stall inspector's error, if it stops the set).
+        """
+        self.planner.leave()
+        decision, joined = self._full_exchange(pending, now)
+        for name, message in decision.errors.items():
+            r = self._pending.pop(name, None)
+            if r is not None:
+                self._complete([(r, None, MismatchError(message))])
+        if self.joined:
+            self._check_joined_roots(decision)
+        stall_error = self.stall.review(decision.partial, now)
+        needed = any(self.rank in p.missing for p in decision.partial)
+        ready = []
+        for name in decision.ready:  # in the agreed order
+            q = self._pending.pop(name, None)
+            if q is None and self.joined:
+                q = self._stand_in(decision, name)
+            if q is not None:
+                ready.append(q)
+        return ready, needed, joined, stall_error
 
     def _negotiate(self, vec: list[int]) -> list[int]:
         t = torch.tensor(vec, dtype=torch.int32)

@@ -8,7 +8,9 @@ SIGKILL of their whole process group; the launcher prints the root cause and exi
 With ``--min-np N`` (elastic jobs, ``hvd.elastic.run``) a failed worker is left out instead while at least N
 workers are alive or have succeeded; the others re-form without it, and the job succeeds when they do.
 SIGINT/SIGTERM/SIGHUP to the launcher stop the job the same way (the signal received is the one forwarded; a
-second one skips the grace period).
+second one skips the grace period). What each process is (its command, environment, error file and output
+label) is decided by :mod:`accord.run.job_start`; this module is the job's life: start-up, watching, stopping,
+reporting and the exit code.
 
 With ``--num-servers N`` the launcher also starts N parameter servers before the workers, here
 or spread over the worker hosts (:mod:`accord.run.servers`): same session handling, guardian,
@@ -34,9 +36,8 @@ from types import FrameType
 from typing import Any, BinaryIO, TextIO
 
 from accord import config, worker_contract
-from accord.errors import LaunchError, with_hint
-from accord.run import job_store, mxnet_ps
-from accord.run.assignment import Slot
+from accord.errors import with_hint
+from accord.run import job_store
 from accord.run.elastic_driver import ElasticDriver
 from accord.run.failures import (
     Failure,
@@ -47,13 +48,13 @@ from accord.run.failures import (
     signal_name,
 )
 from accord.run.hosts import is_local
+from accord.run.job_start import JobStarter
 from accord.run.launch_config import LaunchConfig, describe
 from accord.run.output import OutputMux
 from accord.run.runners import StartOptions
-from accord.run.servers import ps_env, server_command, server_dirname, server_env, server_label
 from accord.run.supervisor import Member, Supervisor
 from accord.run.sync import sync_dirs
-from accord.run.worker_env import JobEnv, elastic_env, omp_threads, worker_env
+from accord.run.worker_env import JobEnv
 
 _POLL = 0.05
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -101,9 +102,8 @@ class _Job:
         self._mux: OutputMux | None = None
         self._jobdir: str | None = None
         self._previous: dict[int, Any] = {}
-        self._mxnet: mxnet_ps.MXNetJob | None = None
         self._options: StartOptions | None = None
-        self._elastic_slots: dict[int, Slot] = {}
+        self._starter: JobStarter | None = None
 
     # --- helpers -------------------------------------------------------------------------------
     def _say(self, text: str) -> None:
@@ -139,10 +139,12 @@ class _Job:
                 self._sync(environ)
             self._mux = OutputMux(self._out, self._err, prefix=cfg.prefix, timestamps=cfg.prefix_timestamp,
                                   ranks_filter=cfg.ranks_filter, output_dir=cfg.output_dir)
-            self._start_servers(job, environ)  # first: they register while workers start
+            assert self._supervisor is not None and self._options is not None and self._jobdir is not None
+            self._starter = JobStarter(cfg, self._supervisor, self._options, self._mux, self._jobdir, self._say)
+            self._starter.servers(job, environ)  # first: they register while workers start
             if cfg.elastic is not None:
                 return self._run_elastic(job, environ)
-            self._start_workers(job, environ)
+            self._starter.workers(job, environ)
             self._mux.start()
             return self._watch()
         finally:
@@ -181,50 +183,13 @@ class _Job:
                       f"{', '.join(h or 'this host' for h in dict.fromkeys(hosts))}")
         sync_dirs(cfg.cwd, list(dict.fromkeys(hosts)), cfg.sync_dst_dir, cfg.ssh, environ)
 
-    def _start(self, kind: str, index: int, label: str | int, host: str, argv: Any,
-               environ: dict[str, str], added: dict[str, str], error_file: str | None = None,
-               dirname: str | None = None) -> Member:
-        """Start one process through the supervisor and multiplex its output (files under
-        ``dirname`` with --output-filename; workers: ``rank.N``)."""
-        assert self._supervisor is not None and self._options is not None and self._mux is not None
-        member = self._supervisor.start(kind, index, label, host, argv, environ, added, self._options,
-                                        error_file)
-        self._mux.add(label, member.proc.stdout, member.proc.stderr, dirname=dirname)
-        return member
-
-    def _start_workers(self, job: JobEnv, environ: dict[str, str]) -> None:
-        cfg = self.cfg
-        cpus = os.cpu_count() or 1
-        if "OMP_NUM_THREADS" not in environ:
-            local_size = max(s.local_size for s in cfg.slots)
-            self._say(f"OMP_NUM_THREADS is not set: each worker gets max(1, {cpus} cores // "
-                      f"{local_size} workers per host) = {omp_threads(cpus, local_size)} thread(s); "
-                      f"set OMP_NUM_THREADS to choose")
-        assert self._jobdir is not None
-        for slot in cfg.slots:
-            remote = not is_local(slot.hostname)
-            err_path = None if remote else os.path.join(self._jobdir, f"rank.{slot.rank}.error.json")
-            added = worker_env(slot, job, tuning=cfg.tuning, user_env=environ, cpu_count=cpus,
-                               devices=cfg.devices, error_file=err_path)
-            if cfg.num_servers and cfg.ps == "mxnet":
-                added.update(mxnet_ps.node_env("worker", self._mxnet_job(job), environ))
-            elif cfg.num_servers:
-                added.update(ps_env("worker", job, cfg.num_servers, cfg.num_proc))
-            try:
-                self._start("worker", slot.rank, slot.rank, slot.hostname, cfg.command, environ, added,
-                            err_path)
-            except OSError as exc:
-                what = "ssh" if remote else cfg.command[0]
-                raise LaunchError(with_hint(f"could not start rank {slot.rank} on {slot.hostname} "
-                                            f"({what}): {exc}",
-                                            "check that the program exists and is executable")) from None
-
     def _run_elastic(self, job: JobEnv, environ: dict[str, str]) -> int:
         """Start the first workers and watch the job with the elastic driver (discovery)."""
         assert self._supervisor is not None and self._store is not None and self._mux is not None
-        assert self.cfg.elastic is not None
+        assert self.cfg.elastic is not None and self._starter is not None
+        starter = self._starter
         driver = ElasticDriver(self.cfg, self.cfg.elastic, self._supervisor, self._store.connection(),
-                               lambda i, host, joining: self._start_elastic_worker(job, environ, i, host, joining),
+                               lambda i, host, joining: starter.elastic_worker(job, environ, i, host, joining),
                                self._failure, self._say)
         try:
             driver.start()
@@ -237,85 +202,6 @@ class _Job:
         if out.error:
             self._say(out.error)
         return self._finish(out.failures, out.lost, [], failed=bool(out.error))
-
-    def _start_elastic_worker(self, job: JobEnv, environ: dict[str, str], member_id: int, host: str,
-                              joining: bool) -> Member:
-        """One worker of an elastic job: the first ones get their rank as id; the ones added later
-        (``joining``) get a provisional place that their admission replaces."""
-        cfg = self.cfg
-        on_host = sum(1 for w in self._workers if w.host == host and w.returncode is None)
-        if joining:
-            slot = Slot(rank=member_id, size=member_id + 1, local_rank=on_host, local_size=on_host + 1,
-                        cross_rank=0, cross_size=1, hostname=host, host_index=0)
-        else:
-            slot = cfg.slots[member_id]
-        self._elastic_slots[member_id] = slot
-        remote = not is_local(host)
-        assert self._jobdir is not None
-        err_path = None if remote else os.path.join(self._jobdir, f"rank.{member_id}.error.json")
-        added = worker_env(slot, job, tuning=cfg.tuning, user_env=environ, cpu_count=os.cpu_count() or 1,
-                           devices=cfg.devices, error_file=err_path)
-        added.update(elastic_env(member_id, joining, cfg.min_np,
-                                 cfg.elastic.elastic_timeout if cfg.elastic.elastic_timeout_given else None))
-        try:
-            return self._start("worker", member_id, member_id, host, cfg.command, environ, added, err_path)
-        except OSError as exc:
-            raise LaunchError(with_hint(f"could not start worker {member_id} on {host}: {exc}",
-                                        "check that the program exists and is executable")) from None
-
-    def _mxnet_job(self, job: JobEnv) -> mxnet_ps.MXNetJob:
-        if self._mxnet is None:
-            assert job.store_addr is not None or not self.cfg.remote
-            self._mxnet = mxnet_ps.MXNetJob(
-                root_uri=job.store_addr or "127.0.0.1", root_port=job_store.free_port(),
-                num_workers=self.cfg.num_proc, num_servers=self.cfg.num_servers,
-                local=not self.cfg.remote, interface=self.cfg.tuning.network_interface)
-        return self._mxnet
-
-    def _start_mxnet_nodes(self, job: JobEnv, environ: dict[str, str]) -> None:
-        """MXNet's own scheduler and servers (--ps mxnet): the user's command in those roles."""
-        mx_job = self._mxnet_job(job)
-        for index, (label, role) in enumerate(mxnet_ps.roles(self.cfg.num_servers)):
-            added = mxnet_ps.node_env(role, mx_job, environ)
-            kind = "scheduler" if role == "scheduler" else "server"
-            try:
-                self._start(kind, index - 1 if role == "server" else 0, label, "localhost",
-                            self.cfg.command, environ, added, dirname=label)
-            except OSError as exc:
-                raise LaunchError(with_hint(f"could not start MXNet's {label} ({self.cfg.command[0]}): "
-                                            f"{exc}", "check that the program exists")) from None
-        if self.cfg.verbose:
-            self._say(f"started MXNet's scheduler on {mx_job.root_uri}:{mx_job.root_port} and "
-                      f"{self.cfg.num_servers} servers (pids {[s.proc.pid for s in self._servers]})")
-
-    def _start_servers(self, job: JobEnv, environ: dict[str, str]) -> None:
-        cfg = self.cfg
-        if cfg.ps == "mxnet":
-            self._start_mxnet_nodes(job, environ)
-            return
-        for index, host in enumerate(cfg.server_hosts):
-            remote = not is_local(host)
-            # multi-host: a server here advertises the address remote workers reach us at; one
-            # on another host finds its own (the route to the store, or --network-interface)
-            node_host = job.store_addr if cfg.remote and not remote else None
-            added = server_env(index, job, cfg.num_servers, cfg.num_proc, tuning=cfg.tuning,
-                               user_env=environ, node_host=node_host)
-            if not remote:
-                # its Unix socket's directory goes inside the job's, removed with it even when the
-                # server is SIGKILLed (by _cleanup, or by the guardian when the launcher is)
-                added["ACCORD_KVSTORE_IPC_DIR"] = self._jobdir or ""
-            try:
-                self._start("server", index, server_label(index), host, server_command(), environ, added,
-                            dirname=server_dirname(index))
-            except OSError as exc:
-                raise LaunchError(with_hint(
-                    f"could not start parameter server {index} on {host} "
-                    f"({'ssh' if remote else ' '.join(server_command())}): {exc}",
-                    "check that accord is installed for this Python")) from None
-        if self._servers and cfg.verbose:
-            self._say(f"started {len(self._servers)} parameter servers (on "
-                      f"{[s.host for s in self._servers]}); they register at the store "
-                      f"{job.store_addr}:{job.store_port}")
 
     def _watch(self) -> int:
         cfg = self.cfg
@@ -409,7 +295,8 @@ class _Job:
     def _failure(self, w: Member) -> Failure:
         assert w.returncode is not None
         error = worker_contract.read_error_file(w.error_file) if w.error_file else None
-        slot = self._elastic_slots.get(w.index) if self.cfg.elastic else self.cfg.slots[w.index]
+        assert self._starter is not None
+        slot = self._starter.elastic_slots.get(w.index) if self.cfg.elastic else self.cfg.slots[w.index]
         return Failure(rank=w.index, host=w.host, pid=w.proc.pid, returncode=w.returncode,
                        error=error, local_rank=slot.local_rank if slot else 0, remote=w.remote)
 

@@ -1,0 +1,182 @@
+"""Starting a job's processes: what each worker, parameter server and MXNet node is.
+
+For every process :class:`JobStarter` decides its command, its environment
+(:mod:`accord.run.worker_env`, :mod:`accord.run.servers`, :mod:`accord.run.mxnet_ps`), its error
+file and its output label, starts it through the job's
+:class:`~accord.run.supervisor.Supervisor` and multiplexes its output. A process that cannot be
+started is a :class:`~accord.errors.LaunchError` naming it and its host. When a process ends,
+and what that means for the job, is the launcher's affair (:mod:`accord.run.launcher`).
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable, Mapping, Sequence
+
+from accord.errors import LaunchError, with_hint
+from accord.run import job_store, mxnet_ps
+from accord.run.assignment import Slot
+from accord.run.hosts import is_local
+from accord.run.launch_config import LaunchConfig
+from accord.run.output import OutputMux
+from accord.run.runners import StartOptions
+from accord.run.servers import ps_env, server_command, server_dirname, server_env, server_label
+from accord.run.supervisor import Member, Supervisor
+from accord.run.worker_env import JobEnv, elastic_env, omp_threads, worker_env
+
+
+class JobStarter:
+    """Starts the processes of one job.
+
+    Args:
+        cfg: the job.
+        supervisor: starts and owns every process.
+        options: how runners start processes (directories, ssh, the job secret).
+        mux: takes each process's output.
+        jobdir: the job's private directory (error files, servers' sockets), removed with it.
+        say: writes one line of the launcher's own output.
+    """
+
+    def __init__(self, cfg: LaunchConfig, supervisor: Supervisor, options: StartOptions, mux: OutputMux,
+                 jobdir: str, say: Callable[[str], None]) -> None:
+        self.cfg = cfg
+        self._supervisor, self._options, self._mux = supervisor, options, mux
+        self._jobdir = jobdir
+        self._say = say
+        self._mxnet: mxnet_ps.MXNetJob | None = None
+        self.elastic_slots: dict[int, Slot] = {}  # an elastic job's workers, by id (failures name them)
+
+    def _start(self, kind: str, index: int, label: str | int, host: str, argv: Sequence[str],
+               environ: Mapping[str, str], added: dict[str, str], error_file: str | None = None,
+               dirname: str | None = None) -> Member:
+        """Start one process through the supervisor and multiplex its output (files under
+        ``dirname`` with --output-filename; workers: ``rank.N``)."""
+        member = self._supervisor.start(kind, index, label, host, argv, environ, added, self._options,
+                                        error_file)
+        self._mux.add(label, member.proc.stdout, member.proc.stderr, dirname=dirname)
+        return member
+
+    def _error_file(self, host: str, index: int) -> str | None:
+        # Only a local worker's error file can be read back; a remote one's traceback reaches
+        # the launcher through its output instead.
+        return None if not is_local(host) else os.path.join(self._jobdir, f"rank.{index}.error.json")
+
+    def workers(self, job: JobEnv, environ: dict[str, str]) -> None:
+        """Start one worker per slot of ``cfg`` (a fixed-size job).
+
+        Raises:
+            LaunchError: a worker could not be started.
+        """
+        cfg = self.cfg
+        cpus = os.cpu_count() or 1
+        if "OMP_NUM_THREADS" not in environ:
+            local_size = max(s.local_size for s in cfg.slots)
+            self._say(f"OMP_NUM_THREADS is not set: each worker gets max(1, {cpus} cores // "
+                      f"{local_size} workers per host) = {omp_threads(cpus, local_size)} thread(s); "
+                      f"set OMP_NUM_THREADS to choose")
+        for slot in cfg.slots:
+            err_path = self._error_file(slot.hostname, slot.rank)
+            added = worker_env(slot, job, tuning=cfg.tuning, user_env=environ, cpu_count=cpus,
+                               devices=cfg.devices, error_file=err_path)
+            if cfg.num_servers and cfg.ps == "mxnet":
+                added.update(mxnet_ps.node_env("worker", self._mxnet_job(job), environ))
+            elif cfg.num_servers:
+                added.update(ps_env("worker", job, cfg.num_servers, cfg.num_proc))
+            try:
+                self._start("worker", slot.rank, slot.rank, slot.hostname, cfg.command, environ, added,
+                            err_path)
+            except OSError as exc:
+                what = "ssh" if not is_local(slot.hostname) else cfg.command[0]
+                raise LaunchError(with_hint(f"could not start rank {slot.rank} on {slot.hostname} "
+                                            f"({what}): {exc}",
+                                            "check that the program exists and is executable")) from None
+
+    def elastic_worker(self, job: JobEnv, environ: dict[str, str], member_id: int, host: str,
+                       joining: bool) -> Member:
+        """One worker of an elastic job: the first ones get their rank as id; the ones added later
+        (``joining``) get a provisional place that their admission replaces.
+
+        Raises:
+            LaunchError: the worker could not be started.
+        """
+        cfg = self.cfg
+        assert cfg.elastic is not None
+        on_host = sum(1 for w in self._supervisor.of_kind("worker") if w.host == host and w.returncode is None)
+        if joining:
+            slot = Slot(rank=member_id, size=member_id + 1, local_rank=on_host, local_size=on_host + 1,
+                        cross_rank=0, cross_size=1, hostname=host, host_index=0)
+        else:
+            slot = cfg.slots[member_id]
+        self.elastic_slots[member_id] = slot
+        err_path = self._error_file(host, member_id)
+        added = worker_env(slot, job, tuning=cfg.tuning, user_env=environ, cpu_count=os.cpu_count() or 1,
+                           devices=cfg.devices, error_file=err_path)
+        added.update(elastic_env(member_id, joining, cfg.min_np,
+                                 cfg.elastic.elastic_timeout if cfg.elastic.elastic_timeout_given else None))
+        try:
+            return self._start("worker", member_id, member_id, host, cfg.command, environ, added, err_path)
+        except OSError as exc:
+            raise LaunchError(with_hint(f"could not start worker {member_id} on {host}: {exc}",
+                                        "check that the program exists and is executable")) from None
+
+    def servers(self, job: JobEnv, environ: dict[str, str]) -> None:
+        """Start the parameter servers (``--num-servers``), or MXNet's scheduler and servers
+        with ``--ps mxnet``; before the workers, so they register while the workers start.
+
+        Raises:
+            LaunchError: a server could not be started.
+        """
+        cfg = self.cfg
+        if cfg.ps == "mxnet":
+            self._mxnet_nodes(job, environ)
+            return
+        for index, host in enumerate(cfg.server_hosts):
+            remote = not is_local(host)
+            # multi-host: a server here advertises the address remote workers reach us at; one
+            # on another host finds its own (the route to the store, or --network-interface)
+            node_host = job.store_addr if cfg.remote and not remote else None
+            added = server_env(index, job, cfg.num_servers, cfg.num_proc, tuning=cfg.tuning,
+                               user_env=environ, node_host=node_host)
+            if not remote:
+                # its Unix socket's directory goes inside the job's, removed with it even when the
+                # server is SIGKILLed (by the launcher's cleanup, or by the guardian when the launcher is)
+                added["ACCORD_KVSTORE_IPC_DIR"] = self._jobdir
+            try:
+                self._start("server", index, server_label(index), host, server_command(), environ, added,
+                            dirname=server_dirname(index))
+            except OSError as exc:
+                raise LaunchError(with_hint(
+                    f"could not start parameter server {index} on {host} "
+                    f"({'ssh' if remote else ' '.join(server_command())}): {exc}",
+                    "check that accord is installed for this Python")) from None
+        servers = self._supervisor.of_kind("server", "scheduler")
+        if servers and cfg.verbose:
+            self._say(f"started {len(servers)} parameter servers (on "
+                      f"{[s.host for s in servers]}); they register at the store "
+                      f"{job.store_addr}:{job.store_port}")
+
+    def _mxnet_job(self, job: JobEnv) -> mxnet_ps.MXNetJob:
+        # One for the job: its scheduler's port is shared by the workers and the nodes.
+        if self._mxnet is None:
+            assert job.store_addr is not None or not self.cfg.remote
+            self._mxnet = mxnet_ps.MXNetJob(
+                root_uri=job.store_addr or "127.0.0.1", root_port=job_store.free_port(),
+                num_workers=self.cfg.num_proc, num_servers=self.cfg.num_servers,
+                local=not self.cfg.remote, interface=self.cfg.tuning.network_interface)
+        return self._mxnet
+
+    def _mxnet_nodes(self, job: JobEnv, environ: dict[str, str]) -> None:
+        """MXNet's own scheduler and servers (--ps mxnet): the user's command in those roles."""
+        mx_job = self._mxnet_job(job)
+        for index, (label, role) in enumerate(mxnet_ps.roles(self.cfg.num_servers)):
+            added = mxnet_ps.node_env(role, mx_job, environ)
+            kind = "scheduler" if role == "scheduler" else "server"
+            try:
+                self._start(kind, index - 1 if role == "server" else 0, label, "localhost",
+                            self.cfg.command, environ, added, dirname=label)
+            except OSError as exc:
+                raise LaunchError(with_hint(f"could not start MXNet's {label} ({self.cfg.command[0]}): "
+                                            f"{exc}", "check that the program exists")) from None
+        if self.cfg.verbose:
+            pids = [s.proc.pid for s in self._supervisor.of_kind("server", "scheduler")]
+            self._say(f"started MXNet's scheduler on {mx_job.root_uri}:{mx_job.root_port} and "
+                      f"{self.cfg.num_servers} servers (pids {pids})")
