@@ -2,15 +2,18 @@
 garbage sender neither keep the job's clients out nor fill the log, nor cost a thread each."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
 import socket
+import struct
 import threading
 import time
 
 import pytest
 
+from accord.errors import RendezvousError
 from accord.store.connection import StoreConnection
 from accord.store.server import StoreServer
 
@@ -81,11 +84,13 @@ def test_a_pending_handshake_is_bounded_and_the_oldest_makes_room():
     with StoreServer(secret=SECRET, max_pending=8, handshake_timeout=30) as server:
         silent = [socket.create_connection(("127.0.0.1", server.port), timeout=5) for _ in range(20)]
         try:
-            # the first 12 were dropped to make room: they read the server's hello, then EOF
+            # the first 12 were dropped to make room, with a reset (a client retries on that)
             time.sleep(0.3)
             first = silent[0]
             first.settimeout(5)
-            assert first.recv(100)[:4] == b"ACW1" and first.recv(100) == b""
+            with pytest.raises(ConnectionResetError):
+                while first.recv(100):  # the server's hello may come first
+                    pass
             with StoreConnection("127.0.0.1", server.port, SECRET, timeout=5) as conn:
                 conn.set("k", b"v")
                 assert conn.get("k") == b"v"
@@ -96,3 +101,77 @@ def test_a_pending_handshake_is_bounded_and_the_oldest_makes_room():
         finally:
             for sock in silent:
                 sock.close()
+
+
+class _ResettingProxy:
+    """In front of the store: resets the first connection once the client sends its first
+    frame (after the hellos), as a store pushing it out of a full handshake queue does, and
+    relays every later one."""
+
+    def __init__(self, target: int) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.target, self.resets = target, 0
+        self.sockets: list[socket.socket] = []
+        self.threads = [threading.Thread(target=self._serve, name="accord-test-proxy")]
+        self.threads[0].start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return  # closed
+            upstream = socket.create_connection(("127.0.0.1", self.target))
+            self.sockets += [client, upstream]
+            if self.resets == 0:
+                hello = upstream.recv(4096)  # the store's; the client's has the same length
+                client.sendall(hello)
+                upstream.sendall(client.recv(len(hello), socket.MSG_WAITALL))
+                client.recv(4096)  # its first frame: answered with a reset
+                client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                client.close()
+                upstream.close()
+                self.resets += 1
+                continue
+            for src, dst in ((client, upstream), (upstream, client)):
+                relay = threading.Thread(target=_relay, args=(src, dst), name="accord-test-relay")
+                relay.start()
+                self.threads.append(relay)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes accept(); close() alone does not
+        self.listener.close()
+        for sock in self.sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+        for thread in self.threads:
+            thread.join(10)
+
+
+def _relay(src: socket.socket, dst: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        while data := src.recv(65536):
+            dst.sendall(data)
+
+
+def test_a_client_pushed_out_before_its_first_answer_connects_again():
+    with StoreServer(secret=SECRET) as server:
+        proxy = _ResettingProxy(server.port)
+        try:
+            with StoreConnection("127.0.0.1", proxy.port, SECRET, timeout=5) as conn:
+                conn.set("k", b"v")
+                assert conn.get("k") == b"v"
+        finally:
+            proxy.close()
+        assert proxy.resets == 1
+
+
+def test_a_refused_secret_is_not_retried():
+    with StoreServer(secret=SECRET) as server:
+        started = time.monotonic()
+        with pytest.raises(RendezvousError, match="wrong secret"):
+            StoreConnection("127.0.0.1", server.port, os.urandom(32), timeout=20)
+        assert time.monotonic() - started < 10  # not retried until the 20 s connect timeout

@@ -44,12 +44,20 @@ class StoreConnection:
         self.host = host
         self.port = int(port)
         self.timeout = float(timeout)
-        self._channel = _connect(host, self.port, bytes(secret),
-                                 self.timeout if connect_timeout is None else connect_timeout,
-                                 max_frame)
-        # One round trip now: a wrong secret fails here, and the server (which drops clients
-        # that stay silent after connecting) sees us authenticate at once.
-        self.ping()
+        within = self.timeout if connect_timeout is None else connect_timeout
+        deadline = time.monotonic() + max(within, 0.0)
+        while True:
+            self._channel = _connect(host, self.port, bytes(secret), deadline - time.monotonic(), max_frame)
+            # One round trip now: a wrong secret fails here, and the server (which drops clients
+            # that stay silent after connecting) sees us authenticate at once.
+            try:
+                self.ping()
+                return
+            except RendezvousError as exc:
+                # a reset before our first answer: a flood of new connections pushed ours out
+                # of the server's bounded handshake queue (store/handshake.py); try again
+                if not isinstance(exc.__context__, ConnectionResetError) or time.monotonic() >= deadline:
+                    raise
 
     @property
     def closed(self) -> bool:

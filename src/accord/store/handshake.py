@@ -17,10 +17,12 @@ Only a connection whose first frame carries a valid MAC reaches ``on_authenticat
 from __future__ import annotations
 
 import collections
+import contextlib
 import errno
 import logging
 import selectors
 import socket
+import struct
 import time
 from typing import Callable
 
@@ -184,6 +186,10 @@ class HandshakePool:
     def _evict_oldest(self, why: str) -> None:
         if self._pending:
             oldest = next(iter(self._pending.values()))
+            # A reset, not an orderly close: the client tells "make room, try again" (a reset
+            # during its first round trip) from a refusal of its secret (the connection ends).
+            with contextlib.suppress(OSError):
+                oldest.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             self._refuse(oldest, "accord store dropped the oldest unauthenticated connection, from "
                                  "%s: %s", oldest.peer, why)
 
