@@ -109,3 +109,19 @@ def test_host_updates_interrupt_at_the_next_commit_skip_sync_only_for_removals()
     with pytest.raises(hvd.elastic.HostsUpdatedInterrupt) as info:
         state.check_host_updates()
     assert not info.value.skip_sync
+
+
+def test_every_reformation_bootstraps_a_new_generation_whatever_the_sizes():
+    from accord.runtime.rendezvous import next_bootstrap_count
+
+    count, last, used = 0, -1, []
+    for size in [2, 4, 2, 3, 2, 5, 1, 3, 3, 6, 4]:  # grow, shrink, grow onto a third host, ...
+        count = next_bootstrap_count(count, size, last)
+        generations = {(count + i) // size for i in range(size)}  # (counter after add - 1) // size
+        count += size
+        assert len(generations) == 1, (size, generations)
+        last = generations.pop()
+        used.append(last)
+    assert used == sorted(set(used)), used  # strictly increasing: no generation twice
+    # the sequence that met an old generation's keys before: 2, 4, 2, then 3 ranks
+    assert next_bootstrap_count(10, 3, 4) == 15 and next_bootstrap_count(10, 3, 4) // 3 == 5

@@ -57,6 +57,9 @@ class Rendezvous:
         """
         generation = (int(self.store.add(f"{self.prefix}/bootstraps", 1)) - 1) // size
         self.scope = f"{self.prefix}/g{generation}"
+        # the newest index in use, so that a job re-formed at another size starts past it
+        # (see next_bootstrap_count); every rank of the generation writes the same value
+        self.store.set(f"{self.prefix}/generation", str(generation))
         return generation
 
     def leave(self, scoped: dist.Store | None, rank: int, size: int, timeout: float) -> None:
@@ -349,3 +352,17 @@ def _new_secret() -> bytes:
     import secrets
 
     return secrets.token_bytes(32)
+
+
+def next_bootstrap_count(count: int, size: int, last_generation: int) -> int:
+    """Where the bootstrap counter must stand before ``size`` ranks bootstrap together, so that
+    they get one generation index (counter // size) and a new one: past ``last_generation``.
+
+    Rounding ``count`` up to a multiple of ``size`` alone is not enough when the size changes:
+    2 ranks (counter 2, generation 0), then 4 (counter 8, generation 1), then 2 (counter 10,
+    generation 4), then 3 rounded to 12 would bootstrap as generation 4 again, whose keys (the
+    old ranks' Gloo addresses) are still in the store.
+    """
+    rounded = -(-count // size) * size
+    return max(rounded, (last_generation + 1) * size)
+
