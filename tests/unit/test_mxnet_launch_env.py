@@ -8,7 +8,7 @@ from accord.run.failures import Failure, format_root_cause, pick_root_cause
 from accord.run.launch_config import config_from_args
 from accord.run.mxnet_launch import accordrun_argv, env_pairs, main, read_hostfile, round_robin
 from accord.run.mxnet_launch import build_parser as launch_parser
-from accord.run.mxnet_ps import MXNetJob, node_env, roles
+from accord.run.mxnet_ps import MXNetJob, node_env, nodes
 
 ENV = {"PATH": "/usr/bin:/bin"}
 
@@ -28,7 +28,9 @@ def test_ps_flag_defaults_and_server_count():
 
 def test_node_env_on_one_host():
     job = MXNetJob("127.0.0.1", 9091, num_workers=2, num_servers=1, local=True)
-    assert roles(2) == [("scheduler", "scheduler"), ("server0", "server"), ("server1", "server")]
+    assert nodes(["localhost", "localhost"]) == [("scheduler", "scheduler", "localhost"),
+                                                 ("server0", "server", "localhost"),
+                                                 ("server1", "server", "localhost")]
     for role in ("scheduler", "server", "worker"):
         env = node_env(role, job, {})
         assert env["DMLC_ROLE"] == role
@@ -45,9 +47,41 @@ def test_node_env_on_one_host():
 
 def test_node_env_across_hosts():
     job = MXNetJob("10.0.0.5", 9000, 4, 2, local=False, interface="eth0")
-    assert node_env("server", job, {})["DMLC_NODE_HOST"] == "10.0.0.5"  # servers run here
-    worker = node_env("worker", job, {})
-    assert "DMLC_NODE_HOST" not in worker and worker["DMLC_INTERFACE"] == "eth0"
+    # nodes on the launch host advertise its address on the job's interface ...
+    for role in ("scheduler", "server", "worker"):
+        env = node_env(role, job, {})
+        assert (env["DMLC_NODE_HOST"], env["DMLC_INTERFACE"]) == ("10.0.0.5", "eth0")
+    # ... nodes elsewhere let ps-lite find their own address there (on DMLC_INTERFACE)
+    for role in ("server", "worker"):
+        env = node_env(role, job, {}, remote=True)
+        assert "DMLC_NODE_HOST" not in env and env["DMLC_INTERFACE"] == "eth0"
+        assert (env["DMLC_PS_ROOT_URI"], env["DMLC_PS_ROOT_PORT"]) == ("10.0.0.5", "9000")
+    assert node_env("server", job, {"DMLC_NODE_HOST": "h2"}, remote=True).get("DMLC_NODE_HOST") is None
+    with pytest.raises(ValueError, match="scheduler stays here"):
+        node_env("scheduler", job, {}, remote=True)
+    no_interface = MXNetJob("10.0.0.5", 9000, 4, 2, local=False)
+    assert "DMLC_INTERFACE" not in node_env("server", no_interface, {}, remote=True)
+
+
+def test_mxnet_servers_spread_over_the_worker_hosts():
+    cfg = _cfg("-np", "4", "-H", "h1:2,h2:2", "--ps", "mxnet", "--num-servers", "2", "python3", "t.py")
+    assert cfg.server_hosts == ("h1", "h2")
+    assert [host for _, _, host in nodes(cfg.server_hosts)] == ["localhost", "h1", "h2"]
+    chosen = _cfg("-np", "4", "-H", "h1:2,h2:2", "--ps", "mxnet", "--num-servers", "3",
+                  "--server-hosts", "h2", "python3", "t.py")
+    assert chosen.server_hosts == ("h2", "h2", "h2")
+    assert _cfg("-np", "2", "--ps", "mxnet", "python3").server_hosts == ("localhost", "localhost")
+
+
+def test_launch_py_ssh_hostfile_maps_onto_the_multi_host_path(tmp_path):
+    """accord-mxnet-launch -n 2 -s 2 -H hosts --launcher ssh: one worker and one server per host."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("h1\nh2\n")
+    argv = _launch("-n", "2", "-s", "2", "-H", str(hosts), "--launcher", "ssh", "python", "train.py")
+    assert argv == ["--ps", "mxnet", "-np", "2", "--num-servers", "2", "-H", "h1:1,h2:1", "python", "train.py"]
+    cfg = _cfg(*argv)
+    assert [(s.hostname, s.rank) for s in cfg.slots] == [("h1", 0), ("h2", 1)]
+    assert (cfg.ps, cfg.num_servers, cfg.server_hosts) == ("mxnet", 2, ("h1", "h2"))
 
 
 def test_scheduler_failure_is_reported_as_the_root_cause():

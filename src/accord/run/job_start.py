@@ -15,7 +15,7 @@ from typing import Callable, Mapping, Sequence
 from accord.errors import LaunchError, with_hint
 from accord.run import job_store, mxnet_ps
 from accord.run.assignment import Slot
-from accord.run.hosts import is_local
+from accord.run.hosts import interface_address, is_local
 from accord.run.launch_config import LaunchConfig
 from accord.run.output import OutputMux
 from accord.run.runners import StartOptions
@@ -78,7 +78,8 @@ class JobStarter:
             added = worker_env(slot, job, tuning=cfg.tuning, user_env=environ, cpu_count=cpus,
                                devices=cfg.devices, error_file=err_path)
             if cfg.num_servers and cfg.ps == "mxnet":
-                added.update(mxnet_ps.node_env("worker", self._mxnet_job(job), environ))
+                added.update(mxnet_ps.node_env("worker", self._mxnet_job(job, environ), environ,
+                                                remote=not is_local(slot.hostname)))
             elif cfg.num_servers:
                 added.update(ps_env("worker", job, cfg.num_servers, cfg.num_proc))
             try:
@@ -154,29 +155,39 @@ class JobStarter:
                       f"{[s.host for s in servers]}); they register at the store "
                       f"{job.store_addr}:{job.store_port}")
 
-    def _mxnet_job(self, job: JobEnv) -> mxnet_ps.MXNetJob:
+    def _mxnet_job(self, job: JobEnv, environ: Mapping[str, str]) -> mxnet_ps.MXNetJob:
         # One for the job: its scheduler's port is shared by the workers and the nodes.
         if self._mxnet is None:
             assert job.store_addr is not None or not self.cfg.remote
+            interface = self.cfg.tuning.network_interface
+            root_uri = job.store_addr or "127.0.0.1"
+            user_interface = environ.get("DMLC_INTERFACE")
+            if self.cfg.remote and interface is None and user_interface:
+                # the user's DMLC_INTERFACE names the network of the job: the scheduler must be
+                # reached on it, as every other node advertises its address there
+                root_uri = interface_address(user_interface)
             self._mxnet = mxnet_ps.MXNetJob(
-                root_uri=job.store_addr or "127.0.0.1", root_port=job_store.free_port(),
+                root_uri=root_uri, root_port=job_store.free_port(),
                 num_workers=self.cfg.num_proc, num_servers=self.cfg.num_servers,
-                local=not self.cfg.remote, interface=self.cfg.tuning.network_interface)
+                local=not self.cfg.remote, interface=interface)
         return self._mxnet
 
     def _mxnet_nodes(self, job: JobEnv, environ: dict[str, str]) -> None:
-        """MXNet's own scheduler and servers (--ps mxnet): the user's command in those roles."""
-        mx_job = self._mxnet_job(job)
-        for index, (label, role) in enumerate(mxnet_ps.roles(self.cfg.num_servers)):
-            added = mxnet_ps.node_env(role, mx_job, environ)
+        """MXNet's own scheduler (on the launch host) and servers (on ``cfg.server_hosts``, remote
+        ones over ssh like remote workers) with ``--ps mxnet``: the user's command in those roles."""
+        mx_job = self._mxnet_job(job, environ)
+        for index, (label, role, host) in enumerate(mxnet_ps.nodes(self.cfg.server_hosts)):
+            remote = not is_local(host)
+            added = mxnet_ps.node_env(role, mx_job, environ, remote=remote)
             kind = "scheduler" if role == "scheduler" else "server"
             try:
-                self._start(kind, index - 1 if role == "server" else 0, label, "localhost",
+                self._start(kind, index - 1 if role == "server" else 0, label, host,
                             self.cfg.command, environ, added, dirname=label)
             except OSError as exc:
-                raise LaunchError(with_hint(f"could not start MXNet's {label} ({self.cfg.command[0]}): "
-                                            f"{exc}", "check that the program exists")) from None
+                what = "ssh" if remote else self.cfg.command[0]
+                raise LaunchError(with_hint(f"could not start MXNet's {label} on {host} ({what}): {exc}",
+                                            "check that the program exists on that host")) from None
         if self.cfg.verbose:
-            pids = [s.proc.pid for s in self._supervisor.of_kind("server", "scheduler")]
+            placed = [(s.label, s.host, s.proc.pid) for s in self._supervisor.of_kind("server", "scheduler")]
             self._say(f"started MXNet's scheduler on {mx_job.root_uri}:{mx_job.root_port} and "
-                      f"{self.cfg.num_servers} servers (pids {pids})")
+                      f"{self.cfg.num_servers} servers ((label, host, pid): {placed})")

@@ -10,7 +10,8 @@ servers (default: as many as workers), ``-H`` a file with one host per line (``h
 ``host:slots``; workers go to the hosts round-robin, as MXNet's ssh launcher places them),
 ``--launcher local|ssh`` (default: ssh with ``-H``, else local; ``local`` ignores ``-H``),
 ``--env NAME:VALUE`` (repeatable, for every process), ``--sync-dst-dir`` when accordrun has it.
-The scheduler and servers run on the launch host.
+The scheduler runs on the launch host; with several hosts the servers are spread over them,
+round robin (as MXNet's ssh launcher places them).
 
 Exit codes are accordrun's; bad flags exit 2 with a HINT.
 """

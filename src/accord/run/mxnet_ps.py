@@ -5,9 +5,12 @@ MXNet's ps-lite runs one scheduler, ``-s`` servers and ``-n`` workers, all runni
 command: ``import mxnet`` in a process whose ``DMLC_ROLE`` is ``scheduler`` or ``server`` serves
 and exits when the workers are done, so ``python train.py --kv-store dist_sync`` is every role.
 The scheduler listens on ``DMLC_PS_ROOT_URI:DMLC_PS_ROOT_PORT`` (a free port of the launch host);
-every node finds the others through it. The scheduler and servers run on the launch host, with
-accordrun's output prefixes (``[scheduler]``, ``[serverN]``), fail-fast and cleanup; ps-lite
-ending them with status 0 once the workers finish is not a failure.
+every node finds the others through it. The scheduler runs on the launch host (as MXNet's
+``launch.py`` runs it); the servers go where accord's own would (``--server-hosts``, else round
+robin over the worker hosts when there are several: :func:`accord.run.servers.server_placement`),
+remote ones through the same ssh runner as remote workers. All of them have accordrun's output
+prefixes (``[scheduler]``, ``[serverN]``), fail-fast and cleanup; ps-lite ending them with status 0
+once the workers finish is not a failure.
 
 ==========================  ====================================================================
 ``DMLC_ROLE``               ``scheduler``, ``server`` or ``worker``
@@ -16,8 +19,10 @@ ending them with status 0 once the workers finish is not a failure.
 ``DMLC_NUM_SERVER/WORKER``  ``--num-servers`` and ``-np``
 ``DMLC_INTERFACE``          ``--network-interface`` (``lo`` when every process is local)
 ``DMLC_NODE_HOST``          the address a node advertises: ``127.0.0.1`` when every process is
-                            local; in multi-host jobs the launch host's address for the scheduler
-                            and servers (workers pick their interface's address)
+                            local; in multi-host jobs the launch host's address (on the job's
+                            interface) for every node there; unset on other hosts, where ps-lite
+                            takes the address of ``DMLC_INTERFACE`` or of the host's first
+                            non-loopback interface
 ==========================  ====================================================================
 
 A user's own ``DMLC_INTERFACE`` / ``DMLC_NODE_HOST`` / ``PS_VERBOSE`` are kept (the whole
@@ -26,7 +31,7 @@ launcher environment reaches local processes; remote ones get the ``DMLC_``/``PS
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Sequence
 
 PS_KINDS = ("accord", "mxnet")
 SCHEDULER_LABEL = "scheduler"
@@ -58,22 +63,32 @@ def _common(job: MXNetJob, role: str, user_env: Mapping[str, str]) -> dict[str, 
     return env
 
 
-def node_env(role: str, job: MXNetJob, user_env: Mapping[str, str]) -> dict[str, str]:
-    """The variables of a ``scheduler``, ``server`` or ``worker`` process.
+def node_env(role: str, job: MXNetJob, user_env: Mapping[str, str], remote: bool = False) -> dict[str, str]:
+    """The variables of a ``scheduler``, ``server`` or ``worker`` process; ``remote``: it runs on
+    another host than the launcher's.
 
     Raises:
         ValueError: an unknown role.
     """
     if role not in ("scheduler", "server", "worker"):
         raise ValueError(f"unknown MXNet role {role!r}; use scheduler, server or worker")
+    if remote and (job.local or role == "scheduler"):
+        raise ValueError(f"MXNet's {role} cannot run on another host in this job "
+                         f"({'every process is local' if job.local else 'the scheduler stays here'})")
     env = _common(job, role, user_env)
-    if "DMLC_NODE_HOST" not in user_env and (job.local or role != "worker"):
+    # The launch host's address is only right for nodes on the launch host: a server or worker
+    # elsewhere must advertise its own, which only ps-lite on that host can find (by
+    # DMLC_INTERFACE, which every node gets when --network-interface is given, or its first
+    # non-loopback interface), so it is left unset there.
+    if "DMLC_NODE_HOST" not in user_env and not remote:
         env["DMLC_NODE_HOST"] = "127.0.0.1" if job.local else job.root_uri
     if role != "worker" and "OMP_NUM_THREADS" not in user_env:
         env["OMP_NUM_THREADS"] = "1"  # ps-lite nodes sum and copy; leave the cores to workers
     return env
 
 
-def roles(num_servers: int) -> list[tuple[str, str]]:
-    """(label, role) of the processes accordrun starts besides the workers, scheduler first."""
-    return [(SCHEDULER_LABEL, "scheduler")] + [(f"server{i}", "server") for i in range(num_servers)]
+def nodes(server_hosts: Sequence[str]) -> list[tuple[str, str, str]]:
+    """(label, role, host) of the processes accordrun starts besides the workers: the scheduler
+    on the launch host (``localhost``) first, then server ``i`` on ``server_hosts[i]``."""
+    return [(SCHEDULER_LABEL, "scheduler", "localhost")] + [
+        (f"server{i}", "server", host) for i, host in enumerate(server_hosts)]
