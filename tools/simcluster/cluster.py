@@ -76,6 +76,11 @@ def missing_prerequisites() -> str | None:
             return f"{tool} is not installed (scripts/setup_env.sh installs iproute2 and openssh)"
     if not os.access(ssh_setup.SSHD, os.X_OK):
         return f"{ssh_setup.SSHD} is not installed (scripts/setup_env.sh installs openssh-server)"
+    # every host gets its own /tmp and /dev/shm: code and venv there would be invisible to them
+    code = os.path.realpath(os.path.join(os.path.dirname(__file__), "..", ".."))
+    if any(code == d or code.startswith(d + "/") for d in ("/tmp", "/dev/shm")):
+        return (f"the repository is under {code!r}, and every simulated host has a private /tmp and "
+                "/dev/shm; clone it elsewhere (e.g. /var/tmp or your home) to run the cluster tests")
     probe = f"{naming.PREFIX}-{os.getpid()}-probe"
     out = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True, check=False)
     if out.returncode != 0:
