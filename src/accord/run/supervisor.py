@@ -43,21 +43,6 @@ class ProcessHandle:
         self.process.join(timeout)
         return self.process.exitcode
 
-    def ask_to_stop(self, member: Member) -> None:
-        """Stop one member without waiting (elastic: its host left the job): the runner's stop
-        step (ssh: end-of-file, the remote side does TERM, grace, KILL), and SIGTERM to a
-        local process group. :meth:`kill_one` is the follow-up after the grace period."""
-        member.stopped = True
-        if member.runner is not None:
-            member.runner.ask_to_stop(member.proc)
-        if not member.remote and member.proc.poll() is None:
-            signal_group(member.proc.pid, signal.SIGTERM)
-
-    def kill_one(self, member: Member) -> None:
-        """SIGKILL one member's process group at once."""
-        if member.proc.poll() is None and not signal_group(member.proc.pid, signal.SIGKILL):
-            member.proc.kill()
-
     def kill(self) -> None:
         self.process.kill()
 
