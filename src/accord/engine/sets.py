@@ -9,7 +9,7 @@ are views that carry an id and ask here for members.
 from __future__ import annotations
 
 import threading
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 from accord.comm.backend import Communicator
 from accord.errors import BackendError, with_hint
@@ -159,3 +159,19 @@ class ProcessSetRegistry:
     def _unknown(self, set_id: object) -> str:
         return with_hint(f"no process set with id {set_id!r}; known ids: {self.ids()}",
                          "use an id returned by add() that has not been removed")
+
+
+def sets_given_at_init(process_sets: Any) -> list[Any]:
+    """The ``process_sets`` argument of a frontend's ``init()`` as a list: None and Horovod's
+    ``"dynamic"`` (sets may always be added later here) mean none now.
+
+    Raises:
+        ValueError: a string other than "dynamic".
+    """
+    if isinstance(process_sets, str):
+        if process_sets.lower() != "dynamic":
+            raise ValueError(with_hint(f"process_sets={process_sets!r} is not understood",
+                                       "pass None, 'dynamic' or a list of hvd.ProcessSet"))
+        return []
+    return list(process_sets or [])
+

@@ -5,6 +5,7 @@ import atexit
 from typing import Any
 
 from accord.engine import session
+from accord.engine.sets import sets_given_at_init
 from accord.errors import with_hint
 from accord.mxnet import process_sets as sets
 
@@ -22,11 +23,7 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         ValueError: a duplicate process set. NotImplementedError: ``comm`` names a subset.
         RendezvousError: the ranks could not meet.
     """
-    if isinstance(process_sets, str):
-        if process_sets.lower() != "dynamic":
-            raise ValueError(with_hint(f"process_sets={process_sets!r} is not understood",
-                                       "pass None, 'dynamic' or a list of hvd.ProcessSet"))
-        process_sets = []
+    process_sets = sets_given_at_init(process_sets)
     if session.is_initialized():
         return
     global _atexit_registered
@@ -39,7 +36,7 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
             raise NotImplementedError(with_hint(
                 f"init(comm={list(comm)}) names a subset of the {session.topology().size} ranks",
                 "start only the ranks you need, or use init() and a ProcessSet for the subset"))
-        sets.register_at_init(list(process_sets or []))
+        sets.register_at_init(process_sets)
     except BaseException:
         shutdown()
         raise

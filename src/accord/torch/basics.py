@@ -12,6 +12,7 @@ from typing import Any
 from accord.comm.build_flags import ccl_built, cuda_built, ddl_built, gloo_built, mpi_built, nccl_built, rocm_built
 from accord.engine import backend_flags, session
 from accord.engine.backend_flags import gloo_enabled, mpi_enabled
+from accord.engine.sets import sets_given_at_init
 from accord.errors import with_hint
 from accord.runtime import admission
 from accord.torch import gateway
@@ -39,12 +40,7 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         ValueError: a duplicate process set. NotImplementedError: ``comm`` names a subset.
         RendezvousError: the ranks could not meet.
     """
-    if isinstance(process_sets, str):
-        if process_sets.lower() != "dynamic":
-            raise ValueError(with_hint(f"process_sets={process_sets!r} is not understood",
-                                       "pass None, 'dynamic' or a list of hvd.ProcessSet"))
-        process_sets = []
-    process_sets = list(process_sets or [])
+    process_sets = sets_given_at_init(process_sets)
     if session.is_initialized():
         return
     global _atexit_registered
