@@ -101,6 +101,7 @@ VARIABLES: dict[str, Variable] = {
         _v("ACCORD_FUSION_THRESHOLD", int, 64 * 1024 * 1024, "Bytes per fusion buffer; 0 turns fusion off.", "HOROVOD_FUSION_THRESHOLD"),
         _v("ACCORD_CYCLE_TIME", finite_float, None, "Most milliseconds the engine gathers requests into one cycle after the first arrives (default by CPU backend: 1 on gloo/mpi, 1000 on shm). A caller waiting on a handle always starts the cycle; on gloo/mpi so does a full fusion buffer.", "HOROVOD_CYCLE_TIME"),
         _v("ACCORD_CYCLE_QUIET_TIME", finite_float, None, "Milliseconds without a new request after which a gathering cycle starts (default by CPU backend: 0, as soon as nothing new is queued, on gloo/mpi; the cycle time on shm)."),
+        _v("ACCORD_GIL_SWITCH_INTERVAL", finite_float, 1.0, "Milliseconds: Python's thread switch interval (sys.setswitchinterval) while accord's engine runs; restored at shutdown. The engine's threads need the GIL between the steps of a cycle, and at Python's 5 ms default a training thread busy in Python (submitting gradients) holds each such step back up to 5 ms. 0 leaves Python's setting alone."),
         _v("ACCORD_TIMELINE", str, None, "Write a chrome://tracing timeline to this path (rank 0).", "HOROVOD_TIMELINE"),
         _v("ACCORD_TIMELINE_MARK_CYCLES", parse_bool, False, "Mark engine cycles in the timeline.", "HOROVOD_TIMELINE_MARK_CYCLES"),
         _v("ACCORD_STALL_CHECK_DISABLE", parse_bool, False, "Turn the stall inspector off.", "HOROVOD_STALL_CHECK_DISABLE"),

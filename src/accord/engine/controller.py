@@ -30,6 +30,7 @@ import torch
 from accord.comm.backend import Communicator
 from accord.comm.ops import ReduceOp
 from accord.engine import negotiate as neg
+from accord.engine.caller_runs import CallerRuns
 from accord.engine.execute import CommunicationFailure, Executor
 from accord.engine.intake import Intake
 from accord.engine.join_control import JoinControl, OnJoined, OnJoinError
@@ -53,7 +54,7 @@ log = logging.getLogger("accord.engine")
 OnStop = Callable[["Controller", "BaseException | None"], None]
 
 
-class Controller(PlannedCycles, JoinControl):
+class Controller(PlannedCycles, CallerRuns, JoinControl):
     """Queue + negotiation + execution of one process set on this rank.
 
     Args:
@@ -92,6 +93,7 @@ class Controller(PlannedCycles, JoinControl):
         self.thread: threading.Thread | None = None
         self.timeline: Timeline | None = None
         self._init_join(on_all_joined, on_join_error)
+        self._init_caller_runs()
         self.cache = neg.ResponseCache(settings.cache_capacity)
         s = settings
         self.stall = StallInspector(s.stall_check_time, s.stall_shutdown_time, s.stall_check_disable)
@@ -118,8 +120,10 @@ class Controller(PlannedCycles, JoinControl):
         """Whether new requests may be queued (the caller holds ``cond``)."""
         return not (self.stopped or self._stop_requested or self.thread is None)
 
-    def put(self, requests: Sequence[Request]) -> None:
+    def put(self, requests: Sequence[Request], waited: bool = False) -> None:
         """Queue ``requests`` all or none (the caller holds ``cond`` and checked :meth:`accepting`).
+        ``waited``: the caller synchronizes at once; in the planned state the thread is then
+        not woken, so the caller may run the cycle itself (see :mod:`accord.engine.caller_runs`).
 
         Raises:
             InvalidArgumentError: a name is already in flight on this rank.
@@ -130,10 +134,11 @@ class Controller(PlannedCycles, JoinControl):
                     f"a {self._inflight[request.name].op.value} named {request.name!r} is already in "
                     f"flight on rank {self.rank}",
                     "synchronize the first handle before reusing the name, or use distinct names"))
+        wake = not (waited and self.planner.plan is not None)
         for request in requests:
             request.handle.owner = self
             self._inflight[request.name] = request
-            self.intake.put(request)
+            self.intake.put(request, wake)
 
     def in_flight(self, name: str) -> bool:
         """True while a request named ``name`` is submitted here and not completed."""
@@ -224,6 +229,7 @@ class Controller(PlannedCycles, JoinControl):
                 self._fail_join(join_handle, error or cause)
             self._pending.clear()
             self.executor.buffers.clear()
+            self.executor.staging.clear()
             # Controllers live in reference cycles (handles, callbacks): holding the
             # communicator would leave its process group to a later garbage collection, after
             # the session has closed the store it was built on, where its teardown can hang.
@@ -237,7 +243,8 @@ class Controller(PlannedCycles, JoinControl):
         while True:
             if self.planner.plan is not None:
                 stop_local, _ = self._gather(self._plan_pause())
-                if self._planned(stop_local):
+                # a caller that ran the plan may have left it (see caller_runs)
+                if self.planner.plan is not None and self._planned(stop_local):
                     delay = 0.0
                 needed = True
                 continue
@@ -263,7 +270,7 @@ class Controller(PlannedCycles, JoinControl):
         gathering first as :mod:`accord.engine.intake` describes."""
         with self.cond:
             if not self.intake.items and not self._stop_requested and not self._join_changed and pause > 0:
-                self.cond.wait(pause)
+                self._wait_parked(pause)
             self._urgent = self.intake.urgent()
             new = self.intake.take(lambda: self._stop_requested)
             stop = self._stop_requested

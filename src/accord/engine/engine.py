@@ -31,6 +31,7 @@ as joined after that rank could have submitted again.
 """
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Any, Sequence
 
@@ -67,6 +68,7 @@ class Engine:
         self._started = False
         self._shutting_down = False
         self._timeline: Timeline | None = None
+        self._python_switch_interval: float | None = None  # Python's, while ours is set
 
     # --- life cycle ----------------------------------------------------------------------
 
@@ -79,6 +81,9 @@ class Engine:
             self._started = True
         if self.settings.timeline:
             self.start_timeline(self.settings.timeline, self.settings.timeline_mark_cycles)
+        if self.settings.switch_interval > 0:
+            self._python_switch_interval = sys.getswitchinterval()
+            sys.setswitchinterval(self.settings.switch_interval)
         try:  # across hosts with a hierarchical data path: negotiate host-first (see host_first)
             self._global.comm = host_first(self._global.comm, self.sets.communicator(GLOBAL_ID, "cpu"))
         except BackendError:
@@ -132,6 +137,9 @@ class Engine:
         for c in controllers:
             c.wait_stopped(self._wait_time(timeout))
         self.stop_timeline()
+        if self._python_switch_interval is not None:
+            sys.setswitchinterval(self._python_switch_interval)
+            self._python_switch_interval = None
 
     def _wait_time(self, timeout: float | None) -> float:
         return self.settings.collective_timeout + 10 if timeout is None else timeout
@@ -167,9 +175,10 @@ class Engine:
         """
         return self.enqueue_many((request,))[0]
 
-    def enqueue_many(self, requests: Sequence[Request]) -> list[Handle]:
+    def enqueue_many(self, requests: Sequence[Request], waited: bool = False) -> list[Handle]:
         """Submit ``requests`` (a group, all of one process set) all or none: if one is
         refused, none is queued, so no rank is left with part of a group its peers wait on.
+        ``waited``: the caller calls :meth:`synchronize` right away (a synchronous op).
         Raises as :meth:`enqueue` does, and ValueError for a name that appears twice in the
         group or a group that spans process sets."""
         validate_group(requests, self.sets, self.rank)
@@ -188,7 +197,7 @@ class Engine:
         with controller.cond:
             if not controller.accepting():
                 raise self._global.stopped_error() if self._global.stopped else controller.stopped_error()
-            controller.put(requests)
+            controller.put(requests, waited)
         return [r.handle for r in requests]
 
     def in_flight(self, name: str) -> bool:
@@ -212,6 +221,8 @@ class Engine:
         if handle.done():
             return handle.result()
         controller: Controller = handle.owner or self._global
+        if controller.run_here(handle) and handle.done():  # a planned cycle, run on this thread
+            return handle.result()
         with controller.intake.waiting():
             while not handle.wait(0.5):
                 thread = controller.thread
@@ -303,7 +314,8 @@ class Engine:
     def stats(self) -> dict[str, int]:
         """Counters summed over this rank's controllers: cycles, negotiation collectives, full
         exchanges, data collectives, planned cycles (no negotiation, see
-        :mod:`accord.engine.plan`), fusion buffer allocations."""
+        :mod:`accord.engine.plan`), planned cycles run on a waiting caller's thread (see
+        :mod:`accord.engine.caller_runs`), fusion buffer allocations."""
         with self._lock:
             controllers = list(self._controllers.values()) + self._retired
         return {"cycles": sum(c.cycles for c in controllers),
@@ -311,6 +323,7 @@ class Engine:
                 "full_exchanges": sum(c.full_exchanges for c in controllers),
                 "collectives": sum(c.executor.collectives for c in controllers),
                 "planned_cycles": sum(c.planner.planned_cycles for c in controllers),
+                "lent_cycles": sum(c.lent_cycles for c in controllers),
                 "fusion_allocations": sum(c.executor.buffers.allocations for c in controllers)}
 
     def set_stats(self, set_id: int) -> dict[str, int]:

@@ -19,7 +19,7 @@ from accord.comm.base_communicator import split_rows
 from accord.comm.dtypes import scale_
 from accord.comm.ops import ReduceOp
 from accord.engine.compression import decompress_into
-from accord.engine.fusion import FusionBuffers, adjacent_span, copy_out, pack, plan_work, unpack
+from accord.engine.fusion import FusionBuffers, StagingBuffers, adjacent_span, copy_out, pack, plan_work, unpack
 from accord.engine.request import Op, Request
 from accord.engine.sets import ProcessSetRegistry
 from accord.engine.timeline import Timeline
@@ -80,6 +80,19 @@ def _wait_for_gpu(item: Sequence[Request]) -> None:
         torch.cuda.current_stream(first.device).synchronize()
 
 
+def _plain_lone(item: Sequence[Request]) -> torch.Tensor | None:
+    """The tensor of a one-request item whose result needs no conversion (no compression
+    context, no deferred cast, an in-place output of its own dtype), else None."""
+    if len(item) != 1:
+        return None
+    r = item[0]
+    t = r.tensor
+    if (r.ctx is not None or r.wire_dtype is not None or not r.compression.passthrough
+            or not t.is_contiguous() or (r.output is not None and r.output.dtype != t.dtype)):
+        return None
+    return t
+
+
 def _wire_dtype(batch: Sequence[Request]) -> torch.dtype:
     """What the batch's data travels as (fusion keys make it the same for every member)."""
     first = batch[0]
@@ -94,6 +107,7 @@ class Executor:
         self.fusion_threshold = fusion_threshold
         self.complete = complete
         self.buffers = FusionBuffers()
+        self.staging = StagingBuffers()
         self.timeline: Timeline | None = None
         self.collectives = 0  # data-plane collectives issued (tests and benchmarks read it)
 
@@ -146,18 +160,30 @@ class Executor:
         sig = first.signature
         wire_dtype = _wire_dtype(item)
         op, post = wire_reduction(ReduceOp(sig.reduce_op), wire_dtype, sig.postscale, comm.size)
-        tensors = [r.tensor for r in item]
-        numel = sum(t.numel() for t in tensors)
         t0 = time.monotonic()
-        buf = self.buffers.get(first.tensor.device, wire_dtype, numel + 1)
-        pack(tensors, buf[:numel])
-        buf[numel] = control
+        lone = _plain_lone(item)
+        if lone is not None:
+            buf, data, ctl = self.staging.get(lone.device, wire_dtype, lone.numel())
+            data.copy_(lone.view(-1))
+        else:
+            tensors = [r.tensor for r in item]
+            numel = sum(t.numel() for t in tensors)
+            buf = self.buffers.get(first.tensor.device, wire_dtype, numel + 1)
+            data, ctl = buf[:numel], buf[numel:]
+            pack(tensors, data)
+        ctl.fill_(control)
         t1 = time.monotonic()
         self._reduce(comm, buf, op, sig.prescale, post)
         t2 = time.monotonic()
-        if buf[numel].item() != 0:
+        if ctl.item() != 0:
             return False
-        outcomes = self._unfuse(item, buf[:numel])
+        if lone is None:
+            outcomes = self._unfuse(item, data)
+        elif first.output is None:  # the staging buffer is reused: the caller gets a copy
+            outcomes = [(first, data.view(lone.shape).clone(), None)]
+        else:
+            first.output.copy_(data.view(lone.shape))
+            outcomes = [(first, first.output, None)]
         if self.timeline is not None:
             self._span(item, "MEMCPY_IN_FUSION_BUFFER", t0, t1)
             self._span(item, "ALLREDUCE", t1, t2)

@@ -87,6 +87,34 @@ class FusionBuffers:
         self._buffers.clear()
 
 
+class StagingBuffers:
+    """Small buffers with one extra element, kept per (device, dtype, size): a planned cycle's
+    lone request travels in one with its control value (:mod:`accord.engine.plan`). Reusing
+    ready-made views spares the tensor operations of slicing a fusion buffer every cycle, which
+    for a small request cost as much as the copies (issue 13)."""
+
+    _KEEP = 8  # a job plans few distinct lone shapes at a time
+
+    def __init__(self) -> None:
+        self._staged: dict[tuple[str, torch.dtype, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+    def get(self, device: torch.device, dtype: torch.dtype, numel: int
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(whole buffer of ``numel + 1``, view of its first ``numel``, view of its last element)."""
+        key = (str(device), dtype, numel)
+        staged = self._staged.get(key)
+        if staged is None:
+            if len(self._staged) >= self._KEEP:
+                self._staged.clear()
+            buf = torch.empty(numel + 1, dtype=dtype, device=device)
+            staged = self._staged[key] = (buf, buf[:numel], buf[numel:])
+        return staged
+
+    def clear(self) -> None:
+        """Drop every buffer (engine shutdown)."""
+        self._staged.clear()
+
+
 def pack(tensors: Sequence[torch.Tensor], buffer: torch.Tensor) -> None:
     """Copy ``tensors`` back to back into the 1-D ``buffer`` (exactly their total size)."""
     # One torch.cat call copies everything in C++; the Python loop is the fallback for

@@ -34,15 +34,17 @@ class Intake:
         self._waiters = 0  # callers blocked on a handle
         self._hurry = False  # one-shot, from poll()
 
-    def put(self, request: Request) -> None:
-        """Queue ``request`` (the caller holds the condition); wake the engine when due."""
+    def put(self, request: Request, wake: bool = True) -> None:
+        """Queue ``request`` (the caller holds the condition); wake the engine when due.
+        ``wake=False``: the caller waits on it at once, which wakes the engine if needed."""
         if not self.items:
             self._first_arrival = time.monotonic()
-            self._cond.notify()
+            if wake:
+                self._cond.notify()
         self.items.append(request)
         before = self._bytes
         self._bytes += request.nbytes
-        if before < self._settings.start_bytes <= self._bytes:
+        if wake and before < self._settings.start_bytes <= self._bytes:
             self._cond.notify()  # enough queued: no reason to wait out the cycle
 
     @contextmanager
@@ -81,6 +83,10 @@ class Intake:
             self._cond.wait(min(s.quiet_time, remaining))
             if len(self.items) == seen:
                 break
+        return self.take_now()
+
+    def take_now(self) -> list[Request]:
+        """Return and clear the queue without gathering (the caller holds the condition)."""
         taken, self.items, self._bytes = self.items, [], 0
         self._hurry = False
         return taken

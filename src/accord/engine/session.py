@@ -237,12 +237,13 @@ def submit_group(op: Op | str, tensors: Sequence[torch.Tensor | None], name: str
                  reduce_op: ReduceOp = ReduceOp.SUM, root_rank: int = -1,
                  prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                  process_set_id: int = GLOBAL_ID, splits: Sequence[int] | None = None,
-                 grouped: bool = True) -> list[Handle]:
+                 grouped: bool = True, waited: bool = False) -> list[Handle]:
     """Submit one collective per tensor as one group, all or none: if one request is refused
     (invalid, or its name in flight), none is queued. The requests are named
     ``<name>_<i>of<n>`` (``name`` defaulting to ``"<op>.noname.<n>"``, see
     :mod:`accord.engine.naming`); with ``grouped=False`` and one tensor, as :func:`submit`
-    names it. Returns one handle per tensor, in order.
+    names it. ``waited``: the caller synchronizes the handles at once (a synchronous call).
+    Returns one handle per tensor, in order.
     """
     session = _current()
     op = Op(op)
@@ -264,7 +265,7 @@ def submit_group(op: Op | str, tensors: Sequence[torch.Tensor | None], name: str
             reduce_op=reduce_op, root_rank=root_rank, prescale_factor=prescale_factor,
             postscale_factor=postscale_factor, process_set_id=process_set_id, splits=splits,
             wire_buffers=wire_buffers))
-    return session.engine.enqueue_many(requests)
+    return session.engine.enqueue_many(requests, waited)
 
 
 def poll(handle: Handle) -> bool:

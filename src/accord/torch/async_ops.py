@@ -54,9 +54,11 @@ def _first(results: list[Any]) -> Any:
 def allreduce_tensors(tensors: Sequence[torch.Tensor], inplace: bool, name: str | None,
                       op: ReduceOp, prescale: float, postscale: float, process_set: ProcessSet,
                       grouped: bool,
-                      compression: type[Compressor] | Compressor = NoneCompressor) -> int:
+                      compression: type[Compressor] | Compressor = NoneCompressor,
+                      waited: bool = False) -> int:
     """Start an allreduce of ``tensors`` (one, or a group); the common path of every allreduce
-    form. ``compression`` is applied by the engine (in place: cast while it moves the data)."""
+    form. ``compression`` is applied by the engine (in place: cast while it moves the data).
+    ``waited``: the caller synchronizes at once (the synchronous forms)."""
     what = "grouped_allreduce" if grouped else "allreduce"
     tensors = list(tensors)
     if grouped and not tensors:
@@ -77,7 +79,7 @@ def allreduce_tensors(tensors: Sequence[torch.Tensor], inplace: bool, name: str 
     return gateway.start("allreduce", [t.detach() for t in tensors], name, set_id, finish,
                          grouped=grouped, keep=tuple(tensors), in_place=inplace,
                          compression=compression, reduce_op=op, prescale_factor=prescale,
-                         postscale_factor=postscale)
+                         postscale_factor=postscale, waited=waited)
 
 
 def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,

@@ -242,7 +242,7 @@ def allreduce_gradients(parameters: Iterable[torch.Tensor], op: ReduceOp = Reduc
     with torch.no_grad():
         if not _compiling():  # in place, the engine casting for the wire: no copy here
             synchronize(A.allreduce_tensors(grads, True, name, op, pre, post, process_set,
-                                            grouped=True, compression=compression))
+                                            grouped=True, compression=compression, waited=True))
             return
         pairs = [compression.compress(g) for g in grads]
         outs = ops.grouped_allreduce([t for t, _ in pairs], name, int(op), pre, post,

@@ -86,6 +86,13 @@ def _set_rank(process_set: ProcessSet) -> int:
 
 # --- allreduce ----------------------------------------------------------------------------------
 
+def _allreduce_now(tensor: torch.Tensor, op: ReduceOp, name: str | None, prescale_factor: float,
+                   postscale_factor: float, process_set: ProcessSet,
+                   compression: type[Compressor] | Compressor) -> torch.Tensor:
+    return synchronize(A.allreduce_tensors([tensor], False, name, op, prescale_factor, postscale_factor,
+                                           process_set, grouped=False, compression=compression, waited=True))
+
+
 class HorovodAllreduce(torch.autograd.Function):
     """Differentiable allreduce."""
 
@@ -93,9 +100,7 @@ class HorovodAllreduce(torch.autograd.Function):
     def forward(ctx, tensor, op, name, prescale_factor, postscale_factor, process_set, compression):
         ctx.op, ctx.compression, ctx.process_set = op, compression, process_set
         ctx.prescale_factor, ctx.postscale_factor = prescale_factor, postscale_factor
-        return synchronize(A.allreduce_tensors([tensor], False, name, op, prescale_factor,
-                                               postscale_factor, process_set, grouped=False,
-                                               compression=compression))
+        return _allreduce_now(tensor, op, name, prescale_factor, postscale_factor, process_set, compression)
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -117,6 +122,10 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
     Example: ``avg = hvd.allreduce(torch.tensor([rank]), op=hvd.Average)``.
     """
     op = A.handle_average_backwards_compatibility(op, average)
+    if not (tensor.requires_grad and torch.is_grad_enabled()):
+        # Nothing to differentiate: the autograd Function would only add its own overhead,
+        # which for a small synchronous allreduce is a noticeable share of the call.
+        return _allreduce_now(tensor, op, name, prescale_factor, postscale_factor, process_set, compression)
     return HorovodAllreduce.apply(tensor, op, name, prescale_factor, postscale_factor,
                                   process_set, compression)
 
@@ -126,8 +135,9 @@ def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | No
                postscale_factor: float = 1.0,
                process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """In-place :func:`allreduce`; returns ``tensor``."""
-    return synchronize(A.allreduce_async_(tensor, average, name, op, prescale_factor,
-                                          postscale_factor, process_set))
+    op = A.handle_average_backwards_compatibility(op, average)
+    return synchronize(A.allreduce_tensors([tensor], True, name, op, prescale_factor, postscale_factor,
+                                           process_set, grouped=False, waited=True))
 
 
 class HorovodGroupedAllreduce(torch.autograd.Function):
@@ -139,7 +149,7 @@ class HorovodGroupedAllreduce(torch.autograd.Function):
         ctx.prescale_factor, ctx.postscale_factor = prescale_factor, postscale_factor
         return tuple(synchronize(A.allreduce_tensors(
             tensors, False, name, op, prescale_factor, postscale_factor, process_set,
-            grouped=True, compression=compression)))
+            grouped=True, compression=compression, waited=True)))
 
     @staticmethod
     def backward(ctx, *grad_output):

@@ -1,0 +1,116 @@
+"""A waiting caller runs the planned cycle on its own thread (accord/engine/caller_runs.py): values,
+results that do not alias the reused staging buffer, a peer leaving the plan while the caller
+runs it, and a peer dying under a collective run on the caller's thread. Real ranks over Gloo;
+expected values computed from each rank's inputs."""
+import time
+
+import pytest
+from helpers.ranks import run_ranks
+
+pytestmark = pytest.mark.timeout(150)
+
+
+def _submit(eng, tensor, name, in_place=False, waited=True):
+    """Submit an allreduce; ``waited``: the caller synchronizes it at once (as hvd.allreduce)."""
+    from accord.engine.request import Op, build_request
+
+    return eng.enqueue_many([build_request(Op.ALLREDUCE, tensor, name, in_place=in_place)], waited)[0]
+
+
+def _lent_checks(rank, size):
+    import torch
+    from helpers.engine_comm import start_engine
+
+    eng = start_engine(rank, size)
+    out = {}
+    # 1. out of place: every step's result is its own tensor (the staging buffer is reused)
+    results = [eng.synchronize(_submit(eng, torch.full((5,), float(rank + 10 * step)), "w"))
+               for step in range(15)]
+    out["values_ok"] = all(r.tolist() == [float(1 + 20 * step)] * 5 for step, r in enumerate(results))
+    stats = eng.stats()
+    out["planned"], out["lent"] = stats["planned_cycles"], stats["lent_cycles"]
+    # 2. in place, a 2-D tensor, through the same path
+    x = torch.arange(6, dtype=torch.float64).reshape(2, 3) * (rank + 1)
+    for _ in range(8):
+        x.copy_(torch.arange(6, dtype=torch.float64).reshape(2, 3) * (rank + 1))
+        same = eng.synchronize(_submit(eng, x, "inplace", in_place=True))
+    out["in_place_is_input"] = same is x
+    out["in_place"] = x.tolist()
+    out["lent_in_place"] = eng.stats()["lent_cycles"] - out["lent"]
+    # 3. rank 1 leaves the plan (another name first) while rank 0's caller runs it: nothing
+    #    completes twice, the plan is left on both ranks, both names complete right
+    for _ in range(6):
+        eng.synchronize(_submit(eng, torch.full((3,), 1.0), "p"))
+    before = eng.stats()
+    if rank == 0:
+        p = eng.synchronize(_submit(eng, torch.full((3,), 1.0), "p"))
+        other = eng.synchronize(_submit(eng, torch.full((2,), 5.0), "other"))
+    else:
+        first = _submit(eng, torch.full((2,), 7.0), "other", waited=False)
+        time.sleep(0.3)  # rank 0's caller is inside the planned collective by now
+        p = eng.synchronize(_submit(eng, torch.full((3,), 2.0), "p"))
+        other = eng.synchronize(first)
+    out["deviation"] = (p.tolist(), other.tolist())
+    after = eng.stats()
+    out["deviation_lent"] = after["lent_cycles"] - before["lent_cycles"]
+    out["deviation_negotiated"] = after["negotiations"] - before["negotiations"]
+    eng.shutdown()
+    return out
+
+
+def test_waiting_caller_runs_the_plan_with_right_values():
+    results = run_ranks(_lent_checks, 2, timeout=120)
+    for res in results:
+        assert res["values_ok"], res
+        assert res["planned"] >= 8 and res["lent"] >= 8, res  # 15 steps, a few negotiated first
+        assert res["in_place_is_input"] and res["in_place"] == [[0.0, 3.0, 6.0], [9.0, 12.0, 15.0]]
+        assert res["lent_in_place"] >= 3, res
+        assert res["deviation"] == ([3.0] * 3, [12.0, 12.0])
+        assert res["deviation_negotiated"] >= 1, res  # the plan was left, then negotiated
+    assert results[0]["deviation_lent"] == 1  # rank 0's caller ran the step rank 1 left
+
+
+def _peer_dies(rank, size):
+    import torch
+    from helpers.engine_comm import start_engine
+
+    from accord.errors import RankFailedError
+
+    # A long idle tick (a quarter of the collective timeout): the failure must come from the
+    # caller's collective, not from the controller thread's next idle negotiation.
+    eng = start_engine(rank, size, idle_interval=30.0, stall_check_disable=True)
+    for _ in range(12):
+        eng.synchronize(_submit(eng, torch.ones(4), "w"))
+    lent = eng.stats()["lent_cycles"]
+    if rank == 1:
+        return {"left": True, "lent": lent}  # the process exits: its sockets close
+    start = time.monotonic()
+    try:
+        eng.synchronize(_submit(eng, torch.ones(4), "w"))
+        error = "no error"
+    except RankFailedError as exc:
+        error = str(exc)
+    out = {"error": error, "seconds": time.monotonic() - start,
+           "lent_attempt": eng.stats()["lent_cycles"] - lent, "lent": lent}
+    deadline = time.monotonic() + 10
+    while eng.running and time.monotonic() < deadline:
+        time.sleep(0.05)
+    out["running"] = eng.running
+    try:
+        eng.synchronize(_submit(eng, torch.ones(4), "after"))
+        out["after"] = "accepted"
+    except RankFailedError as exc:
+        out["after"] = f"RankFailedError: {str(exc).splitlines()[0]}"
+    return out
+
+
+def test_peer_dying_under_a_collective_run_by_the_caller_fails_the_caller():
+    results = run_ranks(_peer_dies, 2, timeout=90, env={"ACCORD_COLLECTIVE_TIMEOUT": "40"})
+    res = results[0]
+    assert results[1]["lent"] >= 2 and res["lent"] >= 2, results
+    assert res["lent_attempt"] == 1, res  # the failing collective ran on the caller's thread
+    assert res["error"].startswith("a collective failed on rank 0 of 2"), res
+    assert "HINT:" in res["error"]
+    assert res["seconds"] < 5, res  # a closed peer fails Gloo at once; the idle tick is 10 s
+    assert res["running"] is False
+    assert res["after"].startswith("RankFailedError: the accord engine stopped after an earlier error"), res
