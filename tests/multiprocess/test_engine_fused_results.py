@@ -18,7 +18,7 @@ def _fused_out_of_place(rank, size):
     eng = start_engine(rank, size)
     steps = []
     for step in range(3):
-        tensors = [torch.arange(n := torch.Size(s).numel(), dtype=torch.float64 if i % 2 else torch.float32)
+        tensors = [torch.arange(torch.Size(s).numel(), dtype=torch.float64 if i % 2 else torch.float32)
                    .reshape(s) * (rank + 1) + step for i, s in enumerate(SHAPES)]
         reqs = [build_request(Op.ALLREDUCE, t, f"t{i}") for i, t in enumerate(tensors)]
         handles = eng.enqueue_many(reqs)  # one group: fused by dtype
