@@ -17,6 +17,16 @@ def _submit(eng, tensor, name, in_place=False, waited=True):
     return eng.enqueue_many([build_request(Op.ALLREDUCE, tensor, name, in_place=in_place)], waited)[0]
 
 
+def _parked(eng):
+    """Wait (up to 5 s) until the global controller's thread is parked in its wait for
+    submissions, so that whether a caller may run the next planned cycle does not depend on how
+    fast a loaded machine schedules that thread (reads a private flag: test-only)."""
+    deadline = time.monotonic() + 5
+    while not eng._global._parked and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return eng
+
+
 def _lent_checks(rank, size):
     import torch
     from helpers.engine_comm import start_engine
@@ -24,7 +34,7 @@ def _lent_checks(rank, size):
     eng = start_engine(rank, size)
     out = {}
     # 1. out of place: every step's result is its own tensor (the staging buffer is reused)
-    results = [eng.synchronize(_submit(eng, torch.full((5,), float(rank + 10 * step)), "w"))
+    results = [eng.synchronize(_submit(_parked(eng), torch.full((5,), float(rank + 10 * step)), "w"))
                for step in range(15)]
     out["values_ok"] = all(r.tolist() == [float(1 + 20 * step)] * 5 for step, r in enumerate(results))
     stats = eng.stats()
@@ -33,7 +43,7 @@ def _lent_checks(rank, size):
     x = torch.arange(6, dtype=torch.float64).reshape(2, 3) * (rank + 1)
     for _ in range(8):
         x.copy_(torch.arange(6, dtype=torch.float64).reshape(2, 3) * (rank + 1))
-        same = eng.synchronize(_submit(eng, x, "inplace", in_place=True))
+        same = eng.synchronize(_submit(_parked(eng), x, "inplace", in_place=True))
     out["in_place_is_input"] = same is x
     out["in_place"] = x.tolist()
     out["lent_in_place"] = eng.stats()["lent_cycles"] - out["lent"]
@@ -43,7 +53,7 @@ def _lent_checks(rank, size):
         eng.synchronize(_submit(eng, torch.full((3,), 1.0), "p"))
     before = eng.stats()
     if rank == 0:
-        p = eng.synchronize(_submit(eng, torch.full((3,), 1.0), "p"))
+        p = eng.synchronize(_submit(_parked(eng), torch.full((3,), 1.0), "p"))
         other = eng.synchronize(_submit(eng, torch.full((2,), 5.0), "other"))
     else:
         first = _submit(eng, torch.full((2,), 7.0), "other", waited=False)
@@ -62,7 +72,8 @@ def test_waiting_caller_runs_the_plan_with_right_values():
     results = run_ranks(_lent_checks, 2, timeout=120)
     for res in results:
         assert res["values_ok"], res
-        assert res["planned"] >= 8 and res["lent"] >= 8, res  # 15 steps, a few negotiated first
+        # 15 steps, the first few negotiated; every planned one ran on the (waiting) caller
+        assert res["planned"] >= 8 and res["lent"] >= res["planned"] - 1, res
         assert res["in_place_is_input"] and res["in_place"] == [[0.0, 3.0, 6.0], [9.0, 12.0, 15.0]]
         assert res["lent_in_place"] >= 3, res
         assert res["deviation"] == ([3.0] * 3, [12.0, 12.0])
