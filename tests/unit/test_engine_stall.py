@@ -53,7 +53,7 @@ def test_settings_from_config_with_horovod_aliases(monkeypatch):
     assert s.tick == 0.5  # a quarter of the stall check time, below the 1 s idle interval
     assert EngineSettings(stall_check_disable=True).tick == 1.0
     assert EngineSettings.from_config(fusion_threshold=0).fusion_threshold == 0
-    assert s.quiet_time == 0.0  # default: a cycle starts as soon as the queue stops growing
+    assert s.quiet_time == 0.0005  # default on gloo/mpi: a cycle starts 0.5 ms after the last arrival
     monkeypatch.setenv("ACCORD_CYCLE_QUIET_TIME", "0.25")
     assert EngineSettings.from_config().quiet_time == 0.00025
     with pytest.raises(ConfigError, match="ACCORD_CYCLE_QUIET_TIME"):
@@ -66,10 +66,10 @@ def test_cycle_time_defaults_follow_the_cpu_backend(monkeypatch):
     monkeypatch.delenv("HOROVOD_CYCLE_TIME", raising=False)
     monkeypatch.delenv("ACCORD_CYCLE_TIME", raising=False)
     monkeypatch.delenv("ACCORD_CYCLE_QUIET_TIME", raising=False)
-    # gloo/mpi (and unknown): Horovod's 1 ms, start as soon as the queue stops growing
+    # gloo/mpi (and unknown): a burst is one cycle (0.5 ms quiet), held 30 ms at most
     for backend in ("gloo", "mpi", None):
         s = EngineSettings.from_config(cpu_backend=backend)
-        assert (s.cycle_time, s.quiet_time) == (0.001, 0.0)
+        assert (s.cycle_time, s.quiet_time) == (0.030, 0.0005)
         assert s.start_bytes == s.fusion_threshold  # a full fusion buffer goes at once
     # shm: gather until a caller waits or a buffer fills, one second at most
     s = EngineSettings.from_config(cpu_backend="shm")
