@@ -80,15 +80,21 @@ def _wait_for_gpu(item: Sequence[Request]) -> None:
         torch.cuda.current_stream(first.device).synchronize()
 
 
+def _as_reduced(r: Request) -> bool:
+    """Whether ``r``'s result is its reduced wire data as is (a passthrough compression, no
+    context to decompress with): copied out, never converted."""
+    return r.ctx is None and r.compression.passthrough
+
+
 def _plain_lone(item: Sequence[Request]) -> torch.Tensor | None:
-    """The tensor of a one-request item whose result needs no conversion (no compression
-    context, no deferred cast, an in-place output of its own dtype), else None."""
+    """The tensor of a one-request item whose result needs no conversion (see
+    :func:`_as_reduced`, no deferred cast, an in-place output of its own dtype), else None."""
     if len(item) != 1:
         return None
     r = item[0]
     t = r.tensor
-    if (r.ctx is not None or r.wire_dtype is not None or not r.compression.passthrough
-            or not t.is_contiguous() or (r.output is not None and r.output.dtype != t.dtype)):
+    if (not _as_reduced(r) or r.wire_dtype is not None or not t.is_contiguous()
+            or (r.output is not None and r.output.dtype != t.dtype)):
         return None
     return t
 
@@ -296,14 +302,13 @@ class Executor:
     def _unfuse(self, batch: list[Request], buf: torch.Tensor) -> list[Outcome]:
         parts = unpack(buf, [r.tensor for r in batch])
         # Plain in-place requests (the common case: gradients) are copied out in one call.
-        plain = [i for i, r in enumerate(batch) if r.output is not None and r.ctx is None
-                 and r.compression.passthrough and r.output.dtype == r.tensor.dtype]
+        plain = [i for i, r in enumerate(batch) if r.output is not None and _as_reduced(r)
+                 and r.output.dtype == r.tensor.dtype]
         copy_out([parts[i] for i in plain], [batch[i].output for i in plain])
         outcomes: list[Outcome] = [(batch[i], batch[i].output, None) for i in plain]
         # Plain out-of-place requests get fresh tensors, filled in one call too (one by one,
         # 160 results of a step cost about as much as the 16 MB allreduce's fixed overhead).
-        fresh = [i for i, r in enumerate(batch) if r.output is None and r.ctx is None
-                 and r.compression.passthrough and r.wire_dtype is None]
+        fresh = [i for i, r in enumerate(batch) if r.output is None and _as_reduced(r) and r.wire_dtype is None]
         if fresh:
             outs = [memory.empty(batch[i].tensor.shape, parts[i].dtype, parts[i].device) for i in fresh]
             copy_out([parts[i] for i in fresh], outs)

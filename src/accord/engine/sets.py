@@ -174,4 +174,3 @@ def sets_given_at_init(process_sets: Any) -> list[Any]:
                                        "pass None, 'dynamic' or a list of hvd.ProcessSet"))
         return []
     return list(process_sets or [])
-

@@ -31,6 +31,7 @@ from accord.store.server import StoreServer
 from accord.worker_contract import CHECKIN_KEY
 
 log = logging.getLogger("accord.runtime")
+DEFAULT_PREFIX = "accord"  # keys of jobs bootstrapped on accord's own store (accordrun, spawn)
 
 
 @dataclass
@@ -39,7 +40,7 @@ class Rendezvous:
 
     store: dist.Store
     secret: bytes
-    prefix: str = "accord"
+    prefix: str = DEFAULT_PREFIX
     client: StoreClient | None = None
     server: StoreServer | None = None
     owner: bool = False  # this rank hosts the store
@@ -55,11 +56,11 @@ class Rendezvous:
         All ranks of one bootstrap add before any rank can start the next (the next needs every
         rank to have finished this one), so integer division by the size is exact.
         """
-        generation = (int(self.store.add(f"{self.prefix}/bootstraps", 1)) - 1) // size
+        generation = (int(self.store.add(_counter_key(self.prefix), 1)) - 1) // size
         self.scope = f"{self.prefix}/g{generation}"
         # the newest index in use, so that a job re-formed at another size starts past it
-        # (see next_bootstrap_count); every rank of the generation writes the same value
-        self.store.set(f"{self.prefix}/generation", str(generation))
+        # (see reserve_new_generation); every rank of the generation writes the same value
+        self.store.set(_generation_key(self.prefix), str(generation))
         return generation
 
     def leave(self, scoped: dist.Store | None, rank: int, size: int, timeout: float) -> None:
@@ -354,6 +355,25 @@ def _new_secret() -> bytes:
     return secrets.token_bytes(32)
 
 
+def _counter_key(prefix: str) -> str:
+    return f"{prefix}/bootstraps"
+
+
+def _generation_key(prefix: str) -> str:
+    return f"{prefix}/generation"
+
+
+def reserve_new_generation(store: dist.Store, size: int, prefix: str = DEFAULT_PREFIX) -> None:
+    """Advance the bootstrap counter of ``store`` so that the next ``size`` ranks bootstrapping
+    on it together get one generation index never used before (an elastic re-formation)."""
+    count = int(store.add(_counter_key(prefix), 0))
+    key = _generation_key(prefix)
+    last = int(store.get(key)) if store.check([key]) else -1
+    target = next_bootstrap_count(count, size, last)
+    if target > count:
+        store.add(_counter_key(prefix), target - count)
+
+
 def next_bootstrap_count(count: int, size: int, last_generation: int) -> int:
     """Where the bootstrap counter must stand before ``size`` ranks bootstrap together, so that
     they get one generation index (counter // size) and a new one: past ``last_generation``.
@@ -365,4 +385,3 @@ def next_bootstrap_count(count: int, size: int, last_generation: int) -> int:
     """
     rounded = -(-count // size) * size
     return max(rounded, (last_generation + 1) * size)
-

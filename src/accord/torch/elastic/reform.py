@@ -31,7 +31,7 @@ from typing import Callable
 from accord import config
 from accord.errors import RankFailedError, with_hint
 from accord.runtime import admission
-from accord.runtime.rendezvous import next_bootstrap_count
+from accord.runtime.rendezvous import reserve_new_generation
 from accord.torch import gateway
 from accord.worker_contract import (
     ELASTIC_DEAD_KEY,
@@ -51,8 +51,6 @@ log = logging.getLogger("accord.elastic")
 _HEARTBEAT_S = 0.25
 _DEAD_AFTER_S = 2.0  # a heartbeat counter that did not move for this long belongs to a dead rank
 _SETTLE_S = 10.0  # how long a re-formation waits for added workers that have not asked to join
-_BOOTSTRAPS_KEY = "accord/bootstraps"  # accord.runtime.rendezvous's generation counter
-_GENERATION_KEY = "accord/generation"  # and the newest generation index it gave
 
 
 class MemberRemoved(SystemExit):
@@ -190,14 +188,8 @@ class Membership:
         if len(members) < min_np:
             log.warning("elastic: re-forming with %d members, below ACCORD_ELASTIC_MIN_NP %d",
                         len(members), min_np)
-        # The runtime numbers bootstraps as counter // size: start the new size on a multiple
-        # that gives a generation never used before.
-        count = int(store.add(_BOOTSTRAPS_KEY, 0))
-        last = int(store.get(_GENERATION_KEY)) if store.check([_GENERATION_KEY]) else -1
-        if members:
-            target = next_bootstrap_count(count, len(members), last)
-            if target > count:
-                store.add(_BOOTSTRAPS_KEY, target - count)
+        if members:  # the re-formed job bootstraps as a generation of its own
+            reserve_new_generation(store, len(members))
         record = {"members": members, "updates": updates}
         store.set(ELASTIC_MEMBERS_KEY.format(epoch=self.epoch), json.dumps(record))
         latest = int(store.add(ELASTIC_LATEST_KEY, 0))
