@@ -3,12 +3,19 @@ synchronizes over every rank, ``'local'`` (or 0) over the ranks of this rank's h
 process set is registered here."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, Protocol, Sequence, TypeVar
 
 from accord.engine import session
 from accord.engine.sets import GLOBAL_ID
 from accord.errors import with_hint
 from accord.runtime.groups import local_sets
+
+
+class _FrontendSet(Protocol):
+    process_set_id: int | None
+
+
+SetT = TypeVar("SetT", bound=_FrontendSet)
 
 
 def scope_name(comm_scope: Any) -> str:
@@ -41,4 +48,15 @@ def host_set() -> tuple[int, tuple[int, ...]]:
         if topo.rank in ranks:
             mine = set_id, tuple(ranks)
     assert mine is not None
+    return mine
+
+
+def host_process_set(make: Callable[[Sequence[int]], SetT], global_set: SetT) -> SetT:
+    """This rank's host's set as a frontend's ProcessSet: ``global_set`` on one host, else
+    ``make(ranks)`` bound to the registered id (collective the first time, as :func:`host_set`)."""
+    set_id, ranks = host_set()
+    if set_id == GLOBAL_ID:
+        return global_set
+    mine = make(list(ranks))
+    mine.process_set_id = set_id
     return mine

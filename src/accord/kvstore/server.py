@@ -40,7 +40,6 @@ import os
 import signal
 import sys
 import time
-from typing import Sequence
 
 import zmq
 
@@ -88,7 +87,7 @@ def _run_scheduler(secret: bytes, verbose: int) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main() -> int:
     """Run a server (or the scheduler) from the environment; returns the exit code.
 
     0 after a stop request, SIGTERM/SIGINT, or once the job's store is gone; 2 when the

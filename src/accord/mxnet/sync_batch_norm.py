@@ -24,22 +24,12 @@ from typing import Any
 import torch
 
 from accord.comm.ops import ReduceOp
-from accord.engine.host_sets import host_set, scope_name
+from accord.engine.host_sets import host_process_set, scope_name
 from accord.engine.request import Op
 from accord.mxnet import basics
 from accord.mxnet.bridge import mx, read_view, to_ndarray
 from accord.mxnet.mpi_ops import run
 from accord.mxnet.process_sets import ProcessSet, global_process_set
-
-
-def _host_set() -> ProcessSet:
-    """This host's process set (registers every host's set once; collective)."""
-    set_id, ranks = host_set()
-    if set_id == 0:
-        return global_process_set
-    mine = ProcessSet(list(ranks))
-    mine.process_set_id = set_id
-    return mine
 
 
 class _SyncBatchNormFunction(mx.autograd.Function):
@@ -119,7 +109,8 @@ class SyncBatchNorm(mx.gluon.nn.BatchNorm):
     def process_set(self) -> ProcessSet:
         """The ranks this layer synchronizes with (registered on first use; collective)."""
         if self._set is None:
-            self._set = global_process_set if self.comm_scope == "global" else _host_set()
+            local = self.comm_scope != "global"
+            self._set = host_process_set(ProcessSet, global_process_set) if local else global_process_set
         return self._set
 
     def hybrid_forward(self, F: Any, x: Any, gamma: Any, beta: Any, running_mean: Any,

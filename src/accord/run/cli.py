@@ -94,6 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--sync-dst-dir", metavar="DIR",
                    help="copy the working directory to DIR on every host with rsync over ssh "
                         "before starting, and run the workers there (MXNet's launch.py flag)")
+    g.add_argument("--no-exit-release", action="store_true",
+                   help="run a `python script.py` command exactly as given; by default the script's "
+                        "globals are released after its atexit handlers, before the interpreter's "
+                        "teardown (a DDP model still holding its process group aborts there)")
 
     g = p.add_argument_group("ssh")
     g.add_argument("-p", "--ssh-port", type=int, help="ssh port of the remote hosts")

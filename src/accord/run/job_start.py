@@ -83,7 +83,7 @@ class JobStarter:
             elif cfg.num_servers:
                 added.update(ps_env("worker", job, cfg.num_servers, cfg.num_proc))
             try:
-                self._start("worker", slot.rank, slot.rank, slot.hostname, cfg.command, environ, added,
+                self._start("worker", slot.rank, slot.rank, slot.hostname, cfg.worker_command, environ, added,
                             err_path)
             except OSError as exc:
                 what = "ssh" if not is_local(slot.hostname) else cfg.command[0]
@@ -114,7 +114,8 @@ class JobStarter:
         added.update(elastic_env(member_id, joining, cfg.min_np,
                                  cfg.elastic.elastic_timeout if cfg.elastic.elastic_timeout_given else None))
         try:
-            return self._start("worker", member_id, member_id, host, cfg.command, environ, added, err_path)
+            return self._start("worker", member_id, member_id, host, cfg.worker_command, environ, added,
+                               err_path)
         except OSError as exc:
             raise LaunchError(with_hint(f"could not start worker {member_id} on {host}: {exc}",
                                         "check that the program exists and is executable")) from None

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 from accord import config
 from accord.errors import ConfigError, LaunchError, with_hint
-from accord.run import elastic_config
+from accord.run import elastic_config, exit_release
 from accord.run import tuning as tuning_table
 from accord.run.assignment import Slot, assign_slots
 from accord.run.hosts import (
@@ -64,6 +64,7 @@ class LaunchConfig:
     min_np: int | None = None  # elastic: failed workers are left out while this many remain
     elastic: elastic_config.ElasticConfig | None = None  # --host-discovery-script and its flags
     sync_dst_dir: str | None = None  # --sync-dst-dir: workers and servers run from this copy
+    exit_release: bool = True  # a Python script's globals are released before teardown (run.exit_release)
 
     @property
     def remote(self) -> bool:
@@ -75,6 +76,12 @@ class LaunchConfig:
     def job_hosts(self) -> tuple[str, ...]:
         """Every host that runs a worker or a server, in order, each once."""
         return tuple(dict.fromkeys([s.hostname for s in self.slots] + list(self.server_hosts)))
+
+    @property
+    def worker_command(self) -> tuple[str, ...]:
+        """What a worker runs: the command, with a Python script's exit made orderly
+        (:mod:`accord.run.exit_release`) unless ``--no-exit-release``."""
+        return exit_release.wrap(self.command) if self.exit_release else self.command
 
     @property
     def worker_cwd(self) -> str:
@@ -301,6 +308,7 @@ def config_from_args(ns: argparse.Namespace, environ: Mapping[str, str], cwd: st
         elastic=elastic,
         ps=ps,
         sync_dst_dir=_sync_dir(ns),
+        exit_release=not ns.no_exit_release,
     )
 
 
@@ -317,6 +325,7 @@ def describe(cfg: LaunchConfig) -> dict[str, Any]:
         "ps": cfg.ps,
         "server_hosts": list(cfg.server_hosts),
         "sync_dst_dir": cfg.sync_dst_dir,
+        "exit_release": cfg.exit_release,
         "min_np": cfg.min_np,
         "host_discovery_script": cfg.elastic.discovery_script if cfg.elastic else None,
     }

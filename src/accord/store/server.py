@@ -1,4 +1,4 @@
-"""The job's rendezvous store: an authenticated key-value server and its torch-free client.
+"""The job's rendezvous store: an authenticated key-value server.
 
 :class:`StoreServer` serves a :class:`~accord.store.table.KeyTable` (``str -> bytes`` pairs in
 memory, and the operations on them) over :mod:`accord.store.wire` (every frame carries an
@@ -8,8 +8,9 @@ stranger); each connection that has sent an authentic first frame gets a thread 
 a client blocked in ``get``/``wait`` holds up nobody else. This module is that serving: the
 listener, the connections and their threads, and the answer to each request.
 
-:class:`StoreConnection` is the client end (one socket, not thread-safe); the launcher uses it
-directly, and :class:`accord.runtime.store_client.StoreClient` pools them for torch.
+:class:`accord.store.connection.StoreConnection` is the client end (one socket, not
+thread-safe); the launcher uses it directly, and :class:`accord.runtime.store_client.StoreClient`
+pools them for torch.
 
 Security: a connection whose hello or MAC is wrong is closed and logged (at a bounded rate) on
 the ``accord.store`` logger; malformed or oversized frames close only that connection; every

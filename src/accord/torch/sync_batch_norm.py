@@ -19,21 +19,11 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from accord.engine.host_sets import host_set, scope_name
+from accord.engine.host_sets import host_process_set, scope_name
 from accord.torch import async_ops as A
 from accord.torch import gateway
 from accord.torch.gateway import synchronize
 from accord.torch.process_sets import ProcessSet, global_process_set
-
-
-def _local_process_set() -> ProcessSet:
-    """The process set of this rank's host (registers every host's set once; collective)."""
-    set_id, ranks = host_set()
-    if set_id == 0:
-        return global_process_set
-    mine = ProcessSet(list(ranks))
-    mine.process_set_id = set_id
-    return mine
 
 
 class _SyncBatchNormFn(torch.autograd.Function):
@@ -115,7 +105,8 @@ class SyncBatchNorm(_BatchNorm):
 
     def _set(self) -> ProcessSet:
         if self._process_set is None:
-            self._process_set = global_process_set if self.comm_scope == "global" else _local_process_set()
+            local = self.comm_scope != "global"
+            self._process_set = host_process_set(ProcessSet, global_process_set) if local else global_process_set
         return self._process_set
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:

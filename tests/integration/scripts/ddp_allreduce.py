@@ -21,9 +21,7 @@ model(x).sum().backward()  # grad of w = x, averaged over ranks by DDP
 grad = model.module.weight.grad.tolist()[0]
 print("RESULT " + json.dumps({"rank": rank, "world": world, "local_rank": int(os.environ["LOCAL_RANK"]),
                               "sum": t.item(), "grad": grad}), flush=True)
-# DDP holds the process group: release it first, so that destroy_process_group() really frees
-# the group (and joins Gloo's threads) now. Kept alive by a global instead, the group is torn
-# down during interpreter finalization, and torch 2.13 then sometimes aborts the process
-# ("terminate called without an active exception", ~1 run in 12 here; torchrun too).
-del model
+# As torch's examples end: the DDP model, a global, still holds the group, so it is freed during
+# the interpreter's teardown, where torch 2.13 sometimes aborts; accordrun's exit release
+# (accord/run/exit_release.py) frees the model before that.
 dist.destroy_process_group()

@@ -4,7 +4,9 @@ runs that abort at exit ("terminate called without an active exception") or fail
     .venv/bin/python tests/integration/scripts/repeat_ddp.py --runs 100
 
 Prints one line per failed run and a summary ``runs=N aborts=A other_failures=F``; exits 1 when
-any run failed. ``--script`` runs another worker script the same way (to compare variants).
+any run failed. ``--script`` runs another worker script the same way (to compare variants);
+arguments after ``--`` go to accordrun before the command (``-- --no-exit-release`` shows the
+aborts that the launcher's exit release prevents).
 """
 import argparse
 import os
@@ -19,11 +21,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--script", default=str(HERE / "ddp_allreduce.py"))
+    parser.add_argument("launcher_args", nargs="*", help="more accordrun flags (after --)")
     args = parser.parse_args()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     aborts = others = 0
     for i in range(1, args.runs + 1):
-        proc = subprocess.run([sys.executable, "-m", "accord.run", "-np", "2", sys.executable, args.script],
+        proc = subprocess.run([sys.executable, "-m", "accord.run", "-np", "2", *args.launcher_args,
+                               sys.executable, args.script],
                               capture_output=True, text=True, timeout=300, env=env)
         if "terminate called" in proc.stderr:
             aborts += 1
