@@ -116,6 +116,8 @@ def _engine_path() -> str:
         return f"unknown ({exc})"
     chooser = getattr(comm, "chooser", None)
     kept = f", kept: {chooser.choice}" if chooser is not None else ""
+    if chooser is not None and hasattr(chooser, "timings_ms"):
+        kept += f", timed (ms): {chooser.timings_ms()}"
     return f"{type(comm).__name__} ({getattr(comm, 'hierarchical_allreduces', 0)} hierarchical{kept})"
 
 

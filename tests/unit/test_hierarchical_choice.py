@@ -65,15 +65,55 @@ def test_below_min_bytes_an_automatic_hierarchy_runs_flat():
 def test_path_chooser_pairs_sizes_and_keeps_the_faster():
     from accord.comm.path_choice import FLAT, HIERARCHICAL, PathChooser
 
-    chooser = PathChooser(pairs=2)
+    chooser = PathChooser(pairs=2, warmup=0)
     assert chooser.next_path(1000) == HIERARCHICAL
     assert not chooser.record(1000, HIERARCHICAL, 5.0)
     assert chooser.next_path(1000) == FLAT and chooser.next_path(5000) == HIERARCHICAL  # its own class
     assert not chooser.record(1000, FLAT, 1.0)  # one pair
     assert not chooser.record(5000, HIERARCHICAL, 2.0)  # unpaired: not counted
     assert chooser.record(1000, HIERARCHICAL, 4.0) is False and chooser.record(1000, FLAT, 1.5)
-    assert chooser.totals() == [9.0, 2.5]
-    assert chooser.decide([9.0, 2.5]) == FLAT and chooser.next_path(1000) == FLAT
+    mib = 1024 * 1024
+    # medians of seconds per byte, per MiB: hierarchical (5.0, 4.0) / 1000, flat (1.0, 1.5) / 1000
+    assert chooser.rates() == pytest.approx([4.5 / 1000 * mib, 1.25 / 1000 * mib])
+    assert chooser.decide(chooser.rates()) == FLAT and chooser.next_path(1000) == FLAT
+
+
+def test_path_chooser_skips_each_paths_first_call():
+    from accord.comm.path_choice import FLAT, HIERARCHICAL, PathChooser
+
+    chooser = PathChooser(pairs=1, warmup=1)
+    # the warm-up: each path once, whatever it costs (here a cold hierarchical call, 10 s)
+    assert chooser.next_path(1000) == HIERARCHICAL and not chooser.record(1000, HIERARCHICAL, 10.0)
+    assert chooser.next_path(1000) == FLAT and not chooser.record(1000, FLAT, 2.0)
+    assert chooser.paired() == 0
+    assert chooser.next_path(1000) == HIERARCHICAL and not chooser.record(1000, HIERARCHICAL, 1.0)
+    assert chooser.next_path(1000) == FLAT and chooser.record(1000, FLAT, 2.0)
+    assert chooser.decide(chooser.rates()) == HIERARCHICAL  # counting the warm-up would keep flat
+    assert [path for path, _, _ in chooser.timings_ms()] == [HIERARCHICAL, FLAT, HIERARCHICAL, FLAT]
+
+
+def test_path_chooser_compares_time_per_byte_and_resists_one_slow_call():
+    from accord.comm.path_choice import FLAT, HIERARCHICAL, PathChooser
+
+    mib = 1024 * 1024
+    chooser = PathChooser(pairs=3, warmup=0)
+    # sizes within one class (8-16 MiB): the hierarchy got the bigger calls and one slow call,
+    # a total would keep flat (0.24 + 0.5 + 0.24 s vs 0.09 + 0.09 + 0.09 s)
+    calls = [(HIERARCHICAL, 15 * mib, 0.24), (FLAT, 9 * mib, 0.09), (HIERARCHICAL, 15 * mib, 0.5),
+             (FLAT, 9 * mib, 0.09), (HIERARCHICAL, 15 * mib, 0.24), (FLAT, 9 * mib, 0.09)]
+    for path, nbytes, seconds in calls:
+        assert chooser.next_path(nbytes) == path
+        chooser.record(nbytes, path, seconds)
+    assert chooser.paired() == 3
+    assert chooser.rates() == pytest.approx([0.016, 0.01])  # median seconds per MiB
+    assert chooser.decide(chooser.rates()) == FLAT
+    chooser = PathChooser(pairs=3, warmup=0)
+    for path, nbytes, seconds in [(HIERARCHICAL, 15 * mib, 0.12), (FLAT, 9 * mib, 0.09),
+                                  (HIERARCHICAL, 15 * mib, 0.9), (FLAT, 9 * mib, 0.09),
+                                  (HIERARCHICAL, 15 * mib, 0.12), (FLAT, 9 * mib, 0.09)]:
+        chooser.record(nbytes, path, seconds)
+    # 8 ms/MiB against 10: the hierarchy wins despite one 0.9 s call and smaller flat calls
+    assert chooser.decide(chooser.rates()) == HIERARCHICAL
 
 
 class _Slow(_Recorder):
@@ -92,7 +132,7 @@ class _Slow(_Recorder):
 def test_measured_communicator_keeps_the_faster_path(flat_delay, kept):
     flat, local, cross = _Slow("gloo", flat_delay), _Recorder("shm"), _Slow("gloo", 0.01)
     comm = HierarchicalCommunicator(flat, local, cross, min_bytes=0, measure=True)
-    for _ in range(6):  # 3 pairs: hierarchical, flat, hierarchical, flat, ...
+    for _ in range(8):  # a warm-up call of each path, then 3 pairs: hierarchical, flat, ...
         comm.allreduce(torch.zeros(1000), ReduceOp.SUM)
     assert comm.chooser.choice == kept
     assert flat.calls[-1] == ("allreduce", 2)  # the agreement on the summed timings

@@ -117,13 +117,13 @@ class HierarchicalCommunicator(Communicator):
         else:
             self.flat.allreduce(tensor, op)
         if self.chooser.choice is None and self.chooser.record(nbytes, path, time.perf_counter() - start):
-            totals = torch.tensor(self.chooser.totals(), dtype=torch.float64)
-            self.flat.allreduce(totals, ReduceOp.SUM)  # the same sums, so the same choice, everywhere
-            choice = self.chooser.decide(totals.tolist())
+            rates = torch.tensor(self.chooser.rates(), dtype=torch.float64)
+            self.flat.allreduce(rates, ReduceOp.SUM)  # the same sums, so the same choice, everywhere
+            choice = self.chooser.decide(rates.tolist())
             if self.rank == 0:
-                log.info("automatic hierarchical allreduce: %s (timed over %d pairs: hierarchical "
-                         "%.1f ms, flat %.1f ms, summed over ranks)", choice, self.chooser.pairs,
-                         totals[0].item() * 1e3, totals[1].item() * 1e3)
+                log.info("automatic hierarchical allreduce: %s (median over %d timed pairs, summed over "
+                         "ranks: hierarchical %.2f ms/MiB, flat %.2f ms/MiB)", choice, self.chooser.pairs,
+                         rates[0].item() * 1e3, rates[1].item() * 1e3)
 
     def _hierarchical(self, tensor: torch.Tensor, op: ReduceOp) -> None:
         """The three steps, pipelined in pieces when the tensor is big."""
