@@ -17,7 +17,8 @@ Before each timed call the ranks meet in a barrier on a group of their own, used
 side: a Gloo group whose own barrier has just returned runs a small allreduce faster (measured
 here, 2 hosts x 2 ranks, 1 KB: 5.7-6.1 ms right after a barrier on the same group, 6.4-6.5 ms
 after one on another group), which would favour the raw side. ``raw_hot_ms`` keeps that
-figure for the lone case.
+figure for the lone case, and ``engine_split_ms`` rank 0's medians of the engine's time before,
+in and after its own Gloo allreduce (what the engine adds, apart from the collective's spread).
 
 Targets of issue 13: lone 1 KB <= 1.3x raw; 160 x 100 KB <= 1.0x; 64 MB >= 0.95x raw bandwidth.
 Writes benchmarks/results/cluster_engine_vs_gloo.json.
@@ -52,8 +53,15 @@ def worker(iters: int) -> None:
     flat16 = torch.ones(160 * 25600)
     big = torch.ones(16 * 1024 * 1024)
 
+    inner = _time_inner_allreduces()
+
     def engine_lone() -> None:
+        start = time.perf_counter()
         hvd.allreduce(lone, name="lone", op=hvd.Sum)
+        end = time.perf_counter()
+        if inner and inner[-1][0] >= start:  # where the time went: before, in, after its Gloo call
+            a, b = inner[-1]
+            split.append((a - start, b - a, end - b))
 
     def engine_grads() -> None:
         handles = [hvd.allreduce_async_(g, name=f"grad.{i}", op=hvd.Sum) for i, g in enumerate(grads)]
@@ -83,6 +91,7 @@ def worker(iters: int) -> None:
     }
     table = {}
     hot: list[float] = []
+    split: list[tuple[float, float, float]] = []
     for name, (ours, theirs, reps) in cases.items():
         times: dict[str, list[float]] = {"engine": [], "raw": []}
         for it in range(reps + 2):
@@ -100,10 +109,36 @@ def worker(iters: int) -> None:
                        "engine_over_raw": round(med["engine"] / med["raw"], 3), "samples": reps}
         if name == "lone_1KB":
             table[name]["raw_hot_ms"] = round(statistics.median(hot) * 1e3, 3)
+            if split:  # this rank's medians (rank 0 reports)
+                parts = list(zip(*split[-reps:]))
+                table[name]["engine_split_ms"] = {k: round(statistics.median(v) * 1e3, 3) for k, v in
+                                                  zip(("before_collective", "collective", "after_collective"), parts)}
     if hvd.rank() == 0:
         print("RESULT " + json.dumps({"cases": table, "torch": torch.__version__,
                                       "engine_allreduce": _engine_path()}), flush=True)
     hvd.shutdown()
+
+
+def _time_inner_allreduces() -> list[tuple[float, float]]:
+    """Record (start, end) of each allreduce the engine's flat Gloo communicator runs (the lone
+    case's split); empty if the session's internals moved."""
+    times: list[tuple[float, float]] = []
+    try:
+        from accord.engine import session
+
+        comm = session.communicator(0, "cpu")
+        flat = getattr(comm, "flat", comm)
+        plain = flat.allreduce
+    except Exception:  # noqa: BLE001 - a report detail
+        return times
+
+    def timed(tensor, op):
+        start = time.perf_counter()
+        plain(tensor, op)
+        times.append((start, time.perf_counter()))
+
+    flat.allreduce = timed
+    return times
 
 
 def _engine_path() -> str:
@@ -118,6 +153,12 @@ def _engine_path() -> str:
     kept = f", kept: {chooser.choice}" if chooser is not None else ""
     if chooser is not None and hasattr(chooser, "timings_ms"):
         kept += f", timed (ms): {chooser.timings_ms()}"
+    try:
+        stats = session._current().engine.stats()
+        kept += (f"; engine: {stats.get('lent_cycles')} of {stats.get('planned_cycles')} planned cycles run by "
+                 f"the caller, {stats.get('cycles')} cycles")
+    except Exception:  # noqa: BLE001 - a report detail
+        pass
     return f"{type(comm).__name__} ({getattr(comm, 'hierarchical_allreduces', 0)} hierarchical{kept})"
 
 
