@@ -22,6 +22,7 @@ import statistics
 import sys
 import time
 
+from fake_hosts import pose_as_hosts
 from recording import record
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "hierarchical_allreduce.json")
@@ -34,17 +35,22 @@ def _worker(iters: int, warmup: int) -> dict:
 
     from accord import config
     from accord.comm import ReduceOp
+    from accord.comm.backend import get_backend
+    from accord.comm.hierarchical import HierarchicalCommunicator
     from accord.engine import session
 
     torch.set_num_threads(1)
     rank = int(config.get("ACCORD_RANK"))
-    config.set_variables({"ACCORD_HOSTNAME": f"host{rank // 2}", "ACCORD_LOCAL_RANK": str(rank % 2),
-                          "ACCORD_LOCAL_SIZE": "2", "ACCORD_CROSS_RANK": str(rank // 2),
-                          "ACCORD_CROSS_SIZE": "2", "ACCORD_HIERARCHICAL_ALLREDUCE": "1"})
+    pose_as_hosts(rank)
     session.init()
-    hier = session.communicator(0, "cpu")
-    flat = hier.flat
-    comms = {"flat_gloo": flat, "hierarchical": hier}
+    # communicators of our own, built as the engine builds them (every rank creates every group,
+    # in the same order): the engine's own local one carries its host-first negotiations
+    hosts = [[0, 1], [2, 3]]
+    gloo, shm = get_backend("gloo"), get_backend("shm")
+    flat = gloo.create([0, 1, 2, 3])
+    local = [c for c in (shm.create(r) for r in hosts) if c is not None][0]
+    cross = [c for c in (gloo.create(list(r)) for r in zip(*hosts)) if c is not None][0]
+    comms = {"flat_gloo": flat, "hierarchical": HierarchicalCommunicator(flat, local, cross)}
     for name, comm in comms.items():  # correct before fast
         check = torch.full((1001,), float(rank + 1))
         comm.allreduce(check, ReduceOp.SUM)

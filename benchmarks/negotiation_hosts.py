@@ -27,6 +27,7 @@ import statistics
 import sys
 import time
 
+from fake_hosts import pose_as_hosts
 from recording import record
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "negotiation_hosts.json")
@@ -42,9 +43,7 @@ def _worker(iters: int, warmup: int) -> dict:
 
     torch.set_num_threads(1)
     rank = int(config.get("ACCORD_RANK"))
-    config.set_variables({"ACCORD_HOSTNAME": f"host{rank // 2}", "ACCORD_LOCAL_RANK": str(rank % 2),
-                          "ACCORD_LOCAL_SIZE": "2", "ACCORD_CROSS_RANK": str(rank // 2),
-                          "ACCORD_CROSS_SIZE": "2", "ACCORD_HIERARCHICAL_ALLREDUCE": "1"})
+    pose_as_hosts(rank)
     session.init()
     raw = dist.new_group(backend="gloo")
     tiny, big = torch.ones(256), torch.ones(16 * 1024 * 1024)
