@@ -125,3 +125,54 @@ def test_peer_dying_under_a_collective_run_by_the_caller_fails_the_caller():
     assert res["seconds"] < 5, res  # a closed peer fails Gloo at once; the idle tick is 10 s
     assert res["running"] is False
     assert res["after"].startswith("RankFailedError: the accord engine stopped after an earlier error"), res
+
+
+def _local_failure(rank, size):
+    import torch
+    from helpers.engine_comm import start_engine
+
+    from accord.errors import RankFailedError
+
+    # A failure of the caller's collective that the controller thread would not meet again by
+    # itself: rank 0's data collective raises once, before any data moves, on the caller's thread.
+    # Only the hand-off of that failure to the thread stops rank 0's engine; without it the
+    # thread would run the plan's collective again, with rank 1 waiting in it, and succeed.
+    eng = start_engine(rank, size, idle_interval=30.0, stall_check_disable=True)
+    for _ in range(12):
+        eng.synchronize(_submit(eng, torch.ones(4), "w"))
+    lent = eng.stats()["lent_cycles"]
+    if rank == 1:
+        try:
+            value = eng.synchronize(_submit(eng, torch.ones(4), "w")).tolist()
+        except RankFailedError as exc:
+            value = f"RankFailedError: {str(exc).splitlines()[0]}"
+        return {"lent": lent, "value": value}
+    comm = eng.sets.communicator(0, "cpu")
+    plain = comm.allreduce
+
+    def fails_once(tensor, op):
+        comm.allreduce = plain
+        raise RuntimeError("injected: the link reset under this rank's collective")
+
+    comm.allreduce = fails_once
+    try:
+        value = eng.synchronize(_submit(_parked(eng), torch.ones(4), "w")).tolist()
+    except RankFailedError as exc:
+        value = f"RankFailedError: {exc}"
+    out = {"lent": lent, "value": value, "lent_attempt": eng.stats()["lent_cycles"] - lent}
+    deadline = time.monotonic() + 10
+    while eng.running and time.monotonic() < deadline:
+        time.sleep(0.05)
+    out["running"] = eng.running
+    return out  # the process exits: rank 1's collective fails on the closed sockets
+
+
+def test_a_failure_of_the_callers_collective_stops_the_engine_not_only_the_call():
+    results = run_ranks(_local_failure, 2, timeout=90, env={"ACCORD_COLLECTIVE_TIMEOUT": "40"})
+    res = results[0]
+    assert res["lent"] >= 2 and res["lent_attempt"] == 1, res  # it ran on the caller's thread
+    assert str(res["value"]).startswith("RankFailedError: a collective failed on rank 0 of 2"), res
+    assert "injected: the link reset" in res["value"], res
+    assert res["running"] is False, res
+    # rank 1 was inside the same collective: it fails when rank 0 goes, it does not complete
+    assert str(results[1]["value"]).startswith("RankFailedError"), results[1]
