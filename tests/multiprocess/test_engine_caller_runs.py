@@ -97,7 +97,7 @@ def _peer_dies(rank, size):
         return {"left": True, "lent": lent}  # the process exits: its sockets close
     start = time.monotonic()
     try:
-        eng.synchronize(_submit(eng, torch.ones(4), "w"))
+        eng.synchronize(_submit(_parked(eng), torch.ones(4), "w"))
         error = "no error"
     except RankFailedError as exc:
         error = str(exc)
@@ -176,3 +176,29 @@ def test_a_failure_of_the_callers_collective_stops_the_engine_not_only_the_call(
     assert res["running"] is False, res
     # rank 1 was inside the same collective: it fails when rank 0 goes, it does not complete
     assert str(results[1]["value"]).startswith("RankFailedError"), results[1]
+
+
+def _async_then_wait(rank, size):
+    import torch
+    from helpers.engine_comm import start_engine
+
+    eng = start_engine(rank, size)
+    x = torch.zeros(6)
+    values = []
+    for step in range(40):
+        x.fill_(float(rank + step))
+        handle = _submit(eng, x, "step", in_place=True, waited=False)  # allreduce_async_, then wait
+        values.append(eng.synchronize(handle).tolist())
+    stats = eng.stats()
+    eng.shutdown()
+    return {"values": values, "planned": stats["planned_cycles"], "lent": stats["lent_cycles"]}
+
+
+def test_an_async_submission_waited_at_once_is_run_by_its_caller_every_time():
+    # The submission wakes the controller's thread (an async caller may never wait); the caller
+    # then runs the cycle itself, and the thread, woken for nothing, parks again instead of
+    # taking over the caller's next request (which made every other cycle the thread's).
+    results = run_ranks(_async_then_wait, 2, timeout=90)
+    for res in results:
+        assert res["values"] == [[float(2 * step + 1)] * 6 for step in range(40)], res
+        assert res["planned"] >= 30 and res["lent"] >= res["planned"] - 2, res

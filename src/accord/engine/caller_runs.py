@@ -15,9 +15,12 @@ one cycle:
 - **The borrowed cycle** is exactly the thread's planned cycle (:meth:`PlannedCycles._planned`),
   with autograd off as on the thread. If a member left the plan, the requests stay pending and
   the plan is left, as on the thread.
-- **Returning**: the thread, woken while the role is lent, waits until it comes back. A failure
-  of the borrowed collective is handed to the thread, which stops the controller exactly as if
-  its own collective had failed (every pending handle, the caller's included, gets the error).
+- **Returning**: the thread, woken while the role is lent, waits until it comes back, still
+  parked; if the lent cycle left it nothing to do it parks again for the rest of its wait (so
+  that an ``allreduce_async`` + ``synchronize`` loop, whose submissions wake the thread, keeps
+  lending every cycle). A failure of the borrowed collective is handed to the thread, which
+  stops the controller exactly as if its own collective had failed (every pending handle, the
+  caller's included, gets the error).
 
 Anything else (no plan, an incomplete plan, extra requests, stop, join, the thread busy) leaves
 the work to the thread, as before.
@@ -25,6 +28,7 @@ the work to the thread, as before.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import torch
@@ -52,6 +56,7 @@ class CallerRuns:
         self._parked = False  # the controller's thread is inside its wait for submissions
         self._lent = False  # a caller runs the planned cycle
         self._lent_failure: BaseException | None = None  # for the thread to stop on
+        self._awaiting_return = False  # the parked thread waits for a lent role to come back
         self.lent_cycles = 0  # planned cycles run on a caller's thread (tests read it)
 
     def run_here(self, handle: Handle) -> bool:
@@ -76,9 +81,9 @@ class CallerRuns:
                 self._lent_failure = failure if isinstance(failure, Exception) else CollectiveError(with_hint(
                     f"a collective run on rank {self.rank}'s calling thread was interrupted: {failure!r}",
                     "the engine stops; shut down and init() again"))
-            # A thread still parked needs no wake after a planned cycle that ran (its timed wait
+            # A thread still in its timed wait needs no wake after a planned cycle that ran (it
             # re-reads the plan's deadline); waking it costs a core the next caller may need.
-            if failure is not None or self.planner.plan is None or self._pending or not self._parked:
+            if failure is not None or self.planner.plan is None or self._pending or self._awaiting_return:
                 self.cond.notify_all()
         if failure is not None and not isinstance(failure, Exception):
             raise failure
@@ -104,14 +109,35 @@ class CallerRuns:
 
     def _wait_parked(self, pause: float) -> None:
         """The controller thread's wait for submissions (it holds ``cond``): lendable while in
-        it; returns only once a lent cycle is back, raising its failure."""
+        it; returns only once a lent cycle is back, raising its failure.
+
+        The thread stays parked while it waits for a lent role to come back, and parks again
+        for the rest of ``pause`` when the lent cycle left it nothing to do: otherwise, woken
+        by the submission that the caller then ran itself, it would find the caller's next
+        request first and take it over (an ``allreduce_async`` + ``synchronize`` loop would
+        hand every other cycle to the thread)."""
+        deadline = time.monotonic() + pause
+        lent_at_park = self.lent_cycles
         self._parked = True
         try:
             self.cond.wait(pause)
+            while True:
+                while self._lent:
+                    self._awaiting_return = True  # the caller wakes the thread when it is back
+                    self.cond.wait()
+                self._awaiting_return = False
+                failure, self._lent_failure = self._lent_failure, None
+                if failure is not None:
+                    raise failure
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self.lent_cycles == lent_at_park or not self._idle_after_lending():
+                    return
+                self.cond.wait(remaining)
         finally:
-            self._parked = False
-        while self._lent:
-            self.cond.wait()
-        failure, self._lent_failure = self._lent_failure, None
-        if failure is not None:
-            raise failure
+            self._parked = self._awaiting_return = False
+
+    def _idle_after_lending(self) -> bool:
+        """Whether the thread has nothing to do after a lent cycle: still planned, nothing
+        pending or queued, no stop or join to handle (it holds ``cond``)."""
+        return (self.planner.plan is not None and not self._pending and not self.intake.items
+                and not self._stop_requested and not self._join_changed)
