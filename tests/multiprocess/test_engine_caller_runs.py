@@ -81,18 +81,25 @@ def test_waiting_caller_runs_the_plan_with_right_values():
     assert results[0]["deviation_lent"] == 1  # rank 0's caller ran the step rank 1 left
 
 
-def _peer_dies(rank, size):
+def _planned_engine(rank, size):
+    """An engine that has run 12 steps of "w" (planned, lent to the caller) and the count of
+    lent cycles so far. A long idle tick (a quarter of the collective timeout): a failure must
+    come from the caller's collective, not from the controller thread's next idle negotiation."""
     import torch
     from helpers.engine_comm import start_engine
 
-    from accord.errors import RankFailedError
-
-    # A long idle tick (a quarter of the collective timeout): the failure must come from the
-    # caller's collective, not from the controller thread's next idle negotiation.
     eng = start_engine(rank, size, idle_interval=30.0, stall_check_disable=True)
     for _ in range(12):
         eng.synchronize(_submit(eng, torch.ones(4), "w"))
-    lent = eng.stats()["lent_cycles"]
+    return eng, eng.stats()["lent_cycles"]
+
+
+def _peer_dies(rank, size):
+    import torch
+
+    from accord.errors import RankFailedError
+
+    eng, lent = _planned_engine(rank, size)
     if rank == 1:
         return {"left": True, "lent": lent}  # the process exits: its sockets close
     start = time.monotonic()
@@ -129,7 +136,6 @@ def test_peer_dying_under_a_collective_run_by_the_caller_fails_the_caller():
 
 def _local_failure(rank, size):
     import torch
-    from helpers.engine_comm import start_engine
 
     from accord.errors import RankFailedError
 
@@ -137,10 +143,7 @@ def _local_failure(rank, size):
     # itself: rank 0's data collective raises once, before any data moves, on the caller's thread.
     # Only the hand-off of that failure to the thread stops rank 0's engine; without it the
     # thread would run the plan's collective again, with rank 1 waiting in it, and succeed.
-    eng = start_engine(rank, size, idle_interval=30.0, stall_check_disable=True)
-    for _ in range(12):
-        eng.synchronize(_submit(eng, torch.ones(4), "w"))
-    lent = eng.stats()["lent_cycles"]
+    eng, lent = _planned_engine(rank, size)
     if rank == 1:
         try:
             value = eng.synchronize(_submit(eng, torch.ones(4), "w")).tolist()

@@ -31,7 +31,6 @@ class PathChooser:
     def __init__(self, pairs: int = PAIRS, warmup: int = WARMUP) -> None:
         self.pairs, self.warmup = pairs, warmup
         self.choice: str | None = None
-        self._calls = {HIERARCHICAL: 0, FLAT: 0}
         self._times: dict[int, dict[str, list[tuple[int, float]]]] = {}
         self._log: list[tuple[str, int, float]] = []
 
@@ -40,7 +39,7 @@ class PathChooser:
         if self.choice is not None:
             return self.choice
         for path in (HIERARCHICAL, FLAT):
-            if self._calls[path] < self.warmup:
+            if self._count(path) < self.warmup:
                 return path
         times = self._times.setdefault(nbytes.bit_length(), {HIERARCHICAL: [], FLAT: []})
         return HIERARCHICAL if len(times[HIERARCHICAL]) <= len(times[FLAT]) else FLAT
@@ -48,11 +47,13 @@ class PathChooser:
     def record(self, nbytes: int, path: str, seconds: float) -> bool:
         """Note one timing; True when enough pairs are timed for :meth:`decide`."""
         self._log.append((path, nbytes, seconds))
-        self._calls[path] += 1
-        if self._calls[path] > self.warmup:
+        if self._count(path) > self.warmup:
             self._times.setdefault(nbytes.bit_length(), {HIERARCHICAL: [], FLAT: []})[path].append(
                 (nbytes, seconds))
         return self.paired() >= self.pairs
+
+    def _count(self, path: str) -> int:
+        return sum(1 for logged, _, _ in self._log if logged == path)
 
     def paired(self) -> int:
         """Pairs timed so far (one of each path in the same size class, after the warm-up)."""
