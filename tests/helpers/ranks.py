@@ -67,8 +67,10 @@ def _rank_main(fn, rank, size, args, env, init, store_port, results, stack_file)
                 if init == "torch":
                     import torch.distributed as dist
 
+                    from accord.group_teardown import destroy_process_group
+
                     if dist.is_initialized():
-                        dist.destroy_process_group()
+                        destroy_process_group()  # (torch < 2.8's Gloo teardown deadlock avoided)
             results.put((rank, "ok", value))
         except BaseException:  # report everything, including SystemExit, to the parent
             results.put((rank, "error", traceback.format_exc()))

@@ -47,3 +47,33 @@ def test_lost_peer_raises_rank_failed():
     assert results[1] == "left"
     assert results[0].startswith("RankFailedError: allreduce failed on rank 0 (gloo"), results[0]
     assert "HINT:" in results[0] and "ACCORD_COLLECTIVE_TIMEOUT" in results[0]
+
+
+def _reduce_scatter_without_the_list_form(rank, size):
+    import torch.distributed as dist
+    from helpers.comm_checks import Checks, check_reductions
+
+    from accord.comm import get_backend
+
+    comm = get_backend("gloo").create(range(size))
+    real = dist.reduce_scatter
+
+    def refuse(*args, **kwargs):  # what Gloo before torch 2.6 raises, before sending anything
+        raise RuntimeError("ProcessGroupGloo does not support reduce_scatter")
+
+    dist.reduce_scatter = refuse
+    try:
+        checks = Checks(comm, "gloo, equal parts only")
+        check_reductions(checks)
+    finally:
+        dist.reduce_scatter = real
+    return checks.count, checks.failures, comm._uneven_reduce_scatter
+
+
+@pytest.mark.timeout(90)
+def test_uneven_reduce_scatter_pads_to_equal_parts_where_gloo_lacks_the_list_form():
+    results = run_ranks(_reduce_scatter_without_the_list_form, 3, timeout=80)
+    failures = [f for _, fails, _ in results for f in fails]
+    assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:40])
+    assert min(count for count, _, _ in results) > 100
+    assert [uses_list_form for _, _, uses_list_form in results] == [False] * 3

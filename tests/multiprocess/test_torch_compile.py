@@ -233,15 +233,17 @@ def _inductor_checks(rank):
 
 def _all_checks(rank, size, with_inductor):
     import torch
+    from helpers.compile_settings import dynamic_output_shapes
 
     import accord.torch as hvd
 
     torch.manual_seed(0)
     hvd.init()
     try:
-        return {"opcheck": _opchecks(rank), "forward": _forward_checks(rank),
-                "backward": _backward_checks(rank), "train": _train_checks(rank),
-                "inductor": _inductor_checks(rank) if with_inductor else None}
+        with dynamic_output_shapes():
+            return {"opcheck": _opchecks(rank), "forward": _forward_checks(rank),
+                    "backward": _backward_checks(rank), "train": _train_checks(rank),
+                    "inductor": _inductor_checks(rank) if with_inductor else None}
     finally:
         hvd.shutdown()
 

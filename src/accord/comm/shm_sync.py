@@ -234,11 +234,11 @@ class GlooBarrier:
 
     def close(self) -> None:
         """Release the Gloo group."""
-        import torch.distributed as dist
+        from accord import group_teardown
 
         if self._group is not None:
             try:
-                dist.destroy_process_group(self._group)
+                group_teardown.destroy_process_group(self._group)
             except (RuntimeError, ValueError):
                 pass  # already gone with the default group
             self._group = None

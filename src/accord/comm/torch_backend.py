@@ -16,7 +16,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from accord import config
+from accord import config, group_teardown
 from accord.comm import memory
 from accord.comm.backend import Backend
 from accord.comm.base_communicator import BaseCommunicator, normalize_ranks
@@ -65,7 +65,7 @@ class TorchCommunicator(BaseCommunicator):
     def close(self) -> None:
         """Release the process group (collective: every member calls it)."""
         if self.group is not None:
-            dist.destroy_process_group(self.group)
+            group_teardown.destroy_process_group(self.group)
             self.group = None
 
     def _allreduce_native(self, tensor: torch.Tensor, op: ReduceOp) -> None:
@@ -78,13 +78,39 @@ class TorchCommunicator(BaseCommunicator):
         out = memory.empty((rows[self.rank], *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
         if tensor.numel() == 0:
             return out
+        if self.backend_name == "gloo" and op != ReduceOp.SUM:
+            # Gloo's reduce-scatter of older torch sums whatever op it is given (torch 2.4: MIN,
+            # MAX and PRODUCT came back summed); only its SUM is trusted, the rest go through
+            # an allreduce.
+            return super()._reduce_scatter_native(tensor, op, rows)
         if len(set(rows)) == 1:
             _reduce_scatter_single(out, tensor, op=_OPS[op], group=self.group)
         elif self._uneven_reduce_scatter:
-            dist.reduce_scatter(out, list(tensor.split(rows)), op=_OPS[op], group=self.group)
+            try:
+                dist.reduce_scatter(out, list(tensor.split(rows)), op=_OPS[op], group=self.group)
+            except RuntimeError as exc:
+                # Gloo before torch 2.6 has only the equal-parts form; it refuses the list form
+                # on every rank before sending anything, so all ranks switch here together.
+                if "does not support reduce_scatter" not in str(exc):
+                    raise
+                self._uneven_reduce_scatter = False
+                return self._reduce_scatter_padded(tensor, op, rows)
+        elif self.backend_name == "gloo":
+            return self._reduce_scatter_padded(tensor, op, rows)
         else:
             return super()._reduce_scatter_native(tensor, op, rows)
         return out
+
+    def _reduce_scatter_padded(self, tensor: torch.Tensor, op: ReduceOp, rows: list[int]) -> torch.Tensor:
+        """Uneven parts through the equal-parts form: every part padded to the longest."""
+        longest = max(rows)
+        padded = memory.empty((longest * self.size, *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
+        for index, part in enumerate(tensor.split(rows)):
+            padded[index * longest:index * longest + len(part)] = part
+            padded[index * longest + len(part):(index + 1) * longest] = 0
+        mine = memory.empty((longest, *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
+        _reduce_scatter_single(mine, padded, op=_OPS[op], group=self.group)
+        return mine[:rows[self.rank]].clone() if rows[self.rank] < longest else mine
 
     def _broadcast_native(self, data: torch.Tensor, root: int) -> None:
         if data.numel():

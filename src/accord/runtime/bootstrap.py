@@ -37,7 +37,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from accord import config, worker_contract
+from accord import config, group_teardown, worker_contract
 from accord.errors import RendezvousError, with_hint
 from accord.logs import apply_log_level
 from accord.runtime import environments as envs
@@ -87,7 +87,7 @@ class Runtime:
         atexit.unregister(self.close)
         try:
             if self._owns_pg and dist.is_initialized():
-                dist.destroy_process_group()
+                group_teardown.destroy_process_group()
         finally:
             self._rdv.leave(self.store, self.topology.rank, self.topology.size, self._close_timeout)
 

@@ -65,6 +65,11 @@ def _compiling() -> bool:
 
 
 def _op(op: Any, average: Any) -> int:
+    if op is not None and average is None:
+        # A ReduceOp is an int; building the enum from it inside the trace is what older Dynamo
+        # refuses (torch 2.4: "Enum variable is constructed with non constant values"). An
+        # unknown value is refused by the op's eager body, as in eager mode.
+        return int(op)
     if average is None or op is not None:  # (both given: the eager ValueError)
         return int(A.handle_average_backwards_compatibility(op, average))
     # The deprecated ``average=`` alone: eager mode warns, but Dynamo cannot trace a warning.
@@ -235,17 +240,17 @@ def allreduce_gradients(parameters: Iterable[torch.Tensor], op: ReduceOp = Reduc
         if p.grad is None:
             p.grad = torch.zeros_like(p)
     grads = [p.grad for p in params]
-    op = ReduceOp(op)
+    op = int(op)  # not ReduceOp(op): see _op
     pre, post = 1.0, 1.0
     if op == ReduceOp.AVERAGE:  # as DistributedOptimizer: 1/f before the sum, f/size after
         pre, post = 1.0 / gradient_predivide_factor, float(gradient_predivide_factor)
     with torch.no_grad():
         if not _compiling():  # in place, the engine casting for the wire: no copy here
-            synchronize(A.allreduce_tensors(grads, True, name, op, pre, post, process_set,
+            synchronize(A.allreduce_tensors(grads, True, name, ReduceOp(op), pre, post, process_set,
                                             grouped=True, compression=compression, waited=True))
             return
         pairs = [compression.compress(g) for g in grads]
-        outs = ops.grouped_allreduce([t for t, _ in pairs], name, int(op), pre, post,
+        outs = ops.grouped_allreduce([t for t, _ in pairs], name, op, pre, post,
                                      set_id_of(process_set))
         for g, out, (_, cctx) in zip(grads, outs, pairs):
             value = compression.decompress(out, cctx)
