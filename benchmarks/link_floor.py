@@ -34,6 +34,8 @@ else:
             break
         except OSError:
             time.sleep(0.05)
+    else:
+        raise SystemExit(f"could not connect to {peer}:{port} in 10 s")
 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 payload = memoryview(bytes(%d))
 sink = bytearray(%d)

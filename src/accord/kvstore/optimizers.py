@@ -294,7 +294,10 @@ def load_states(fname: str) -> tuple[list[tuple[Hashable, int, list[np.ndarray]]
         ValueError: the file is not an accord optimizer-state file.
     """
     try:
-        with np.load(fname, allow_pickle=False) as data:
+        loaded = np.load(fname, allow_pickle=False)
+        if not isinstance(loaded, np.lib.npyio.NpzFile):  # a plain .npy array
+            raise TypeError(f"a {type(loaded).__name__}, not an .npz archive")
+        with loaded as data:
             meta = json.loads(bytes(data[_META]).decode())
             if meta.get("format") != _FORMAT:
                 raise KeyError(_META)
