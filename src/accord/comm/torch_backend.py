@@ -89,7 +89,7 @@ class TorchCommunicator(BaseCommunicator):
             try:
                 dist.reduce_scatter(out, list(tensor.split(rows)), op=_OPS[op], group=self.group)
             except RuntimeError as exc:
-                # Gloo before torch 2.6 has only the equal-parts form; it refuses the list form
+                # Gloo before torch 2.7 has only the equal-parts form; it refuses the list form
                 # on every rank before sending anything, so all ranks switch here together.
                 if "does not support reduce_scatter" not in str(exc):
                     raise
