@@ -13,6 +13,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch.torch_version import TorchVersion
 
 # How long the GIL is let go before a group is destroyed on an affected torch: a worker needs it
 # for microseconds; the margin is for a loaded machine that schedules the worker late.
@@ -20,8 +21,7 @@ LINGER_S = 0.05
 
 
 def _destructor_releases_gil(version: str) -> bool:
-    major, minor = (int(part) for part in version.split("+")[0].split(".")[:2])
-    return (major, minor) >= (2, 8)
+    return TorchVersion(version) >= "2.8"
 
 
 DESTRUCTOR_RELEASES_GIL = _destructor_releases_gil(torch.__version__)
