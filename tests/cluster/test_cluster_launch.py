@@ -78,7 +78,8 @@ def test_hosts_interface_servers_and_automatic_hierarchy(cluster, shared_dir):
 
 def test_ips_with_a_ddp_env_script(cluster):
     """--ips ... --nproc-per-node 2 running a plain torch DDP env:// script: placement, master
-    address, and the same trained weights on every rank as computed here."""
+    address, and the same trained weights on every rank as computed here. The launch host's own
+    address (10.77.0.1, run from h1) starts its ranks directly; only h2's go through ssh."""
     res = accordrun(cluster, "--ips", "10.77.0.1,10.77.0.2", "--nproc-per-node", "2", PYTHON,
                     script("ddp_train.py"))
     assert res.returncode == 0, res.stderr
@@ -86,6 +87,7 @@ def test_ips_with_a_ddp_env_script(cluster):
     assert [(got[r]["hostname"], got[r]["local_rank"], got[r]["group_rank"]) for r in range(4)] == \
         [("h1", 0, 0), ("h1", 1, 0), ("h2", 0, 1), ("h2", 1, 1)]
     assert {got[r]["master"] for r in range(4)} == {"10.77.0.1"}
+    assert [got[r]["via_ssh"] for r in range(4)] == [False, False, True, True]
     expected = trained_weights(4)
     for r in range(4):
         assert got[r]["weights"] == pytest.approx(expected, abs=1e-5), f"rank {r}"

@@ -32,6 +32,19 @@ def test_hosts_hostfile_ips_and_np_default(tmp_path):
     assert _cfg("--nproc-per-node", "3", "python3").num_proc == 3
 
 
+def test_this_hosts_own_address_in_ips_runs_here_without_ssh():
+    """--ips naming only this host's own (non-loopback) address is a one-host job: no ssh, the
+    store stays on loopback."""
+    from accord.run.hosts import this_host_addresses
+
+    own = sorted(str(a) for a in this_host_addresses() if not a.is_loopback and a.version == 4)
+    if not own:
+        pytest.skip("this machine has no non-loopback IPv4 address")
+    cfg = _cfg("--ips", own[0], "--nproc-per-node", "2", "python3")
+    assert cfg.num_proc == 2 and not cfg.remote
+    assert _cfg("--ips", f"{own[0]},198.51.100.7", "--nproc-per-node", "1", "python3").remote
+
+
 def test_tuning_output_and_verbose_alias():
     cfg = _cfg("-np", "2", "--fusion-threshold-mb", "16", "--cycle-time-ms", "3", "--hierarchical-allreduce",
                "--log-level", "DEBUG", "--ranks-filter", "1", "--no-prefix", "--prefix-timestamp",

@@ -1,5 +1,8 @@
 """Host strings, hostfiles (MPI and MXNet formats), --ips, device and rank lists."""
+import json
+import shutil
 import socket
+import subprocess
 
 import pytest
 
@@ -13,6 +16,7 @@ from accord.run.hosts import (
     parse_hosts,
     parse_ips,
     parse_rank_list,
+    this_host_addresses,
 )
 
 
@@ -103,3 +107,21 @@ def test_local_names():
     assert is_local(socket.gethostname())
     assert not is_local("node-that-is-not-here")
     assert is_local("box", local_names=frozenset({"box"}))
+
+
+def _addresses_ip_lists() -> set[str]:
+    """This machine's interface addresses as iproute2 reports them (independent of accord)."""
+    done = subprocess.run(["ip", "-j", "addr"], capture_output=True, text=True, timeout=20, check=True)
+    return {info["local"] for link in json.loads(done.stdout) for info in link.get("addr_info", [])}
+
+
+@pytest.mark.skipif(shutil.which("ip") is None, reason="needs iproute2's ip to list addresses independently")
+def test_an_address_of_this_host_is_local_and_others_are_not():
+    listed = _addresses_ip_lists()
+    assert any(a not in ("127.0.0.1", "::1") for a in listed), listed  # something beyond loopback
+    for address in listed:
+        assert is_local(address), address
+    assert {str(a) for a in this_host_addresses()} >= listed
+    for foreign in ("198.51.100.7", "2001:db8::7", "203.0.113.250"):  # documentation ranges
+        assert foreign not in listed and not is_local(foreign), foreign
+    assert is_local("[::1]") and not is_local("198.51.100.7", local_names=frozenset({"box"}))

@@ -6,6 +6,7 @@ it first appeared (``mpirun -H a,a`` means two slots on ``a``).
 """
 from __future__ import annotations
 
+import ipaddress
 import re
 import socket
 from dataclasses import dataclass
@@ -201,10 +202,40 @@ def this_host_names() -> frozenset[str]:
     return LOCAL_NAMES | {name, name.split(".")[0]}
 
 
+def this_host_addresses() -> frozenset[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    """The IPv4 and IPv6 addresses of this machine's network interfaces (those that are up or
+    down alike; an interface without an address adds nothing)."""
+    found: set[ipaddress.IPv4Address | ipaddress.IPv6Address] = set()
+    for _, name in socket.if_nameindex():
+        try:
+            found.add(ipaddress.ip_address(interface_address(name)))
+        except LaunchError:
+            pass
+    try:  # Linux lists every IPv6 address, one per line: 32 hex digits first
+        with open("/proc/net/if_inet6") as table:
+            for line in table:
+                digits = line.split()[0] if line.split() else ""
+                if len(digits) == 32:
+                    found.add(ipaddress.IPv6Address(int(digits, 16)))
+    except (OSError, ValueError):
+        pass
+    return frozenset(found)
+
+
 def is_local(hostname: str, local_names: Sequence[str] | frozenset[str] | None = None) -> bool:
-    """True when ``hostname`` names this machine (run directly, without ssh)."""
+    """True when ``hostname`` names this machine (run directly, without ssh): a loopback name
+    or address, this host's name, or an address of one of its interfaces (``--ips`` and
+    hostfiles often list the launch host by address). Other names are not resolved."""
     names = this_host_names() if local_names is None else local_names
-    return hostname in names or hostname.startswith("127.")
+    if hostname in names or hostname.startswith("127."):
+        return True
+    try:
+        address = ipaddress.ip_address(hostname.strip("[]"))
+    except ValueError:
+        return False
+    if local_names is not None:
+        return False
+    return address.is_loopback or address in this_host_addresses()
 
 
 def interface_address(name: str) -> str:

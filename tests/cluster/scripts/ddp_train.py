@@ -25,7 +25,7 @@ inner = model.module
 print("REPORT " + json.dumps({
     "rank": rank, "size": dist.get_world_size(), "local_rank": int(os.environ["LOCAL_RANK"]),
     "group_rank": int(os.environ["GROUP_RANK"]), "hostname": socket.gethostname(),
-    "master": os.environ["MASTER_ADDR"],
+    "master": os.environ["MASTER_ADDR"], "via_ssh": "SSH_CONNECTION" in os.environ,
     "weights": torch.cat([inner.weight.detach().view(-1), inner.bias.detach().view(-1)]).tolist(),
 }), flush=True)
 dist.destroy_process_group()
