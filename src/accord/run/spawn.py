@@ -2,18 +2,10 @@
 
 Like Paddle's ``paddle.distributed.spawn`` and Horovod's ``horovod.run``: ``fn(*args)`` runs in
 every worker (the worker learns its rank from the environment, e.g. through
-``hvd.init()`` or ``ACCORD_RANK``); the return values come back in rank order::
-
-    import accord
-
-    def train(lr):
-        import accord.torch as hvd
-        hvd.init()
-        ...
-        return hvd.rank()
-
-    if __name__ == "__main__":
-        print(accord.spawn(train, args=(0.1,), nprocs=2))   # [0, 1]
+``hvd.init()`` or ``ACCORD_RANK``); the return values come back in rank order, e.g.
+``accord.spawn(train, args=(0.1,), nprocs=2)`` returns ``[0, 1]`` for a ``train`` that returns
+its rank (the whole example is in docs/launcher.md; the worker function imports the frontend it
+uses itself, since this launcher layer sits below the frontends).
 
 Each worker gets the worker contract of :mod:`accord.run.worker_env` (its own rendezvous
 store is started here), runs in its own process group, and is killed with its children if
