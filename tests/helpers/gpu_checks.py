@@ -209,6 +209,7 @@ def compression(c: Collector, size: int, device: str = DEVICE) -> None:
     (2**-12 and 2**-9 are dropped by float16 and bfloat16 respectively), results come back float32."""
     import accord.torch as hvd
     from accord.torch import async_ops as A
+    from accord.torch.process_sets import global_process_set
 
     rank = c.rank
     base = [values("cmp", r, (64,), "float32") + 1.0 for r in range(size)]
@@ -219,15 +220,17 @@ def compression(c: Collector, size: int, device: str = DEVICE) -> None:
             want = torch.stack([(b + tiny).to(half) for b in base]).double().sum(0).to(half).float()
             got = hvd.allreduce(x, op=hvd.Sum, compression=comp, name=f"cmp.{half}")
             c.same(f"allreduce compressed {half}", got, want, device)
-            # in place, cast by the engine on the way (what DistributedOptimizer sends), alone
-            # and as a fused group
+            # in place, cast by the engine on the way (the call DistributedOptimizer makes),
+            # alone and as a fused group
             t = (base[rank] + tiny).to(device, copy=True)
-            hvd.synchronize(A.allreduce_cast_async_(t, half, name=f"cast.{half}", op=hvd.Sum))
-            c.same(f"allreduce_cast_async_ {half} (deferred cast)", t, want, device)
+            hvd.synchronize(A.allreduce_tensors([t], True, f"cast.{half}", hvd.Sum, 1.0, 1.0,
+                                                global_process_set, grouped=False, compression=comp))
+            c.same(f"in-place compressed allreduce {half} (deferred cast)", t, want, device)
             ts = [(base[rank] + tiny).to(device, copy=True), (base[rank][:9] + tiny).to(device, copy=True)]
-            hvd.synchronize(A.grouped_allreduce_cast_async_(ts, half, name=f"gcast.{half}", op=hvd.Sum))
-            c.same(f"grouped_allreduce_cast_async_ {half} [0]", ts[0], want, device)
-            c.same(f"grouped_allreduce_cast_async_ {half} [1]", ts[1], want[:9], device)
+            hvd.synchronize(A.allreduce_tensors(ts, True, f"gcast.{half}", hvd.Sum, 1.0, 1.0,
+                                                global_process_set, grouped=True, compression=comp))
+            c.same(f"in-place compressed grouped allreduce {half} [0]", ts[0], want, device)
+            c.same(f"in-place compressed grouped allreduce {half} [1]", ts[1], want[:9], device)
 
         c.guarded(f"compression {half}", check)
 
