@@ -62,7 +62,7 @@ class Collector:
             self.failures.append(f"rank {self.rank} {what}: got {got.dtype} {tuple(got.shape)} on "
                                  f"{got.device}, want {want.dtype} {tuple(want.shape)} on {device}")
             return
-        g, w = got.detach().cpu().double(), want.double()
+        g, w = got.detach().cpu().double(), want.detach().cpu().double()  # want may live on the GPU
         if not torch.allclose(g, w, rtol=tol, atol=tol):
             self.failures.append(f"rank {self.rank} {what}: got {g.flatten()[:6].tolist()}, "
                                  f"want {w.flatten()[:6].tolist()}")
@@ -315,6 +315,18 @@ def stream_rules(c: Collector, size: int) -> None:
             want = (i + 1) * factor * o.numel()
             c.true(f"{kind} {dtype}: result complete when synchronize returns", float(s) == want,
                    f"sum {float(s)}, want {want}")
+    # a result synchronized and read on a side stream, then dropped while that read may still
+    # be queued: the engine's next allocation must not take its memory (record_stream)
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(cycles)
+        got = hvd.allreduce(torch.full((1 << 16,), 2.0, device=dev), op=hvd.Sum, name="side.sync")
+        torch.cuda._sleep(cycles)
+        total = got.sum()
+        del got
+        hvd.allreduce(torch.zeros(1 << 16, device=dev), op=hvd.Sum, name="side.next")
+    side.synchronize()
+    c.true("a result read on a side stream after it was dropped", float(total) == 2.0 * size * (1 << 16),
+           f"sum {float(total)}")
     # a large result read on the caller's default stream right after synchronize, no other wait
     y = torch.arange(1 << 20, dtype=torch.float32, device=dev)
     c.same("large allreduce", hvd.allreduce(y, op=hvd.Sum, name="large"), torch.arange(1 << 20) * float(size),

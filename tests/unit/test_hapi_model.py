@@ -297,3 +297,19 @@ def test_accord_model_is_a_lazy_attribute():
     code = ("import sys, accord; assert 'torch' not in sys.modules; "
             "accord.Model; assert 'torch' in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_a_bare_cuda_device_means_this_ranks_gpu(monkeypatch):
+    """Model(device="cuda") on local rank 3 of a host with 2 GPUs goes to cuda:1 (torch's
+    set_device refuses a device without an index); explicit indices and the CPU stay as given."""
+    from accord.hapi.world import World
+
+    world = World(size=4, rank=3, local_rank=3)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert world.placement("cuda") == torch.device("cuda", 1)
+    assert world.placement(torch.device("cuda")) == torch.device("cuda", 1)
+    assert world.placement("cuda:0") == torch.device("cuda", 0)
+    assert world.placement("cpu") == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    with pytest.raises(RuntimeError, match="(?s)sees no CUDA device.*HINT"):
+        world.placement("cuda")

@@ -43,14 +43,15 @@ class Model:
 
     Args:
         network: the module to train; moved to ``device``.
-        device: default ``cuda:<local_rank>`` when a GPU is visible, else the CPU.
+        device: default ``cuda:<local_rank>`` when a GPU is visible, else the CPU; a bare
+            ``"cuda"`` means this rank's GPU (``cuda:<local_rank>``).
     Raises:
         RendezvousError: the launcher started other ranks but they could not be reached.
     """
 
     def __init__(self, network: nn.Module, device: str | torch.device | None = None) -> None:
         world: World = resolve_world()
-        place = torch.device(device) if device is not None else world.default_device()
+        place = world.placement(device)
         if place.type == "cuda":
             torch.cuda.set_device(place)
         network = network.to(place)

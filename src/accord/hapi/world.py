@@ -46,6 +46,21 @@ class World:
             return torch.device("cuda", self.local_rank % torch.cuda.device_count())
         return torch.device("cpu")
 
+    def placement(self, device: str | torch.device | None) -> torch.device:
+        """Where ``Model(device=...)`` puts the network: :meth:`default_device` for None, and
+        this rank's GPU (``cuda:<local_rank>``) for a bare ``"cuda"``, as ranks sharing a host
+        must not all land on GPU 0; anything else as given."""
+        if device is None:
+            return self.default_device()
+        place = torch.device(device)
+        if place.type == "cuda" and place.index is None:
+            count = torch.cuda.device_count()
+            if count == 0:
+                raise RuntimeError(with_hint(f"Model(device={str(device)!r}): torch sees no CUDA device",
+                                             "leave device unset (the CPU is used when no GPU is visible)"))
+            place = torch.device("cuda", self.local_rank % count)
+        return place
+
     # --- collectives (every rank must call them in the same order) -----------------------------
 
     def allreduce_sum(self, vector: torch.Tensor, name: str) -> torch.Tensor:

@@ -155,7 +155,24 @@ def synchronize(handle: Any) -> Any:
         raise CollectiveError(with_hint(f"collective failed: {exc}",
                                         "see the cause above; other ranks' logs may name the "
                                         "rank that failed first")) from exc
-    return pending.finish(results)
+    value = pending.finish(results)
+    used_on_callers_stream(value)
+    return value
+
+
+def used_on_callers_stream(value: Any) -> None:
+    """Tell torch's caching allocator that CUDA results are used on the caller's stream.
+
+    The engine allocates results on its own thread's stream; a caller working on a side stream
+    that drops a result while its kernels still read it would otherwise let the allocator hand
+    that memory to the engine's next allocation at once. ``record_stream`` delays the reuse until
+    the caller's stream has passed this point (what outputs allocated on the caller's side get
+    for free). On the default stream there is nothing to do."""
+    for t in value if isinstance(value, (list, tuple)) else (value,):
+        if isinstance(t, torch.Tensor) and t.is_cuda:
+            stream = torch.cuda.current_stream(t.device)
+            if stream != torch.cuda.default_stream(t.device):
+                t.record_stream(stream)
 
 
 def reset() -> None:
