@@ -125,10 +125,13 @@ def test_split_list_matches_horovods_split():
     assert split_list([1, 2], 4) == [[1], [2], [], []]
 
 
+_DBL_MIN_SQRT = 1.4916681462400413e-154  # sqrt(DBL_MIN): Horovod 0.28's zero-norm guard
+
+
 def _np_adasum(a, b):
     d = a @ b
-    ca = 1 - d / (2 * (a @ a)) if a @ a >= 1e-8 else 1.0
-    cb = 1 - d / (2 * (b @ b)) if b @ b >= 1e-8 else 1.0
+    ca = 1 - d / (2 * (a @ a)) if a @ a >= _DBL_MIN_SQRT else 1.0
+    cb = 1 - d / (2 * (b @ b)) if b @ b >= _DBL_MIN_SQRT else 1.0
     return ca * a + cb * b
 
 
@@ -145,6 +148,22 @@ def test_adasum_tree_against_numpy():
     assert adasum.combine_pair(e1, torch.zeros(2, dtype=torch.float64)).tolist() == [1.0, 0.0]
     with pytest.raises(ValueError, match="power-of-two"):
         adasum.combine_tree([e1, e1, e1])
+
+
+def test_adasum_combines_small_gradients_too():
+    """Identical gradients average however small they are (Horovod 0.28 treats only squared
+    norms below sqrt(DBL_MIN) as zero): 1e-5 everywhere (|g|^2 = 4e-10) stays 1e-5, not 2e-5;
+    orthogonal small ones still add up; a vector of exact zeros leaves the other as it is."""
+    small = torch.full((4,), 1e-5, dtype=torch.float64)
+    np.testing.assert_allclose(adasum.combine_pair(small, small).numpy(), np.full(4, 1e-5), rtol=1e-12)
+    np.testing.assert_allclose(adasum.combine_tree([small] * 4).numpy(), np.full(4, 1e-5), rtol=1e-12)
+    e1, e2 = torch.tensor([1e-7, 0.0], dtype=torch.float64), torch.tensor([0.0, 3e-7], dtype=torch.float64)
+    assert adasum.combine_pair(e1, e2).tolist() == [1e-7, 3e-7]
+    assert adasum.combine_pair(e1, torch.zeros(2, dtype=torch.float64)).tolist() == [1e-7, 0.0]
+    rng = np.random.default_rng(3)
+    rows = [rng.normal(size=5) * 1e-6 for _ in range(2)]
+    np.testing.assert_allclose(adasum.combine_pair(*(torch.from_numpy(r) for r in rows)).numpy(),
+                               _np_adasum(*rows), rtol=1e-12)
 
 
 def test_process_set_objects():

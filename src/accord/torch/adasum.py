@@ -12,6 +12,8 @@ allgather (``size`` times the bytes of an allreduce), which is fine for the CPU 
 """
 from __future__ import annotations
 
+import math
+import sys
 from typing import Any, Sequence
 
 import torch
@@ -19,8 +21,10 @@ import torch
 from accord.engine.compression import Compressor, NoneCompressor
 from accord.torch import gateway
 
-# Below this squared norm a gradient counts as zero: its coefficient stays 1 (Horovod's guard).
-_TINY_NORMSQ = 1e-8
+# Below this squared norm a gradient counts as zero: its coefficient stays 1. Horovod 0.28's
+# guard is sqrt(DBL_MIN) (~1.5e-154), so small but real gradients (|g|^2 of 1e-10, say) are
+# still combined, not summed.
+_TINY_NORMSQ = math.sqrt(sys.float_info.min)
 
 
 def combine_pair(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
