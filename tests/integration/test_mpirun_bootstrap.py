@@ -57,3 +57,43 @@ def test_mpirun_bootstrap_without_accord_variables(tmp_path):
     # Both ranks got rank 0's fresh secret through MPI, and each bootstrap made a new one.
     by_round = {r: {line["secret"] for line in lines if line["round"] == r} for r in (0, 1)}
     assert len(by_round[0]) == 1 and len(by_round[1]) == 1 and by_round[0] != by_round[1]
+
+
+_UNINITIALIZED_SCRIPT = r'''
+import json
+import sys
+import mpi4py
+mpi4py.rc.initialize = False  # as Horovod's tests do: MPI is left to the framework
+from mpi4py import MPI
+import torch
+import accord.torch as hvd
+
+before = MPI.Is_initialized()
+hvd.init()
+out = open(f"{sys.argv[1]}.{hvd.rank()}", "w")
+total = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum)
+print(json.dumps({"before": before, "after": MPI.Is_initialized(), "rank": hvd.rank(),
+                  "mpi_rank": MPI.COMM_WORLD.Get_rank(), "sum": total.tolist(),
+                  "threads": hvd.mpi_threads_supported() if hvd.mpi_enabled() else None}),
+      file=out, flush=True)
+hvd.shutdown()
+'''
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not mpi_ready(), reason="needs mpirun and mpi4py")
+@pytest.mark.parametrize("backend", ["auto", "mpi"])
+def test_init_initializes_mpi_when_the_script_left_it_to_us(tmp_path, backend):
+    """mpi4py.rc.initialize = False: hvd.init() initializes MPI itself (as Horovod's core does),
+    the job runs, and MPI is finalized at exit (mpirun reports no rank that skipped it)."""
+    script = tmp_path / "worker.py"
+    script.write_text(_UNINITIALIZED_SCRIPT)
+    proc = run_under_mpirun(str(script), 2, str(tmp_path / "result"), ACCORD_CPU_BACKEND=backend)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    assert "finalize" not in (proc.stdout + proc.stderr).lower(), proc.stdout + proc.stderr
+    got = [json.loads((tmp_path / f"result.{rank}").read_text()) for rank in (0, 1)]
+    for rank, line in enumerate(got):
+        assert (line["before"], line["after"]) == (False, True), line
+        assert line["rank"] == line["mpi_rank"] == rank and line["sum"] == [3.0]
+    if backend == "mpi":
+        assert all(line["threads"] is True for line in got), got  # THREAD_MULTIPLE was asked for

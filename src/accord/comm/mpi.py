@@ -25,6 +25,7 @@ from accord.comm.base_communicator import BaseCommunicator, normalize_ranks
 from accord.comm.dtypes import LIBRARY_OPS
 from accord.comm.ops import ReduceOp
 from accord.errors import BackendError, with_hint
+from accord.mpi_init import initialized_mpi
 
 _INT_MAX = 2**31 - 1
 _NATIVE_REAL = (torch.float32, torch.float64, torch.int8, torch.int16, torch.int32, torch.int64,
@@ -38,19 +39,18 @@ _MISREDUCED |= {(getattr(torch, "uint64", None), op) for op in (ReduceOp.MIN, Re
 
 
 def load_mpi() -> Any:
-    """Import mpi4py's MPI module (initializing MPI).
+    """mpi4py's MPI module, with MPI initialized (:mod:`accord.mpi_init`).
 
     Raises:
-        BackendError: mpi4py or an MPI library is not installed.
+        BackendError: mpi4py or an MPI library is not installed, or MPI was already finalized.
     """
     try:
-        from mpi4py import MPI
+        return initialized_mpi()
     except ImportError as exc:
         raise BackendError(with_hint(
             f"the mpi backend needs mpi4py, which could not be imported: {exc}",
             "pip install 'accord[mpi]' (needs an MPI library, e.g. apt-get install openmpi-bin "
             "libopenmpi-dev), or choose ACCORD_CPU_BACKEND=gloo")) from None
-    return MPI
 
 
 def _np(tensor: torch.Tensor) -> Any:

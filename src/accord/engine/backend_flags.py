@@ -33,6 +33,7 @@ def mpi_threads_supported() -> bool:
     """
     if not mpi_enabled():
         raise ValueError("Horovod MPI is not enabled; Please make sure it's installed and enabled.")
-    from mpi4py import MPI
+    from accord.mpi_init import initialized_mpi
 
+    MPI = initialized_mpi()  # noqa: N806 (mpi4py's module name)
     return bool(MPI.Query_thread() == MPI.THREAD_MULTIPLE)

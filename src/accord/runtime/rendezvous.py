@@ -224,8 +224,9 @@ def _rank0_via_master(env: envs.JobEnvironment, secret: bytes | None,
 
 def _rank0_via_mpi(env: envs.JobEnvironment, secret: bytes | None, hostname: str,
                    limits: _Timeouts) -> Rendezvous:
-    from mpi4py import MPI
+    from accord.mpi_init import initialized_mpi
 
+    MPI = initialized_mpi()  # noqa: N806 (mpi4py's module name)
     comm = MPI.COMM_WORLD
     if (comm.Get_rank(), comm.Get_size()) != (env.rank, env.size):
         raise RendezvousError(with_hint(
