@@ -97,3 +97,34 @@ def test_init_initializes_mpi_when_the_script_left_it_to_us(tmp_path, backend):
         assert line["rank"] == line["mpi_rank"] == rank and line["sum"] == [3.0]
     if backend == "mpi":
         assert all(line["threads"] is True for line in got), got  # THREAD_MULTIPLE was asked for
+
+
+_SPLIT_SCRIPT = r'''
+import json
+import sys
+from mpi4py import MPI
+import torch
+import accord.torch as hvd
+
+comm = MPI.COMM_WORLD
+subcomm = comm.Split(color=comm.rank % 2, key=comm.rank)  # Horovod's static process set example
+ps = hvd.ProcessSet(subcomm)
+hvd.init(comm=comm, process_sets=[ps])
+total = hvd.allreduce(torch.tensor([comm.rank + 1.0]), op=hvd.Sum, process_set=ps)
+with open(f"{sys.argv[1]}.{comm.rank}", "w") as out:
+    print(json.dumps({"id": ps.process_set_id, "ranks": ps.ranks, "sum": total.tolist()}), file=out)
+hvd.shutdown()
+'''
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not mpi_ready(), reason="needs mpirun and mpi4py")
+def test_process_sets_from_a_split_communicator(tmp_path):
+    """Each rank passes only its own half of COMM_WORLD.Split: both sets exist on every rank,
+    each rank's set gets its own id and reduces over its members only."""
+    script = tmp_path / "worker.py"
+    script.write_text(_SPLIT_SCRIPT)
+    proc = run_under_mpirun(str(script), 2, str(tmp_path / "result"))
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    got = [json.loads((tmp_path / f"result.{rank}").read_text()) for rank in (0, 1)]
+    assert got == [{"id": 1, "ranks": [0], "sum": [1.0]}, {"id": 2, "ranks": [1], "sum": [2.0]}], got

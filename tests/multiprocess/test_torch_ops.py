@@ -341,8 +341,8 @@ def _errors_and_lifecycle(rank, size, tmp):
     ps, same_as_global = hvd.ProcessSet([1, 0]), hvd.ProcessSet(list(range(size)))
     with pytest.raises(ValueError, match="is a duplicate"):  # as Horovod: it equals the global set
         hvd.init(process_sets=[same_as_global])
-    assert not hvd.is_initialized()
-    hvd.init(process_sets=[ps] if size > 2 else [hvd.ProcessSet([1])])
+    assert hvd.is_initialized() and hvd.size() == size  # as Horovod: initialized all the same
+    hvd.init(process_sets=[ps] if size > 2 else [hvd.ProcessSet([1])])  # init again, valid sets
     assert (hvd.rank(), hvd.size()) == (rank, size)
     if size > 2:
         assert ps.process_set_id == 1 and ps.ranks == [0, 1]

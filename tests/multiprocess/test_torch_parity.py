@@ -111,3 +111,38 @@ def test_a_failed_ranks_shutdown_releases_a_peer_waiting_in_join():
     assert "join() on rank 0 was waiting for the other ranks" in res["message"], res["message"]
     assert "HINT:" in res["message"]
     assert res["waited"] < 10.0 and res["after"] < 5.0, res
+
+
+def _sets_that_differ_by_rank(rank, size):
+    import torch
+
+    import accord.torch as hvd
+    from accord.engine import session
+
+    # what ProcessSet(MPI.COMM_WORLD.Split(color=rank % 2)) gives: each rank names its own group
+    parity = hvd.ProcessSet([r for r in range(size) if r % 2 == rank % 2])
+    hvd.init(process_sets=[parity])
+    got = {"id": parity.process_set_id, "table": {k: list(v) for k, v in session.process_sets().items()},
+           "sum": hvd.allreduce(torch.tensor([float(rank)]), op=hvd.Sum, process_set=parity).item()}
+    try:  # a duplicate (the global set) raises and leaves accord initialized, as in Horovod
+        hvd.init(process_sets=[parity, hvd.ProcessSet(list(range(size)))])
+        got["duplicate"] = None
+    except ValueError as exc:
+        got["duplicate"] = str(exc)
+    got["initialized"] = hvd.is_initialized()
+    got["after"] = hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum).item()
+    hvd.shutdown()
+    return got
+
+
+def test_init_registers_every_ranks_sets_when_ranks_pass_different_ones():
+    """Horovod's split-communicator pattern: each rank passes only its own group's set; every
+    rank ends with the union, numbered the same everywhere (rank 0's sets first)."""
+    results = run_ranks(_sets_that_differ_by_rank, 3, init="accord", timeout=90)
+    table = {0: [0, 1, 2], 1: [0, 2], 2: [1]}
+    for rank, got in enumerate(results):
+        assert got["table"] == table, got
+        assert got["id"] == (2 if rank == 1 else 1), got
+        assert got["sum"] == (1.0 if rank == 1 else 2.0), got
+        assert "process_sets entry number 1 is a duplicate" in got["duplicate"], got
+        assert got["initialized"] and got["after"] == 3.0, got

@@ -37,11 +37,14 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         process_sets: None, ``"dynamic"`` (accepted for compatibility: sets may always be
             added later), or a list of :class:`~accord.torch.ProcessSet` to register now.
     Raises:
-        ValueError: a duplicate process set. NotImplementedError: ``comm`` names a subset.
+        ValueError: a duplicate process set (accord stays initialized, as Horovod does).
+            NotImplementedError: ``comm`` names a subset.
         RendezvousError: the ranks could not meet.
     """
     process_sets = sets_given_at_init(process_sets)
     if session.is_initialized():
+        if process_sets:  # as Horovod: each init(process_sets=...) resolves (and checks) its sets
+            ps_module._register_at_init(process_sets, first=False)
         return
     global _atexit_registered
     if not _atexit_registered:  # like Horovod: leave the job cleanly when the script ends
@@ -52,10 +55,12 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     session.init()
     try:
         _check_comm(comm)
-        ps_module._register_at_init(process_sets)
     except BaseException:
         shutdown()
         raise
+    # A duplicate set raises ValueError with accord left initialized, as in Horovod (whose core
+    # is up by then): the script may call init again with a valid list.
+    ps_module._register_at_init(process_sets, first=True)
 
 
 def _check_comm(comm: Any) -> None:

@@ -113,25 +113,60 @@ global_process_set = ProcessSet([])
 global_process_set.process_set_id = 0
 
 
-def _register_at_init(process_sets: Sequence[ProcessSet]) -> None:
-    """Give every set passed to ``init`` its id; the global set gets its ranks (init-time only)."""
+def _register_at_init(process_sets: Sequence[ProcessSet], first: bool) -> None:
+    """Give every set passed to ``init`` its id; the global set gets its ranks (init-time only).
+
+    Ranks may pass different sets: a set made from a split MPI communicator names only the
+    caller's own group (Horovod's documented pattern). So every rank's sets are gathered and the
+    union is registered on every rank in one order (rank 0's sets first), as Horovod's core does
+    with the communicators of all ranks. ``first``: this is the call that started accord; the
+    gathering then runs on every rank (a rank passing no sets still takes part). On a later
+    ``init(process_sets=...)`` only ranks passing sets call this, and they must all do so.
+
+    Raises:
+        ValueError: an entry duplicates an earlier one or the global set (Horovod's message);
+            accord stays initialized, as Horovod does.
+    """
     global_process_set.process_set_id = 0
     global_process_set.ranks = list(range(gateway.size()))
-    seen: set[int] = {0}
-    for index, ps in enumerate(process_sets):
+    for ps in process_sets:
         if ps.ranks is None and ps.mpi_comm is not None:
             ps.ranks = _ranks_of_comm(ps.mpi_comm)
         assert ps.ranks is not None
-        set_id = gateway.find_process_set(ps.ranks)
-        if set_id is None:
-            set_id = gateway.add_process_set_ranks(ps.ranks)
-        if set_id in seen:
+    mine = [sorted(ps.ranks) for ps in process_sets]  # type: ignore[arg-type]
+    if first or mine:
+        for ranks in _every_ranks_sets(mine):
+            if gateway.find_process_set(ranks) is None:
+                gateway.add_process_set_ranks(ranks)
+    seen: set[int] = {0}
+    for index, ps in enumerate(process_sets):
+        set_id = gateway.find_process_set(ps.ranks)  # type: ignore[arg-type]
+        if set_id is None or set_id in seen:
             ps._invalidate()
             raise ValueError(f"Horovod could not be initialized because process_sets entry number "
                              f"{index} is a duplicate: {ps}")
         seen.add(set_id)
         ps.process_set_id = set_id
         _registered[set_id] = ps
+
+
+def _every_ranks_sets(mine: list[list[int]]) -> list[list[int]]:
+    """Every rank's rank lists, rank 0's first, through one allgather of small integers (each
+    rank sends ``[count, len, ranks..., len, ranks...]``)."""
+    if gateway.size() == 1:
+        return mine
+    import torch
+
+    flat = [len(mine)] + [x for ranks in mine for x in (len(ranks), *ranks)]
+    gathered = gateway.allgather_ints(torch.tensor(flat, dtype=torch.int64), "accord.init.process_sets")
+    values, at, found = gathered.tolist(), 0, []
+    while at < len(values):
+        count, at = values[at], at + 1
+        for _ in range(count):
+            n = values[at]
+            found.append(values[at + 1:at + 1 + n])
+            at += 1 + n
+    return found
 
 
 # Sets registered through this module, so shutdown can invalidate them (id -> object).
