@@ -115,6 +115,18 @@ def _collectives(rank, size):
     _parameters(rank, size)
     hvd.shutdown()
     assert not hvd.is_initialized()
+    # init with sets that differ by rank (each names only itself): every rank gets both, with the
+    # same ids (rank 0's first); a duplicate of the global set raises and leaves accord running
+    own = hvd.ProcessSet([rank])
+    hvd.init(process_sets=[own])
+    assert own.process_set_id == rank + 1
+    close(hvd.allreduce(mx.nd.ones(2) * (rank + 3), average=False, process_set=own).asnumpy(),
+          np.full(2, rank + 3))
+    with pytest.raises(ValueError, match="entry number 1 is a duplicate"):
+        hvd.init(process_sets=[own, hvd.ProcessSet(list(everyone))])
+    assert hvd.is_initialized()
+    close(hvd.allreduce(mx.nd.ones(2), average=False).asnumpy(), np.full(2, size))
+    hvd.shutdown()
     return True
 
 

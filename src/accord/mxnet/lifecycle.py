@@ -20,11 +20,14 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         process_sets: None, ``"dynamic"`` (sets may always be added later), or a list of
             :class:`~accord.mxnet.ProcessSet` to register now.
     Raises:
-        ValueError: a duplicate process set. NotImplementedError: ``comm`` names a subset.
+        ValueError: a duplicate process set (accord stays initialized, as Horovod does).
+            NotImplementedError: ``comm`` names a subset.
         RendezvousError: the ranks could not meet.
     """
     process_sets = sets_given_at_init(process_sets)
     if session.is_initialized():
+        if process_sets:  # as Horovod: each init(process_sets=...) resolves (and checks) its sets
+            sets.register_at_init(process_sets, first=False)
         return
     global _atexit_registered
     if not _atexit_registered:
@@ -36,10 +39,10 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
             raise NotImplementedError(with_hint(
                 f"init(comm={list(comm)}) names a subset of the {session.topology().size} ranks",
                 "start only the ranks you need, or use init() and a ProcessSet for the subset"))
-        sets.register_at_init(process_sets)
     except BaseException:
         shutdown()
         raise
+    sets.register_at_init(process_sets, first=True)  # a duplicate leaves accord initialized
 
 
 def shutdown() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from accord.engine import session
+from accord.engine.set_union import register_every_ranks_sets
 from accord.mxnet import basics
 
 
@@ -72,16 +73,30 @@ def set_id(process_set: ProcessSet) -> int:
     return process_set.process_set_id
 
 
-def register_at_init(process_sets: list[ProcessSet]) -> None:
-    """Give the sets passed to ``init`` their ids (the global set gets every rank)."""
+def register_at_init(process_sets: list[ProcessSet], first: bool) -> None:
+    """Give the sets passed to ``init`` their ids (the global set gets every rank).
+
+    Every rank's sets are registered on every rank (:mod:`accord.engine.set_union`); ``first``:
+    the call that started accord, made by every rank. As in Horovod, a duplicate raises with
+    accord left initialized.
+
+    Raises:
+        ValueError: an entry duplicates an earlier one or the global set (Horovod's message).
+    """
     global_process_set.process_set_id = 0
     global_process_set.ranks = list(range(basics.size()))
+    mine = [list(ps.ranks) for ps in process_sets]
+    if first or mine:
+        register_every_ranks_sets(mine)
+    seen = {0}
     for index, ps in enumerate(process_sets):
-        if basics.find_set(ps.ranks) is not None:
+        set_id = basics.find_set(ps.ranks)
+        if set_id is None or set_id in seen:
             raise ValueError(f"Horovod could not be initialized because process_sets entry number "
                              f"{index} is a duplicate: {ps}")
-        ps.process_set_id = session.add_process_set(ps.ranks)
-        _registered[ps.process_set_id] = ps
+        seen.add(set_id)
+        ps.process_set_id = set_id
+        _registered[set_id] = ps
 
 
 def forget_all() -> None:

@@ -198,12 +198,6 @@ def find_process_set(ranks: Sequence[int]) -> int | None:
     return session.find_process_set(ranks)
 
 
-def allgather_ints(values: torch.Tensor, name: str) -> torch.Tensor:
-    """Every rank's 1-D int64 ``values`` concatenated in rank order (lengths may differ), over
-    the global set: the facade's own bookkeeping (no Horovod handle)."""
-    return session.synchronize(session.submit("allgather", values, name))
-
-
 def add_process_set_ranks(ranks: Sequence[int]) -> int:
     """Register a set (collective) and return its id."""
     if not session.is_initialized():

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from accord.engine.set_union import register_every_ranks_sets
 from accord.errors import InvalidArgumentError, with_hint
 from accord.torch import gateway
 
@@ -116,12 +117,10 @@ global_process_set.process_set_id = 0
 def _register_at_init(process_sets: Sequence[ProcessSet], first: bool) -> None:
     """Give every set passed to ``init`` its id; the global set gets its ranks (init-time only).
 
-    Ranks may pass different sets: a set made from a split MPI communicator names only the
-    caller's own group (Horovod's documented pattern). So every rank's sets are gathered and the
-    union is registered on every rank in one order (rank 0's sets first), as Horovod's core does
-    with the communicators of all ranks. ``first``: this is the call that started accord; the
-    gathering then runs on every rank (a rank passing no sets still takes part). On a later
-    ``init(process_sets=...)`` only ranks passing sets call this, and they must all do so.
+    Every rank's sets are registered on every rank (:mod:`accord.engine.set_union`: ranks may
+    pass different ones, e.g. sets from a split MPI communicator). ``first``: this is the call
+    that started accord, made by every rank (a rank passing no sets still takes part); a later
+    ``init(process_sets=...)`` gathers only when this rank passes sets, and all ranks must.
 
     Raises:
         ValueError: an entry duplicates an earlier one or the global set (Horovod's message);
@@ -132,15 +131,12 @@ def _register_at_init(process_sets: Sequence[ProcessSet], first: bool) -> None:
     for ps in process_sets:
         if ps.ranks is None and ps.mpi_comm is not None:
             ps.ranks = _ranks_of_comm(ps.mpi_comm)
-        assert ps.ranks is not None
-    mine = [sorted(ps.ranks) for ps in process_sets]  # type: ignore[arg-type]
+    mine = [list(ps.ranks or ()) for ps in process_sets]
     if first or mine:
-        for ranks in _every_ranks_sets(mine):
-            if gateway.find_process_set(ranks) is None:
-                gateway.add_process_set_ranks(ranks)
+        register_every_ranks_sets(mine)
     seen: set[int] = {0}
     for index, ps in enumerate(process_sets):
-        set_id = gateway.find_process_set(ps.ranks)  # type: ignore[arg-type]
+        set_id = gateway.find_process_set(ps.ranks or ())
         if set_id is None or set_id in seen:
             ps._invalidate()
             raise ValueError(f"Horovod could not be initialized because process_sets entry number "
@@ -148,25 +144,6 @@ def _register_at_init(process_sets: Sequence[ProcessSet], first: bool) -> None:
         seen.add(set_id)
         ps.process_set_id = set_id
         _registered[set_id] = ps
-
-
-def _every_ranks_sets(mine: list[list[int]]) -> list[list[int]]:
-    """Every rank's rank lists, rank 0's first, through one allgather of small integers (each
-    rank sends ``[count, len, ranks..., len, ranks...]``)."""
-    if gateway.size() == 1:
-        return mine
-    import torch
-
-    flat = [len(mine)] + [x for ranks in mine for x in (len(ranks), *ranks)]
-    gathered = gateway.allgather_ints(torch.tensor(flat, dtype=torch.int64), "accord.init.process_sets")
-    values, at, found = gathered.tolist(), 0, []
-    while at < len(values):
-        count, at = values[at], at + 1
-        for _ in range(count):
-            n = values[at]
-            found.append(values[at + 1:at + 1 + n])
-            at += 1 + n
-    return found
 
 
 # Sets registered through this module, so shutdown can invalidate them (id -> object).
