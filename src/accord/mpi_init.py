@@ -2,7 +2,9 @@
 
 mpi4py initializes MPI when imported unless the script set ``mpi4py.rc.initialize = False`` (as
 Horovod's tests and MPI-interop code do, leaving it to Horovod's core). Then accord initializes
-it, asking for ``MPI_THREAD_MULTIPLE`` as Horovod does, and finalizes it at exit.
+it, asking for ``MPI_THREAD_MULTIPLE`` as Horovod does, and finalizes it at exit. The engine's
+own exit handler is registered after this one (once the rendezvous, which first needs MPI, is
+done) and atexit runs the last registered first, so accord stops before MPI is finalized.
 """
 from __future__ import annotations
 

@@ -76,19 +76,21 @@ print(json.dumps({"before": before, "after": MPI.Is_initialized(), "rank": hvd.r
                   "mpi_rank": MPI.COMM_WORLD.Get_rank(), "sum": total.tolist(),
                   "threads": hvd.mpi_threads_supported() if hvd.mpi_enabled() else None}),
       file=out, flush=True)
-hvd.shutdown()
+if sys.argv[2] == "shutdown":  # else atexit: accord stops first, then MPI is finalized
+    hvd.shutdown()
 '''
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.skipif(not mpi_ready(), reason="needs mpirun and mpi4py")
-@pytest.mark.parametrize("backend", ["auto", "mpi"])
-def test_init_initializes_mpi_when_the_script_left_it_to_us(tmp_path, backend):
+@pytest.mark.parametrize("backend, ending", [("auto", "shutdown"), ("mpi", "shutdown"), ("mpi", "exit")])
+def test_init_initializes_mpi_when_the_script_left_it_to_us(tmp_path, backend, ending):
     """mpi4py.rc.initialize = False: hvd.init() initializes MPI itself (as Horovod's core does),
-    the job runs, and MPI is finalized at exit (mpirun reports no rank that skipped it)."""
+    the job runs, and MPI is finalized at exit (mpirun reports no rank that skipped it), also
+    when the script never calls shutdown (accord's engine must stop before MPI is finalized)."""
     script = tmp_path / "worker.py"
     script.write_text(_UNINITIALIZED_SCRIPT)
-    proc = run_under_mpirun(str(script), 2, str(tmp_path / "result"), ACCORD_CPU_BACKEND=backend)
+    proc = run_under_mpirun(str(script), 2, str(tmp_path / "result"), ending, ACCORD_CPU_BACKEND=backend)
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     assert "finalize" not in (proc.stdout + proc.stderr).lower(), proc.stdout + proc.stderr
     got = [json.loads((tmp_path / f"result.{rank}").read_text()) for rank in (0, 1)]
