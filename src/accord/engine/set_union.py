@@ -13,6 +13,7 @@ from typing import Sequence
 import torch
 
 from accord.engine import session
+from accord.engine.sets import GLOBAL_ID
 
 
 def every_ranks_sets(mine: Sequence[Sequence[int]]) -> list[list[int]]:
@@ -34,12 +35,32 @@ def every_ranks_sets(mine: Sequence[Sequence[int]]) -> list[list[int]]:
     return found
 
 
-def register_every_ranks_sets(mine: Sequence[Sequence[int]]) -> None:
-    """Register (collectively) each set any rank passed that is not registered yet.
+def register_init_sets(mine: Sequence[Sequence[int]], first: bool) -> list[int | None]:
+    """Register every rank's sets (collectively) and return the ids of ``mine``, None for an
+    entry that duplicates an earlier one or the global set (Horovod refuses those).
+
+    ``first``: the ``init`` that started accord, made by every rank, so the gathering runs on
+    every rank even where ``mine`` is empty. On a later ``init(process_sets=...)`` it runs only
+    when this rank passes sets, and every rank must then pass some.
 
     Raises:
         ValueError: a set's ranks are invalid (empty, repeated, or outside the job).
     """
-    for ranks in every_ranks_sets(mine):
-        if session.find_process_set(ranks) is None:
-            session.add_process_set(ranks)
+    if first or mine:
+        for ranks in every_ranks_sets(mine):
+            if session.find_process_set(ranks) is None:
+                session.add_process_set(ranks)
+    ids: list[int | None] = []
+    seen = {GLOBAL_ID}
+    for ranks in mine:
+        set_id = session.find_process_set(sorted(int(r) for r in ranks))
+        ids.append(None if set_id is None or set_id in seen else set_id)
+        if set_id is not None:
+            seen.add(set_id)
+    return ids
+
+
+def duplicate_error(index: int, process_set: object) -> ValueError:
+    """Horovod's error for a duplicate entry of ``init(process_sets=...)``."""
+    return ValueError(f"Horovod could not be initialized because process_sets entry number {index} "
+                      f"is a duplicate: {process_set}")

@@ -42,9 +42,7 @@ class World:
 
     def default_device(self) -> torch.device:
         """``cuda:<local_rank>`` when a GPU is visible, else the CPU."""
-        if torch.cuda.is_available():
-            return torch.device("cuda", self.local_rank % torch.cuda.device_count())
-        return torch.device("cpu")
+        return self.placement("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
     def placement(self, device: str | torch.device | None) -> torch.device:
         """Where ``Model(device=...)`` puts the network: :meth:`default_device` for None, and

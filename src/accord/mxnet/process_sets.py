@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from accord.engine import session
-from accord.engine.set_union import register_every_ranks_sets
+from accord.engine.set_union import duplicate_error, register_init_sets
 from accord.mxnet import basics
 
 
@@ -74,27 +74,19 @@ def set_id(process_set: ProcessSet) -> int:
 
 
 def register_at_init(process_sets: list[ProcessSet], first: bool) -> None:
-    """Give the sets passed to ``init`` their ids (the global set gets every rank).
-
-    Every rank's sets are registered on every rank (:mod:`accord.engine.set_union`); ``first``:
-    the call that started accord, made by every rank. As in Horovod, a duplicate raises with
-    accord left initialized.
+    """Give the sets passed to ``init`` their ids (the global set gets every rank). Every rank's
+    sets are registered on every rank (:mod:`accord.engine.set_union`).
 
     Raises:
-        ValueError: an entry duplicates an earlier one or the global set (Horovod's message).
+        ValueError: an entry duplicates an earlier one or the global set (Horovod's message);
+            accord stays initialized, as Horovod does.
     """
     global_process_set.process_set_id = 0
     global_process_set.ranks = list(range(basics.size()))
-    mine = [list(ps.ranks) for ps in process_sets]
-    if first or mine:
-        register_every_ranks_sets(mine)
-    seen = {0}
-    for index, ps in enumerate(process_sets):
-        set_id = basics.find_set(ps.ranks)
-        if set_id is None or set_id in seen:
-            raise ValueError(f"Horovod could not be initialized because process_sets entry number "
-                             f"{index} is a duplicate: {ps}")
-        seen.add(set_id)
+    ids = register_init_sets([ps.ranks for ps in process_sets], first)
+    for index, (ps, set_id) in enumerate(zip(process_sets, ids)):
+        if set_id is None:
+            raise duplicate_error(index, ps)
         ps.process_set_id = set_id
         _registered[set_id] = ps
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from accord.engine.set_union import register_every_ranks_sets
+from accord.engine.set_union import duplicate_error, register_init_sets
 from accord.errors import InvalidArgumentError, with_hint
 from accord.torch import gateway
 
@@ -116,11 +116,8 @@ global_process_set.process_set_id = 0
 
 def _register_at_init(process_sets: Sequence[ProcessSet], first: bool) -> None:
     """Give every set passed to ``init`` its id; the global set gets its ranks (init-time only).
-
     Every rank's sets are registered on every rank (:mod:`accord.engine.set_union`: ranks may
-    pass different ones, e.g. sets from a split MPI communicator). ``first``: this is the call
-    that started accord, made by every rank (a rank passing no sets still takes part); a later
-    ``init(process_sets=...)`` gathers only when this rank passes sets, and all ranks must.
+    pass different ones, e.g. sets from a split MPI communicator).
 
     Raises:
         ValueError: an entry duplicates an earlier one or the global set (Horovod's message);
@@ -131,17 +128,11 @@ def _register_at_init(process_sets: Sequence[ProcessSet], first: bool) -> None:
     for ps in process_sets:
         if ps.ranks is None and ps.mpi_comm is not None:
             ps.ranks = _ranks_of_comm(ps.mpi_comm)
-    mine = [list(ps.ranks or ()) for ps in process_sets]
-    if first or mine:
-        register_every_ranks_sets(mine)
-    seen: set[int] = {0}
-    for index, ps in enumerate(process_sets):
-        set_id = gateway.find_process_set(ps.ranks or ())
-        if set_id is None or set_id in seen:
+    ids = register_init_sets([ps.ranks or [] for ps in process_sets], first)
+    for index, (ps, set_id) in enumerate(zip(process_sets, ids)):
+        if set_id is None:
             ps._invalidate()
-            raise ValueError(f"Horovod could not be initialized because process_sets entry number "
-                             f"{index} is a duplicate: {ps}")
-        seen.add(set_id)
+            raise duplicate_error(index, ps)
         ps.process_set_id = set_id
         _registered[set_id] = ps
 
