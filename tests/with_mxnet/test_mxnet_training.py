@@ -152,6 +152,7 @@ def _perseus_kvstore(rank, size):
     kv.init("v", mx.nd.ones(2))
     kv.push("v", mx.nd.ones(2) * (rank + 1))
     close(kv.pull("v").asnumpy(), np.full(2, 1 - sum(r + 1 for r in range(size))))
+    _python_updater(mx, rank, size)
     kv.barrier()
     with pytest.raises(ValueError, match="not been initialised"):
         kv.push("nope", mx.nd.ones(1))
@@ -159,6 +160,33 @@ def _perseus_kvstore(rank, size):
         kv.push("w", np.ones(3))
     with pytest.raises(ValueError, match="unknown kvstore type"):
         hvd.create("dist_sync_magic")
+
+
+def _python_updater(mx, rank, size):
+    """MXNet's ``kv._set_updater(fn)``: fn(key, merged, stored) runs on every worker on the sum of
+    every device's and worker's push, and updates the stored NDArray in place."""
+    kv = mx.kv.create("accord")
+    seen = []
+
+    def decay_add(key, merged, stored):
+        seen.append((key, type(merged).__name__, type(stored).__name__))
+        stored *= 0.5
+        stored += merged
+
+    kv.init("u", mx.nd.ones(2) * 4)
+    kv.init(9, mx.nd.zeros(3))
+    kv._set_updater(decay_add)
+    pushed = sum((r + 1) * 3 for r in range(size))  # every rank pushes (r+1) and 2(r+1)
+    kv.push("u", [mx.nd.ones(2) * (rank + 1), mx.nd.ones(2) * 2 * (rank + 1)])
+    kv.push("u", [mx.nd.ones(2) * (rank + 1), mx.nd.ones(2) * 2 * (rank + 1)])
+    close(kv.pull("u").asnumpy(), np.full(2, (4 * 0.5 + pushed) * 0.5 + pushed))
+    kv.push(9, mx.nd.arange(3) * (rank + 1))
+    close(kv.pull(9).asnumpy(), np.arange(3) * sum(r + 1 for r in range(size)))
+    assert seen == [("u", "NDArray", "NDArray")] * 2 + [(9, "NDArray", "NDArray")]
+    with pytest.raises(ValueError, match="Python updater"):
+        kv.save_optimizer_states("unused-states")
+    with pytest.raises(TypeError, match="callable"):
+        kv._set_updater("sgd")
 
 
 _HOSTS = ["a", "a", "b"]

@@ -120,13 +120,25 @@ class AccordKVStore(mx.kvstore.KVStoreBase):
             self._kv.set_optimizer(optimizer)
             self._mx_updater = None
             return
+        self._run_on_workers(mx.optimizer.get_updater(optimizer), "an MXNet optimizer")
+
+    def _set_updater(self, updater: Callable[[Any, Any, Any], None]) -> None:
+        """MXNet's ``kv._set_updater(fn)`` (its KVStore tutorial's form): every later sum push
+        calls ``fn(key, merged, stored)`` with NDArrays, and ``fn`` updates ``stored`` in place.
+        It runs on every worker on the same merged value, so the stores stay identical."""
+        if not callable(updater):
+            raise TypeError(with_hint(f"_set_updater takes a callable, got {updater!r}",
+                                      "pass fn(key, merged, stored) that updates stored in place"))
+        self._run_on_workers(updater, "a Python updater")
+
+    def _run_on_workers(self, updater: Callable[[Any, Any, Any], None], what: str) -> None:
         if not hasattr(self._kv, "set_updater"):
             raise ValueError(with_hint(
-                "an MXNet optimizer cannot run on accord's parameter servers (they run accord's "
-                "own optimizers)",
+                f"{what} cannot run on accord's parameter servers (they run accord's own "
+                "optimizers)",
                 "use update_on_kvstore=False (gluon.Trainer), or start the job without "
-                "--num-servers so the optimizer runs on every worker"))
-        self._mx_updater = mx.optimizer.get_updater(optimizer)
+                "--num-servers so the update runs on every worker"))
+        self._mx_updater = updater
         self._kv.set_updater(self._update)
 
     def _update(self, key: Any, merged: Any, stored: Any) -> None:
@@ -148,16 +160,27 @@ class AccordKVStore(mx.kvstore.KVStoreBase):
         if self._mx_updater is None:
             self._kv.save_optimizer_states(fname, dump_optimizer)
             return
+        states = self._optimizer_updater("save").get_states(dump_optimizer)
         with open(fname, "wb") as f:
-            f.write(self._mx_updater.get_states(dump_optimizer))
+            f.write(states)
 
     def load_optimizer_states(self, fname: str) -> None:
         """Load a state written by :meth:`save_optimizer_states`."""
         if self._mx_updater is None:
             self._kv.load_optimizer_states(fname)
             return
+        updater = self._optimizer_updater("load")
         with open(fname, "rb") as f:
-            self._mx_updater.set_states(f.read())
+            updater.set_states(f.read())
+
+    def _optimizer_updater(self, what: str) -> Any:
+        """The MXNet updater, refusing a plain function from :meth:`_set_updater` (no state)."""
+        if not hasattr(self._mx_updater, "get_states"):
+            raise ValueError(with_hint(
+                f"cannot {what} optimizer states: this store runs a Python updater "
+                f"({self._mx_updater!r}), which keeps no state",
+                "use kv.set_optimizer(mx.optimizer.create(...)) for a store whose state can be saved"))
+        return self._mx_updater
 
     def set_gradient_compression(self, compression_params: dict) -> None:
         """2-bit compression of pushes: ``{'type': '2bit', 'threshold': t}``."""
