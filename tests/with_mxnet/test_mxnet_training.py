@@ -153,6 +153,7 @@ def _perseus_kvstore(rank, size):
     kv.push("v", mx.nd.ones(2) * (rank + 1))
     close(kv.pull("v").asnumpy(), np.full(2, 1 - sum(r + 1 for r in range(size))))
     _python_updater(mx, rank, size)
+    _row_sparse_values(mx, rank, size)
     kv.barrier()
     with pytest.raises(ValueError, match="not been initialised"):
         kv.push("nope", mx.nd.ones(1))
@@ -187,6 +188,39 @@ def _python_updater(mx, rank, size):
         kv.save_optimizer_states("unused-states")
     with pytest.raises(TypeError, match="callable"):
         kv._set_updater("sgd")
+
+
+def _row_sparse_values(mx, rank, size):
+    """row_sparse NDArrays count as their dense form in init and push (MXNet's stores sum a
+    sparse push into the dense stored array); row_sparse_pull fills a row_sparse ``out`` with
+    the requested rows; pull leaves row_sparse outs alone unless ignore_sparse=False (MXNet)."""
+    kv = mx.kv.create("accord")
+    start = np.zeros((5, 3))
+    start[[1, 3]] = [[1, 2, 3], [4, 5, 6]]  # two stored rows of five
+    kv.init("e", mx.nd.array(start).tostype("row_sparse"))
+    close(kv.pull("e").asnumpy(), start)
+    pushes = []
+    for r in range(size):
+        grad = np.zeros((5, 3))
+        grad[[r % 5, 4]] = r + 1  # each worker touches its own row and row 4
+        pushes.append(grad)
+    kv.push("e", mx.nd.array(pushes[rank]).tostype("row_sparse"))
+    total = sum(pushes)
+    dense = mx.nd.zeros((5, 3))
+    kv.pull("e", out=dense)
+    close(dense.asnumpy(), total)
+    wanted = mx.nd.array([4, 1, 4], dtype="int64")
+    rows = mx.nd.zeros((5, 3), stype="row_sparse")
+    kv.row_sparse_pull("e", out=rows, row_ids=wanted)
+    expected = np.zeros((5, 3))
+    expected[[1, 4]] = total[[1, 4]]
+    assert rows.stype == "row_sparse"
+    close(rows.asnumpy(), expected)
+    kept = mx.nd.array(np.full((5, 3), 7.0)).tostype("row_sparse")
+    kv.pull("e", out=kept)
+    close(kept.asnumpy(), np.full((5, 3), 7.0))
+    kv.pull("e", out=kept, ignore_sparse=False)
+    close(kept.asnumpy(), total)
 
 
 _HOSTS = ["a", "a", "b"]

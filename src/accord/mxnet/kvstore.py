@@ -5,8 +5,10 @@ Importing :mod:`accord.mxnet` registers the types through MXNet's ``KVStoreBase`
 A store holds NDArray keys the way MXNet's ``dist_sync`` does: ``init`` keeps rank 0's value,
 ``push`` sums the pushed values over devices and workers (or takes their max / min with
 Perseus's ``op=``) and either stores the sum or, with an optimizer, applies it; ``pull`` copies
-the stored value out; ``pushpull`` and ``broadcast`` are the coalesced forms gluon uses. The
-values move through :mod:`accord.kvstore` (the engine, or accord's parameter servers when
+the stored value out; ``pushpull`` and ``broadcast`` are the coalesced forms gluon uses.
+row_sparse NDArrays are taken in their dense form, and ``row_sparse_pull`` fills dense or
+row_sparse outputs (Gluon's Trainer itself refuses every plug-in store for sparse gradients).
+The values move through :mod:`accord.kvstore` (the engine, or accord's parameter servers when
 ``accordrun --num-servers`` started them) as torch views of the NDArrays (DLPack, no copies).
 An MXNet optimizer (``set_optimizer``, what ``gluon.Trainer`` and ``Module`` do for
 ``update_on_kvstore``) runs on every worker on the same summed gradient, so the replicas stay
@@ -22,11 +24,43 @@ import pickle
 from typing import Any, Callable
 
 from accord.errors import with_hint
-from accord.mxnet.bridge import is_ndarray, mx, read_view, to_ndarray, write_view
+from accord.mxnet.bridge import empty_like, is_ndarray, mx, read_view, to_ndarray, write_view
 
 # type names -> what ``kv.type`` reports (MXNet's trainer and Module treat 'dist' + '_sync'
 # stores as synchronous multi-worker stores: batch sizes count every worker's samples).
 TYPES = {"accord": "dist_sync_accord", "dist_sync_perseus": "dist_sync_perseus"}
+
+
+def _is_sparse(value: Any) -> bool:
+    return is_ndarray(value) and getattr(value, "stype", "default") != "default"
+
+
+def _dense(value: Any) -> Any:
+    """``value`` with row_sparse (or csr) NDArrays made dense: the store holds dense values,
+    as MXNet's own stores sum a sparse push into the dense stored array."""
+    if isinstance(value, (list, tuple)):
+        return [_dense(v) for v in value]
+    return value.tostype("default") if _is_sparse(value) else value
+
+
+def _write_into(out: Any, fill: Callable[[Any], None], sparse_too: bool = True) -> None:
+    """Run ``fill`` on torch views of ``out``; a sparse NDArray in ``out`` is filled through a
+    dense stand-in and then given its nonzero rows (left alone when ``sparse_too`` is False)."""
+    stand_ins: list[tuple[Any, Any]] = []
+
+    def writable(value: Any) -> Any:
+        if isinstance(value, (list, tuple)):
+            return [writable(v) for v in value]
+        if not _is_sparse(value):
+            return value
+        dense = empty_like(value)
+        stand_ins.append((value, dense))
+        return dense
+
+    fill(_views(writable(out), write_view))
+    for sparse, dense in stand_ins:
+        if sparse_too:
+            sparse[:] = dense.tostype(sparse.stype)
 
 
 def _views(value: Any, view: Callable[[Any], Any]) -> Any:
@@ -76,25 +110,29 @@ class AccordKVStore(mx.kvstore.KVStoreBase):
     def init(self, key: Any, value: Any, param_only: bool = False) -> None:
         """Initialise keys with rank 0's values; ``param_only`` keys average their pushes and
         never go through the optimizer (Perseus)."""
-        self._kv.init(key, _views(value, read_view), param_only=param_only)
+        self._kv.init(key, _views(_dense(value), read_view), param_only=param_only)
 
     def push(self, key: Any, value: Any, priority: int = 0, op: str = "sum") -> None:
-        """Sum (or ``op='max'|'min'``) the values over devices and workers into the store."""
-        self._kv.push(key, _views(value, read_view), priority, op=op)
+        """Sum (or ``op='max'|'min'``) the values over devices and workers into the store
+        (row_sparse values count as their dense form)."""
+        self._kv.push(key, _views(_dense(value), read_view), priority, op=op)
 
     def pull(self, key: Any, out: Any = None, priority: int = 0, ignore_sparse: bool = True) -> Any:
-        """Copy the stored values into ``out`` (new NDArrays when ``out`` is None)."""
+        """Copy the stored values into ``out`` (new NDArrays when ``out`` is None); row_sparse
+        NDArrays in ``out`` are left as they are unless ``ignore_sparse`` is False (MXNet)."""
         if out is None:
             fresh = self._kv.pull(key)
             return [to_ndarray(v) for v in fresh] if isinstance(fresh, list) else to_ndarray(fresh)
-        self._kv.pull(key, _views(out, write_view), priority)
+        _write_into(out, lambda views: self._kv.pull(key, views, priority), not ignore_sparse)
         return out
 
     def row_sparse_pull(self, key: Any, out: Any = None, priority: int = 0, row_ids: Any = None) -> Any:
-        """Pull only the rows ``row_ids`` (zeros elsewhere), into dense NDArrays."""
-        ids = _views(row_ids, read_view) if row_ids is not None else None
-        self._kv.row_sparse_pull(key, _views(out, write_view) if out is not None else None,
-                                 priority, row_ids=ids)
+        """Pull only the rows ``row_ids`` (zeros elsewhere) into ``out``, dense or row_sparse."""
+        ids = _views(_dense(row_ids), read_view) if row_ids is not None else None
+        if out is None:
+            self._kv.row_sparse_pull(key, None, priority, row_ids=ids)
+            return out
+        _write_into(out, lambda views: self._kv.row_sparse_pull(key, views, priority, row_ids=ids))
         return out
 
     def barrier(self) -> None:
