@@ -5,6 +5,7 @@ Every rank regenerates every rank's input from (seed, rank), so expected values 
 independently with numpy.
 """
 import os
+import time
 
 import numpy as np
 import pytest
@@ -326,6 +327,10 @@ def _errors_and_lifecycle(rank, size, tmp):
     path = os.path.join(tmp, "timeline.json")
     hvd.start_timeline(path)
     hvd.allreduce(torch.ones(3), name="timed")
+    if rank == 0:  # readable while the job runs, within a tenth of a second (as Horovod's test reads it)
+        time.sleep(0.1)
+        with open(path) as fh:
+            assert "NEGOTIATE_ALLREDUCE" in fh.read()
     hvd.stop_timeline()
     if rank == 0:
         with open(path) as fh:

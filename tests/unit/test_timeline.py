@@ -32,17 +32,22 @@ def test_spans_become_complete_events_with_a_row_per_name(tmp_path):
     assert all(e["pid"] == 0 for e in events)
 
 
-def test_periodic_flush_writes_incrementally(tmp_path):
+def test_the_writer_thread_appends_events_while_the_timeline_is_open(tmp_path):
     path = tmp_path / "tl.json"
     tl = Timeline(str(path), rank=3)
     t0 = time.monotonic()
     tl.span("x", "ALLREDUCE", t0, t0)
-    tl.maybe_flush(now=t0 + 10)  # a second has passed: written now, not at close
+    deadline = time.monotonic() + 0.5  # written within ~50 ms, not at close
+    while '"ALLREDUCE"' not in path.read_text() and time.monotonic() < deadline:
+        time.sleep(0.01)
     text = path.read_text()
     assert '"ALLREDUCE"' in text and not text.rstrip().endswith("]}")
+    tl.span("y", "ALLGATHER", t0, t0)
     tl.close()
     doc = json.loads(path.read_text())
-    assert [e["pid"] for e in doc["traceEvents"]] == [3, 3, 3]
+    assert [e["pid"] for e in doc["traceEvents"]] == [3] * 5
+    assert [e["name"] for e in doc["traceEvents"] if e["ph"] == "X"] == ["ALLREDUCE", "ALLGATHER"]
+    assert not tl._writer.is_alive()
 
 
 def test_empty_timeline_is_valid_json(tmp_path):

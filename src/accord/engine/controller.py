@@ -331,8 +331,6 @@ class Controller(PlannedCycles, CallerRuns, JoinControl):
             for r in ready:
                 tl.span(r.name, "NEGOTIATE_" + r.op.value.upper(), r.submitted_at, done)
         self.executor.run(ready)
-        if tl is not None:
-            tl.maybe_flush()
         if joined is not None:
             self._saw_joined(joined)
         return bool(ready), stop, needed

@@ -168,8 +168,6 @@ class PlannedCycles:
                 self.cycles += 1
                 self.planner.planned_cycles += 1
                 self._plan_since = time.monotonic()
-                if tl is not None:
-                    tl.maybe_flush()
                 return True
             for r in ready:  # another member left the plan: negotiate them normally
                 pending[r.name] = r
