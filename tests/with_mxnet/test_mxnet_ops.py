@@ -160,6 +160,25 @@ def _errors(rank, size):
         hvd.allreduce(np.ones(2))
     with pytest.raises(ValueError, match="supersedes"):
         hvd.allreduce(mx.nd.ones(2), average=True, op=hvd.Sum)
+    # alltoall without splits on a dim 0 that the ranks cannot share evenly: every rank raises
+    # Horovod's kind of error (RuntimeError, MXNetError), still a ValueError as before
+    with pytest.raises(RuntimeError, match=rf"dim 0 \({size + 1}\) is not divisible") as info:
+        hvd.alltoall(mx.nd.ones((size + 1, 2)), name="uneven")
+    assert isinstance(info.value, ValueError) and isinstance(info.value, mx.base.MXNetError)
+    # splits: an NDArray must hold int32 (Horovod's core refuses other dtypes), and be 1-D;
+    # refused on the submitting rank before anything is sent
+    rows = mx.nd.ones((2 * size, 2))
+    for bad in (mx.nd.ones(size, dtype="float32") * 2, mx.nd.ones(size, dtype="int64") * 2):
+        with pytest.raises(mx.base.MXNetError, match="32-bit integers") as info:
+            hvd.alltoall(rows, splits=bad)
+        assert isinstance(info.value, ValueError) and isinstance(info.value, RuntimeError)
+    with pytest.raises(ValueError, match=rf"must be 1-D, got shape \(1, {size}\)"):
+        hvd.alltoall(rows, splits=[[2] * size])
+    # what Horovod accepts: int32 NDArrays, and lists (numbers truncated to integers)
+    for good in (mx.nd.ones(size, dtype="int32") * 2, [2.9] * size):
+        out, received = hvd.alltoall(mx.nd.ones((2 * size, 2)) * rank, splits=good)
+        close(out.asnumpy(), np.repeat(np.arange(size, dtype="float32"), 2)[:, None] * np.ones(2))
+        assert received.asnumpy().tolist() == [2] * size
     # the engine still works after the errors
     close(hvd.allreduce(mx.nd.ones(2), average=False).asnumpy(), np.full(2, size))
     hvd.shutdown()
@@ -168,6 +187,46 @@ def _errors(rank, size):
 
 def test_mismatched_shapes_raise_on_every_rank():
     assert run_ranks(_errors, 2, init="accord", timeout=120) == [True, True]
+
+
+def test_compression_works_on_ndarrays_like_horovods():
+    """hvd.Compression.none/.fp16 take and return NDArrays (Horovod's MXNet interface); the
+    trainer hands the engine its own compressor for them, and runs any other on the NDArrays."""
+    import mxnet as mx
+
+    import accord.mxnet as hvd
+    from accord.engine import compression as engine
+    from accord.mxnet.compression import engine_compressor
+
+    values = np.arange(12).reshape(4, 3) / 8  # exact in float16
+    for dtype in ("float16", "float32", "float64"):
+        array = mx.nd.array(values, dtype=dtype)
+        wire, ctx = hvd.Compression.fp16.compress(array)
+        assert wire.dtype == np.float16
+        back = hvd.Compression.fp16.decompress(wire, ctx)
+        assert back.dtype == np.dtype(dtype)
+        close(back.asnumpy(), values)
+    for dtype in ("uint8", "int8", "int32", "int64"):  # not floating: sent unchanged
+        array = mx.nd.array(np.arange(6), dtype=dtype)
+        wire, ctx = hvd.Compression.fp16.compress(array)
+        assert wire.dtype == np.dtype(dtype)
+        back = hvd.Compression.fp16.decompress(wire, ctx)
+        assert back.dtype == np.dtype(dtype)
+        close(back.asnumpy(), np.arange(6))
+    array = mx.nd.ones(3)
+    wire, ctx = hvd.Compression.none.compress(array)
+    assert wire is array and hvd.Compression.none.decompress(wire, ctx) is array
+    with pytest.raises(TypeError, match="no bfloat16 NDArrays"):
+        hvd.Compression.bf16.compress(array)
+    assert engine_compressor(hvd.Compression.fp16) is engine.FP16Compressor
+    assert engine_compressor(hvd.Compression.bf16) is engine.BF16Compressor
+    assert engine_compressor(hvd.Compression.none) is engine.NoneCompressor
+    assert engine_compressor(engine.FP16Compressor) is engine.FP16Compressor
+
+    class Own(hvd.Compressor):
+        pass
+
+    assert engine_compressor(Own) is None
 
 
 def _parameters(rank, size):

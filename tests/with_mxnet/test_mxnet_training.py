@@ -1,7 +1,8 @@
 """Training with accord.mxnet on real ranks, against one process on the concatenated batch:
-DistributedTrainer (SGD with momentum, Adam, predivide, fp16), DistributedOptimizer, the
-KVStore plug-in in gluon.Trainer (update on the store and off it), Perseus's KVStore
-extensions, and SyncBatchNorm (forward, backward, moving statistics; local and global scope).
+DistributedTrainer (SGD with momentum, Adam, predivide, fp16, a user's NDArray compressor),
+DistributedOptimizer, the KVStore plug-in in gluon.Trainer (update on the store and off it),
+Perseus's KVStore extensions, and SyncBatchNorm (forward, backward, moving statistics; local
+and global scope).
 
 Every rank also trains the one-process reference itself (plain gluon, no communication) on the
 concatenated batch, from the same initial weights, and compares.
@@ -62,6 +63,63 @@ def _same(got, want, tol):
         close(g, w, tol)
 
 
+class _HalvesOnNDArrays:
+    """A user's compressor written against Horovod's MXNet interface (NDArrays in and out):
+    sends float16 and counts its calls, so the test sees that the trainer ran it."""
+
+    calls = 0
+
+    @classmethod
+    def compress(cls, tensor):
+        cls.calls += 1
+        return tensor.astype("float16"), tensor.dtype
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor.astype(ctx)
+
+
+def _sparse_embedding_training(mx, hvd, rank, size):
+    """Embedding(sparse_grad=True): row_sparse gradients are summed in their dense form, by
+    DistributedTrainer and by DistributedOptimizer, and train as one process on the whole batch."""
+    rng = np.random.default_rng(11)
+    batches = [(rng.integers(0, 10, (BATCH * size, 3)), rng.integers(0, 3, BATCH * size))
+               for _ in range(STEPS)]
+
+    def net():
+        n = mx.gluon.nn.HybridSequential()
+        n.add(mx.gluon.nn.Embedding(10, 4, sparse_grad=True, dtype="float64"),
+              mx.gluon.nn.Dense(3, in_units=12, dtype="float64"))
+        n.initialize()
+        weights = np.random.default_rng(1)
+        for p in n.collect_params().values():
+            p.set_data(mx.nd.array(weights.normal(0, 0.5, p.shape), dtype="float64"))
+        return n
+
+    def train(n, trainer, rows, step_size):
+        loss_fn = mx.gluon.loss.SoftmaxCrossEntropyLoss()
+        for x, y in batches:
+            with mx.autograd.record():
+                loss = loss_fn(n(mx.nd.array(x[rows], dtype="float64")),
+                               mx.nd.array(y[rows], dtype="float64"))
+            loss.backward()
+            assert n[0].weight.grad().stype == "row_sparse"
+            trainer.step(step_size)
+        return [p.data().asnumpy() for p in n.collect_params().values()]
+
+    ref_net = net()
+    want = train(ref_net, mx.gluon.Trainer(ref_net.collect_params(), "sgd", {"learning_rate": 0.5},
+                                           kvstore=None), slice(None), BATCH * size)
+    mine = slice(rank * BATCH, (rank + 1) * BATCH)
+    n = net()
+    trainer = hvd.DistributedTrainer(n.collect_params(), "sgd", {"learning_rate": 0.5},
+                                     prefix="sparse.")
+    _same(train(n, trainer, mine, BATCH), want, 1e-9)
+    n = net()
+    opt = hvd.DistributedOptimizer(mx.optimizer.SGD(learning_rate=0.5))
+    _same(train(n, mx.gluon.Trainer(n.collect_params(), opt, kvstore=None), mine, BATCH), want, 1e-9)
+
+
 def _trainers(rank, size):
     import mxnet as mx
 
@@ -73,13 +131,16 @@ def _trainers(rank, size):
     cases = [("sgd", {"learning_rate": 0.5, "momentum": 0.9, "wd": 0.01}, {}, 1e-6),
              ("adam", {"learning_rate": 0.05}, {}, 1e-6),
              ("sgd", {"learning_rate": 0.5, "momentum": 0.9}, {"gradient_predivide_factor": 2.0}, 1e-6),
-             ("sgd", {"learning_rate": 0.5}, {"compression": hvd.Compression.fp16}, 2e-3)]
+             ("sgd", {"learning_rate": 0.5}, {"compression": hvd.Compression.fp16}, 2e-3),
+             ("sgd", {"learning_rate": 0.5}, {"compression": _HalvesOnNDArrays}, 2e-3)]
     for i, (optimizer, params, extra, tol) in enumerate(cases):
         want = _reference(mx, optimizer, params, size, batches)
         net = _net(mx)
         trainer = hvd.DistributedTrainer(net.collect_params(), optimizer, dict(params),
                                          prefix=f"case{i}.", **extra)
         _same(_train(mx, net, trainer, batches, mine, BATCH), want, tol)
+    assert _HalvesOnNDArrays.calls == STEPS * 4  # every gradient (2 weights, 2 biases), every step
+    _sparse_embedding_training(mx, hvd, rank, size)
     # DistributedOptimizer in a plain gluon.Trainer: each rank steps with its own batch size
     want = _reference(mx, "sgd", {"learning_rate": 0.5, "momentum": 0.9}, size, batches)
     net = _net(mx)

@@ -12,7 +12,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from accord.comm import dtypes
-from accord.errors import MismatchError, with_hint
+from accord.errors import InvalidArgumentError, MismatchError, with_hint
 
 # Allgathers one list of ints (same length on every rank); one row per rank comes back.
 Exchange = Callable[[list[int]], list[list[int]]]
@@ -89,14 +89,15 @@ def check_headers(kind: str, work: torch.Tensor, headers: list[list[int]], probl
         exchange: allgathers ints; used on the rare mismatch path to fetch full shapes.
 
     Raises:
-        ValueError: some rank flagged its arguments as invalid.
+        InvalidArgumentError (a ValueError and, as Horovod's error, a RuntimeError): some rank
+            flagged its arguments as invalid.
         MismatchError: ranks differ in dtype, number of dimensions or shape after dim 0.
     """
     bad = [ranks[i] for i, h in enumerate(headers) if not h[0]]
     if bad:
         mine = f"; here (rank {ranks[rank]}): {problem}" if problem else ""
-        raise ValueError(with_hint(f"{kind}: invalid arguments on ranks {bad}{mine}",
-                                   f"fix the {kind} arguments on those ranks"))
+        raise InvalidArgumentError(with_hint(f"{kind}: invalid arguments on ranks {bad}{mine}",
+                                             f"fix the {kind} arguments on those ranks"))
     if len({tuple(h[1:4]) for h in headers}) == 1:
         return
     # Rare path: fetch every rank's full shape to say exactly who sent what.

@@ -51,7 +51,7 @@ TORCH_DTYPES = {
 
 
 def is_ndarray(value: Any) -> bool:
-    """True for an ``mx.nd.NDArray`` (dense; sparse arrays are not NDArrays' dense kind)."""
+    """True for an ``mx.nd.NDArray``, dense or sparse."""
     return isinstance(value, mx.nd.NDArray)
 
 
@@ -88,6 +88,35 @@ def to_ndarray(tensor: torch.Tensor) -> Any:
 def empty_like(array: Any) -> Any:
     """A new NDArray with ``array``'s shape, dtype and context (uninitialized)."""
     return mx.nd.empty(array.shape, ctx=array.context, dtype=array.dtype)
+
+
+def is_sparse(value: Any) -> bool:
+    """True for a row_sparse or csr NDArray (its DLPack view would hold only the stored rows)."""
+    return is_ndarray(value) and getattr(value, "stype", "default") != "default"
+
+
+class DenseStandIns:
+    """Sparse NDArrays (row_sparse gradients of ``Embedding(sparse_grad=True)``, say) handled
+    through dense copies, because the engine and the store work on whole dense arrays:
+    :meth:`dense` gives an NDArray itself when it is dense, else a dense copy;
+    :meth:`write_back` then gives each sparse one its copy's nonzero rows."""
+
+    def __init__(self) -> None:
+        self._pairs: list[tuple[Any, Any]] = []
+
+    def dense(self, array: Any) -> Any:
+        """``array`` when dense, else a dense copy to be written back."""
+        if not is_sparse(array):
+            return array
+        copy = array.tostype("default")
+        self._pairs.append((array, copy))
+        return copy
+
+    def write_back(self) -> None:
+        """Store each dense copy into its sparse NDArray (rows that are all zero are left out)."""
+        for sparse, copy in self._pairs:
+            sparse[:] = copy.tostype(sparse.stype)
+        self._pairs.clear()
 
 
 _ERROR_TYPES: dict[type, type] = {}

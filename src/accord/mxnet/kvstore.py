@@ -24,43 +24,32 @@ import pickle
 from typing import Any, Callable
 
 from accord.errors import with_hint
-from accord.mxnet.bridge import empty_like, is_ndarray, mx, read_view, to_ndarray, write_view
+from accord.mxnet.bridge import DenseStandIns, is_ndarray, is_sparse, mx, read_view, to_ndarray, write_view
 
 # type names -> what ``kv.type`` reports (MXNet's trainer and Module treat 'dist' + '_sync'
 # stores as synchronous multi-worker stores: batch sizes count every worker's samples).
 TYPES = {"accord": "dist_sync_accord", "dist_sync_perseus": "dist_sync_perseus"}
 
 
-def _is_sparse(value: Any) -> bool:
-    return is_ndarray(value) and getattr(value, "stype", "default") != "default"
-
-
 def _dense(value: Any) -> Any:
-    """``value`` with row_sparse (or csr) NDArrays made dense: the store holds dense values,
-    as MXNet's own stores sum a sparse push into the dense stored array."""
+    """``value`` with sparse NDArrays made dense: the store holds dense values, as MXNet's own
+    stores sum a sparse push into the dense stored array."""
     if isinstance(value, (list, tuple)):
         return [_dense(v) for v in value]
-    return value.tostype("default") if _is_sparse(value) else value
+    return value.tostype("default") if is_sparse(value) else value
 
 
 def _write_into(out: Any, fill: Callable[[Any], None], sparse_too: bool = True) -> None:
     """Run ``fill`` on torch views of ``out``; a sparse NDArray in ``out`` is filled through a
     dense stand-in and then given its nonzero rows (left alone when ``sparse_too`` is False)."""
-    stand_ins: list[tuple[Any, Any]] = []
+    stand_ins = DenseStandIns()
 
     def writable(value: Any) -> Any:
-        if isinstance(value, (list, tuple)):
-            return [writable(v) for v in value]
-        if not _is_sparse(value):
-            return value
-        dense = empty_like(value)
-        stand_ins.append((value, dense))
-        return dense
+        return [writable(v) for v in value] if isinstance(value, (list, tuple)) else stand_ins.dense(value)
 
     fill(_views(writable(out), write_view))
-    for sparse, dense in stand_ins:
-        if sparse_too:
-            sparse[:] = dense.tostype(sparse.stype)
+    if sparse_too:
+        stand_ins.write_back()
 
 
 def _views(value: Any, view: Callable[[Any], Any]) -> Any:

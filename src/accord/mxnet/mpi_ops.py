@@ -13,13 +13,14 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 
 from accord.comm.ops import ReduceOp
 from accord.engine import session
 from accord.engine.compression import Compressor, NoneCompressor
 from accord.engine.request import Op
-from accord.errors import CollectiveError, with_hint
+from accord.errors import CollectiveError, InvalidArgumentError, with_hint
 from accord.mxnet import basics
 from accord.mxnet.bridge import check_ndarray, mx, mxnet_error, read_view, to_ndarray, write_view
 from accord.mxnet.process_sets import ProcessSet, global_process_set, set_id
@@ -190,18 +191,39 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None, priority: in
 def alltoall(tensor: Any, splits: Any = None, name: str | None = None, priority: int = 0,
              process_set: ProcessSet = global_process_set) -> Any:
     """Send ``splits[i]`` rows of ``tensor`` to rank i of the set (equal parts without
-    ``splits``) and return the rows received; with ``splits`` also the received splits (an
-    int32 NDArray), as Horovod does."""
+    ``splits``, a list of ints or a 1-D int32 NDArray) and return the rows received; with
+    ``splits`` also the received splits (an int32 NDArray), as Horovod does."""
     check_ndarray(tensor, "alltoall")
-    counts = None
-    if splits is not None:
-        values = splits.asnumpy() if isinstance(splits, mx.nd.NDArray) else splits
-        counts = [int(s) for s in values]
+    counts = None if splits is None else split_counts(splits)
     result, received = run(Op.ALLTOALL, [read_view(tensor)], name, process_set, splits=counts)[0]
     out = to_ndarray(result)
     if splits is None:
         return out
     return out, mx.nd.array([int(s) for s in received], dtype="int32")
+
+
+def split_counts(splits: Any) -> list[int]:
+    """Rows per rank from Horovod's ``splits``: a list of numbers (truncated to integers, as
+    Horovod's conversion to int32 does) or a 1-D int32 NDArray.
+
+    Raises:
+        InvalidArgumentError (also MXNetError): an NDArray of another dtype, or splits with more
+            than one dimension (Horovod's core refuses both).
+    """
+    if isinstance(splits, mx.nd.NDArray):
+        if np.dtype(splits.dtype) != np.int32:
+            raise mxnet_error(InvalidArgumentError(with_hint(
+                f"alltoall splits must hold 32-bit integers, got an NDArray of "
+                f"{np.dtype(splits.dtype).name} {tuple(splits.shape)}",
+                "pass splits.astype('int32') (or a list of ints)")))
+        values = splits.asnumpy()
+    else:
+        values = np.asarray(splits)
+    if values.ndim > 1:
+        raise mxnet_error(InvalidArgumentError(with_hint(
+            f"alltoall splits must be 1-D, got shape {tuple(values.shape)}",
+            "pass one row count per rank of the process set")))
+    return [int(s) for s in values.reshape(-1)]
 
 
 def reducescatter(tensor: Any, op: Any = Average, name: str | None = None, priority: int = 0,

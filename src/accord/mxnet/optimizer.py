@@ -14,7 +14,7 @@ from typing import Any
 
 from accord.comm.ops import ReduceOp
 from accord.engine.request import Op
-from accord.mxnet.bridge import mx, write_view
+from accord.mxnet.bridge import DenseStandIns, mx, write_view
 from accord.mxnet.mpi_ops import submit, wait_all
 from accord.mxnet.process_sets import ProcessSet, global_process_set
 
@@ -22,12 +22,15 @@ from accord.mxnet.process_sets import ProcessSet, global_process_set
 def sum_gradients(indices: list[Any], grads: list[Any], predivide: float, process_set: ProcessSet,
                   prefix: str = "") -> None:
     """Sum each gradient NDArray over the ranks in place (scaled by ``1 / predivide`` first),
-    named after its index; the engine fuses them. Returns once every result is written."""
-    handles = []
+    named after its index; the engine fuses them. Returns once every result is written. A
+    row_sparse gradient is summed in its dense form and keeps the rows that are not all zero."""
+    handles, sparse = [], DenseStandIns()
     for index, grad in zip(indices, grads):
-        handles += submit(Op.ALLREDUCE, [write_view(grad)], f"{prefix}{index}", process_set,
-                          in_place=True, reduce_op=ReduceOp.SUM, prescale_factor=1.0 / predivide)
+        handles += submit(Op.ALLREDUCE, [write_view(sparse.dense(grad))], f"{prefix}{index}",
+                          process_set, in_place=True, reduce_op=ReduceOp.SUM,
+                          prescale_factor=1.0 / predivide)
     wait_all(handles)
+    sparse.write_back()
 
 
 class DistributedOptimizer(mx.optimizer.Optimizer):

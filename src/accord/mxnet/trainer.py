@@ -6,7 +6,9 @@ over every rank's samples: the trainer's scale is multiplied by
 ``gradient_predivide_factor / size``, gradients by ``1 / gradient_predivide_factor`` before the
 sum. Gradients are submitted last layer first, each as soon as MXNet's backward has written it,
 so the engine reduces (and fuses) them while backward is still running; ``step`` returns once
-every reduced gradient is written. ``compression=Compression.fp16`` sends them as float16.
+every reduced gradient is written. ``compression=Compression.fp16`` sends them as float16 (the
+engine casts on the wire); a user's NDArray compressor is applied around the allreduce as in
+Horovod (see :mod:`accord.mxnet.compression`).
 """
 from __future__ import annotations
 
@@ -15,10 +17,11 @@ from collections import OrderedDict
 from typing import Any
 
 from accord.comm.ops import ReduceOp
+from accord.engine.compression import NoneCompressor as WireUnchanged
 from accord.engine.request import Op
 from accord.errors import with_hint
-from accord.mxnet.bridge import mx, write_view
-from accord.mxnet.compression import Compression
+from accord.mxnet.bridge import DenseStandIns, mx, write_view
+from accord.mxnet.compression import Compression, engine_compressor
 from accord.mxnet.mpi_ops import submit, wait_all
 from accord.mxnet.optimizer import DistributedOptimizer
 from accord.mxnet.process_sets import ProcessSet, global_process_set
@@ -32,7 +35,8 @@ class DistributedTrainer(mx.gluon.Trainer):
         optimizer: an ``mx.optimizer.Optimizer`` or its name; a DistributedOptimizer is
             unwrapped (with a warning), as in Horovod.
         optimizer_params: the optimizer's arguments when ``optimizer`` is a name.
-        compression: ``Compression.none`` (default), ``.fp16`` or ``.bf16``.
+        compression: ``Compression.none`` (default), ``.fp16``, ``.bf16``, or a
+            :class:`~accord.mxnet.compression.Compressor` of one's own (run on the NDArrays).
         gradient_predivide_factor: splits the averaging before and after the sum.
         prefix: prepended to the gradient names (two trainers in one program need different
             prefixes).
@@ -58,6 +62,7 @@ class DistributedTrainer(mx.gluon.Trainer):
             params = sorted(params, key=lambda p: p.name)
         super().__init__(params, optimizer, optimizer_params=optimizer_params, kvstore=None)
         self._compression = compression
+        self._engine_compression = engine_compressor(compression)
         self._process_set = process_set
         self._gradient_predivide_factor = float(gradient_predivide_factor)
         self._prefix = prefix or ""
@@ -67,7 +72,7 @@ class DistributedTrainer(mx.gluon.Trainer):
     def _allreduce_grads(self) -> None:
         if self._process_set.size() == 1 or not self._process_set.included():
             return
-        handles, copies = [], []
+        handles, copies, compressed, sparse = [], [], [], DenseStandIns()
         # Backward writes the last layers' gradients first: submitting those first lets the
         # engine reduce them while MXNet is still computing the rest (write_view waits for
         # each gradient only).
@@ -78,13 +83,24 @@ class DistributedTrainer(mx.gluon.Trainer):
             grads = param.list_grad()
             for other in grads[1:]:  # several devices in this process: sum them first
                 grads[0] += other
-            handles += submit(Op.ALLREDUCE, [write_view(grads[0])], self._prefix + str(i),
+            grad = sparse.dense(grads[0])  # a row_sparse gradient is reduced in its dense form
+            wire, wire_compression = grad, self._engine_compression
+            if wire_compression is None:  # a user's compressor: on the NDArray, as Horovod does
+                wire, ctx = self._compression.compress(grad)
+                compressed.append((grad, wire, ctx))
+                wire_compression = WireUnchanged
+            handles += submit(Op.ALLREDUCE, [write_view(wire)], self._prefix + str(i),
                               self._process_set, in_place=True, reduce_op=ReduceOp.SUM,
                               prescale_factor=1.0 / self._gradient_predivide_factor,
-                              compression=self._compression)
+                              compression=wire_compression)
             if len(grads) > 1:
                 copies.append(grads)
         wait_all(handles)
+        for grad, wire, ctx in compressed:
+            result = self._compression.decompress(wire, ctx)
+            if result is not grad:
+                grad[:] = result
+        sparse.write_back()
         for grads in copies:
             for other in grads[1:]:
                 grads[0].copyto(other)
