@@ -1,4 +1,6 @@
 """hvd.elastic pieces that need no ranks: ElasticSampler bookkeeping, state commit/restore."""
+import random
+
 import pytest
 import torch
 
@@ -13,7 +15,7 @@ def test_sampler_single_process_records_and_resumes():
     assert list(sampler) == list(range(10)) and len(sampler) == 10
     sampler.record_batch(0, 3)
     sampler.record_indices([9])
-    assert sampler.state_dict() == {"epoch": 0, "processed_indices": {0, 1, 2, 9}}
+    assert sampler.state_dict() == {"epoch": 0, "processed_indices": {0, 1, 2, 9}, "processed_num": 4}
     sampler.reset()
     assert list(sampler) == [3, 4, 5, 6, 7, 8] and len(sampler) == 6
     saved = sampler.state_dict()
@@ -45,6 +47,41 @@ def test_sampler_splits_remaining_samples_over_ranks(monkeypatch):
         assert len(sampler) == 3
     assert sorted(set(i for s in shares for i in s)) == [4, 5, 6, 7, 8, 9, 10]
     assert sum(len(s) for s in shares) == 9
+
+
+def _horovod_share(n, seed, epoch, processed_num, size, rank):
+    """Horovod 0.24+'s split, computed here from its definition: the epoch's shuffled order less
+    its first processed_num samples, padded from its start to a multiple of size, every size-th."""
+    order = list(range(n))
+    random.Random(seed + epoch).shuffle(order)
+    rest = order[processed_num:]
+    per_rank = -(-len(rest) // size)
+    padded = (rest * size)[:per_rank * size] if rest else []
+    return padded[rank::size]
+
+
+def test_sampler_counts_and_splits_as_horovods(monkeypatch):
+    monkeypatch.setattr(gateway, "is_initialized", lambda: True)
+    monkeypatch.setattr(gateway, "size", lambda: 3)
+    for rank in range(3):
+        monkeypatch.setattr(gateway, "rank", lambda r=rank: r)
+        sampler = hvd.elastic.ElasticSampler(list(range(23)), shuffle=True, seed=4)
+        sampler.set_epoch(2)
+        assert list(sampler) == _horovod_share(23, 4, 2, 0, 3, rank)
+        sampler.record_batch(0, 2)  # 2 samples of each of the 3 ranks
+        sampler.record_batch(7, 2)  # the index is not used: the job's next batch
+        assert sampler.processed_num == 12
+        saved = sampler.state_dict()
+        sampler.record_batch(2, 2)
+        assert sampler.processed_num == 18
+        sampler.load_state_dict(saved)  # restore: the next record counts from there
+        assert sampler.processed_num == 12 and list(sampler) == _horovod_share(23, 4, 2, 12, 3, rank)
+        sampler.record_batch(0, 2)
+        assert sampler.processed_num == 18 and len(sampler) == 4  # the split changes at a reset
+        # a state saved by Horovod's sampler holds only the count
+        sampler.load_state_dict({"epoch": 5, "processed_num": 9})
+        assert (sampler.epoch, sampler.processed_num) == (5, 9)
+        assert list(sampler) == _horovod_share(23, 4, 5, 9, 3, rank)
 
 
 def test_object_state_commit_restore_and_reset_callbacks():

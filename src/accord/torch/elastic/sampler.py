@@ -3,7 +3,14 @@
 It remembers which samples were processed this epoch (``record_batch``/``record_indices``); on
 a reset the remaining ones are re-split over the ranks that are left, so no sample is lost or
 repeated within the epoch (except the padding that keeps every rank's share equal, as in
-torch's DistributedSampler). The shuffle order depends only on ``seed + epoch``.
+torch's DistributedSampler). The order is the epoch's shuffle (``seed + epoch``) less what was
+processed, so the splits are Horovod's: at the epoch's start and after any number of batches.
+
+Horovod 0.24+ counts instead of remembering (``processed_num``; ``state_dict()`` holds
+``{"epoch", "processed_num"}``). Both are offered: ``processed_num`` is the number of distinct
+samples processed this epoch, ``state_dict()`` holds both forms, and ``load_state_dict`` takes
+a Horovod state too (its first ``processed_num`` samples of the epoch's order are the processed
+ones, as Horovod reads them).
 """
 from __future__ import annotations
 
@@ -35,6 +42,7 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.num_samples = 0
         self.total_size = 0
         self.indices: list[int] = []
+        self._recorded = 0  # samples of this iteration's order that record_batch has marked
         self.reset()
 
     def set_epoch(self, epoch: int) -> None:
@@ -44,15 +52,14 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.reset()
 
     def record_batch(self, batch_idx: int, batch_size: int) -> None:
-        """Mark batch ``batch_idx`` of the current iteration as processed, on every rank: each
-        rank records the whole job's batch (its own and the other ranks' shares, which it can
-        compute), so a rank that dies after a commit takes nothing with it and its samples are
-        not trained on twice. (Horovod records only the rank's own share.)"""
-        start = batch_idx * batch_size
-        padded = self._padded()
-        for rank in range(self.num_replicas):
-            share = padded[rank:self.total_size:self.num_replicas]
-            self.record_indices(share[start:start + batch_size])
+        """Mark the job's next batch of this iteration as processed: ``batch_size`` samples of
+        every rank's share (each rank can compute the others'), so a rank that dies after a
+        commit takes nothing with it. As in Horovod 0.24+, calls count batches in order and
+        ``batch_idx`` is not used: the ranks' shares interleave, so the job's k-th batch is
+        the k-th block of ``batch_size * num_replicas`` samples of the iteration's order."""
+        block = batch_size * self.num_replicas
+        self.record_indices(self._padded()[self._recorded:self._recorded + block])
+        self._recorded += block
 
     def record_indices(self, indices: Any) -> None:
         """Mark these dataset indices as processed."""
@@ -63,26 +70,42 @@ class ElasticSampler(torch.utils.data.Sampler):
         start = batch_idx * batch_size
         return self.indices[start:min(start + batch_size, len(self.indices))]
 
+    @property
+    def processed_num(self) -> int:
+        """How many samples of this epoch were processed, by the whole job (Horovod 0.24+)."""
+        return len(self.processed_indices)
+
     def state_dict(self) -> dict[str, Any]:
-        """What to save: the epoch and the processed indices."""
-        return {"epoch": self.epoch, "processed_indices": set(self.processed_indices)}
+        """What to save: the epoch and the processed indices (and their number, Horovod's form)."""
+        return {"epoch": self.epoch, "processed_indices": set(self.processed_indices),
+                "processed_num": self.processed_num}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore the epoch and processed indices, and re-split what remains."""
+        """Restore the epoch and processed samples (ours, or Horovod's ``processed_num``), and
+        re-split what remains."""
         self.epoch = state_dict["epoch"]
-        self.processed_indices = set(state_dict["processed_indices"])
+        if "processed_indices" in state_dict:
+            self.processed_indices = set(state_dict["processed_indices"])
+        else:  # Horovod's count: the first samples of the epoch's order were processed
+            self.processed_indices = set(self._epoch_order()[:int(state_dict["processed_num"])])
         self.reset()
+
+    def _epoch_order(self) -> list[int]:
+        order = list(range(len(self.dataset)))
+        if self.shuffle:
+            random.Random(self.seed + self.epoch).shuffle(order)
+        return order
 
     def reset(self) -> None:
         """Re-split the unprocessed samples over the current ranks (1 rank before init)."""
         initialized = gateway.is_initialized()
         self.num_replicas = gateway.size() if initialized else 1
         self.rank = gateway.rank() if initialized else 0
-        remaining = [i for i in range(len(self.dataset)) if i not in self.processed_indices]
-        if self.shuffle:
-            random.Random(self.seed + self.epoch).shuffle(remaining)
-        self.remaining_indices = remaining
-        self.num_samples = int(math.ceil(len(remaining) / self.num_replicas))
+        processed = self.processed_indices
+        # the epoch's order, less what was processed: after a prefix of it, Horovod's split
+        self.remaining_indices = [i for i in self._epoch_order() if i not in processed]
+        self._recorded = 0
+        self.num_samples = int(math.ceil(len(self.remaining_indices) / self.num_replicas))
         self.total_size = self.num_samples * self.num_replicas
 
     def _padded(self) -> list[int]:
