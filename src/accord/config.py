@@ -111,6 +111,7 @@ VARIABLES: dict[str, Variable] = {
         _v("ACCORD_HIERARCHICAL_MIN_BYTES", int, 1024 * 1024, "Smallest allreduce (bytes) that takes the hierarchical path when it was chosen automatically (smaller ones are latency-bound and run flat)."),
         _v("ACCORD_COLLECTIVE_TIMEOUT", finite_float, 60.0, "Seconds a collective may wait for a peer before the rank is declared lost.", "HOROVOD_GLOO_TIMEOUT_SECONDS"),
         _v("ACCORD_START_TIMEOUT", finite_float, 30.0, "Seconds for every rank to reach the rendezvous.", "HOROVOD_START_TIMEOUT"),
+        _v("ACCORD_ELASTIC", parse_bool, False, "This worker belongs to an elastic job (accordrun sets it with --min-np or --host-discovery-script, as horovodrun sets HOROVOD_ELASTIC=1): a DistributedOptimizer built while the job has one worker still hooks its gradients, since the job may grow.", "HOROVOD_ELASTIC"),
         _v("ACCORD_ELASTIC_ID", int, None, "Stable id of an elastic worker (accordrun with --host-discovery-script): its first rank; workers added later get the next ids."),
         _v("ACCORD_ELASTIC_JOIN", parse_bool, False, "This worker was added to a running elastic job: init() first waits until the running workers admit it."),
         _v("ACCORD_ELASTIC_MIN_NP", int, None, "Elastic jobs: the fewest workers the job re-forms with (accordrun's --min-np)."),

@@ -18,7 +18,14 @@ from accord.run.elastic_config import ElasticConfig
 from accord.run.elastic_plan import Plan, plan_changes, usable_hosts
 from accord.run.hosts import HostSlots
 from accord.run.launch_config import config_from_args
-from accord.worker_contract import ELASTIC_DEAD_KEY, ELASTIC_LEAVING_KEY, ELASTIC_UPDATE_KEY, ELASTIC_UPDATES_KEY
+from accord.run.worker_env import elastic_env
+from accord.worker_contract import (
+    ELASTIC_DEAD_KEY,
+    ELASTIC_LATEST_KEY,
+    ELASTIC_LEAVING_KEY,
+    ELASTIC_UPDATE_KEY,
+    ELASTIC_UPDATES_KEY,
+)
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -81,19 +88,23 @@ def test_blacklist_without_cooldown_is_for_good():
     assert bl.blocked(5e8) == {"h3"}
 
 
-def test_blacklist_cooldown_is_drawn_in_range_doubles_and_caps():
-    bl = Blacklist((10.0, 40.0), rng=random.Random(7))
-    first_draw = random.Random(7).uniform(10.0, 40.0)
-    until = bl.add("h3", now=0.0)
-    assert until == pytest.approx(first_draw)
-    assert bl.is_blocked("h3", until - 0.01) and not bl.is_blocked("h3", until + 0.01)
-    second_draw = random.Random(7)
-    second_draw.uniform(10.0, 40.0)
-    expected = min(40.0, second_draw.uniform(10.0, 40.0) * 2)
-    assert bl.add("h3", now=100.0) == pytest.approx(100.0 + expected)
-    for _ in range(5):
-        assert bl.add("h3", now=200.0) <= 240.0  # never beyond MAX
-    assert bl.failures("h3") == 7
+def test_blacklist_cooldown_backs_off_exponentially_from_min_and_caps_at_max():
+    """Horovod's formula: the n-th failure keeps the host out MIN * 2**n s plus a jitter of up to
+    MIN, within [MIN, MAX]."""
+    bl = Blacklist((10.0, 300.0), rng=random.Random(7))
+    jitter = random.Random(7)
+    expected = []
+    for n in range(1, 7):
+        expected.append(min(300.0, 10.0 * 2 ** n + jitter.uniform(0.0, 1.0) * 10.0))
+    untils = [bl.add("h3", now=1000.0 * n) - 1000.0 * n for n in range(1, 7)]
+    assert untils == pytest.approx(expected)
+    assert 20.0 <= untils[0] <= 30.0 and 40.0 <= untils[1] <= 50.0 and 80.0 <= untils[2] <= 90.0
+    assert untils[-1] == 300.0  # 640+ s capped at MAX
+    assert bl.failures("h3") == 6
+    until = bl.add("h1", now=0.0)
+    assert bl.is_blocked("h1", until - 0.01) and not bl.is_blocked("h1", until + 0.01)
+    tight = Blacklist((1.0, 2.0), rng=random.Random(1))
+    assert tight.add("h", now=0.0) == 2.0  # 2-3 s, capped at MAX (Horovod's test range)
 
 
 # --- the plan --------------------------------------------------------------------------------------
@@ -135,7 +146,48 @@ def test_flags_with_a_discovery_script(tmp_path):
     assert not e.elastic_timeout_given and e.elastic_timeout == 600
     cfg = _cfg(["-np", "2", "--min-np", "1", "--host-discovery-script", "echo h1:4",
                 "--elastic-timeout", "30", "python3", "t.py"], tmp_path)
-    assert (cfg.num_proc, cfg.min_np, cfg.elastic.elastic_timeout_given) == (2, 1, True)
+    assert (cfg.num_proc, cfg.min_np, cfg.elastic.elastic_timeout_given) == (4, 1, True)
+
+
+def test_an_elastic_job_starts_on_every_slot_up_to_max_np_and_np_is_the_least_it_needs(tmp_path):
+    """horovodrun: in elastic mode -np is "the number of processes required before training can
+    start"; the job runs on every discovered slot up to --max-np (--min-np defaults to -np)."""
+    script = ["--host-discovery-script", "echo h1:2; echo h2:2"]
+    cfg = _cfg(["-np", "2"] + script + ["python3", "t.py"], tmp_path)
+    assert (cfg.num_proc, cfg.min_np) == (4, 2)
+    assert [(s.rank, s.hostname) for s in cfg.slots] == [(0, "h1"), (1, "h1"), (2, "h2"), (3, "h2")]
+    cfg = _cfg(["-np", "2", "--max-num-proc", "3", "--min-num-proc", "1"] + script + ["python3", "t.py"], tmp_path)
+    assert (cfg.num_proc, cfg.min_np, cfg.elastic.max_np) == (3, 1, 3)  # horovodrun's long spellings too
+    with pytest.raises(ConfigError, match=r"-np 5 is more than the 4 slots the discovery script printed"):
+        _cfg(["-np", "5"] + script + ["python3", "t.py"], tmp_path)
+
+
+def test_min_np_with_two_or_more_hosts_is_an_elastic_job_on_fixed_hosts(tmp_path):
+    """horovodrun -H a:2,b:2 --min-np N runs its elastic driver on those hosts: every slot is
+    used (up to --max-np), and --reset-limit / --blacklist-cooldown-range apply."""
+    cfg = _cfg(["-np", "2", "--min-np", "2", "-H", "h1:2,h2:2", "--reset-limit", "3",
+                "--blacklist-cooldown-range", "1", "5", "python3", "t.py"], tmp_path)
+    e = cfg.elastic
+    assert e is not None and e.discovery_script is None
+    assert (e.reset_limit, e.cooldown_range, e.max_np) == (3, (1.0, 5.0), None)
+    assert (cfg.num_proc, cfg.min_np) == (4, 2)
+    assert [s.hostname for s in cfg.slots] == ["h1", "h1", "h2", "h2"]
+    cfg = _cfg(["-np", "2", "--min-np", "1", "-H", "h1:2,h2:2", "--max-np", "3", "python3", "t.py"], tmp_path)
+    assert cfg.num_proc == 3
+    # one host: accord's own --min-np (the failed worker is left out), as before; Horovod refuses it
+    cfg = _cfg(["-np", "3", "--min-np", "2", "-H", "h1:4", "python3", "t.py"], tmp_path)
+    assert cfg.elastic is None and (cfg.num_proc, cfg.min_np) == (3, 2)
+    with pytest.raises(ConfigError, match=r"-np 5 is more than the 4 slots the hosts have"):
+        _cfg(["-np", "5", "--min-np", "2", "-H", "h1:2,h2:2", "python3", "t.py"], tmp_path)
+    with pytest.raises(ConfigError, match=r"--discovery-interval need --host-discovery-script"):
+        _cfg(["--min-np", "2", "-H", "h1:2,h2:2", "--discovery-interval", "1", "python3", "t.py"], tmp_path)
+    with pytest.raises(ConfigError, match=r"--reset-limit need --host-discovery-script \(or --min-np with -H"):
+        _cfg(["-np", "3", "--min-np", "2", "-H", "h1:4", "--reset-limit", "1", "python3", "t.py"], tmp_path)
+
+
+def test_elastic_workers_are_marked_as_horovodrun_marks_them():
+    assert elastic_env(3, True, 2, None) == {"ACCORD_ELASTIC": "1", "HOROVOD_ELASTIC": "1", "ACCORD_ELASTIC_ID": "3",
+                                             "ACCORD_ELASTIC_JOIN": "1", "ACCORD_ELASTIC_MIN_NP": "2"}
 
 
 @pytest.mark.parametrize("argv, fragment", [
@@ -324,6 +376,59 @@ def test_reset_limit(tmp_path):
     driver, sup, store, members, started, said, clock = _driver(tmp_path, reset_limit=1)
     _discover(driver, clock, "h1:2\nh2:1\n")
     assert not driver.poll()  # one change: within the limit
+    store[ELASTIC_LATEST_KEY] = 1  # the workers re-formed for it
     _discover(driver, clock, "h1:2\n")
     assert driver.poll()
-    assert "changed its workers 2 times, more than --reset-limit 1" in driver.outcome.error
+    assert "workers changed 2 times (re-formations), more than --reset-limit 1" in driver.outcome.error
+
+
+def test_changes_before_the_workers_re_form_are_one_reset(tmp_path):
+    """A failure blacklists its host, then the host's other worker is told to leave: the workers
+    re-form once for both, so it is one reset (Horovod counts re-formations)."""
+    driver, sup, store, members, started, said, clock = _driver(tmp_path, hosts="echo h1:2; echo h2:2",
+                                                                reset_limit=1)
+    members[3].returncode = 1
+    sup.ended.append(members[3])
+    assert not driver.poll()
+    assert store[ELASTIC_LEAVING_KEY.format(member=2)] == "1"  # h2's other worker leaves too
+    assert driver.resets == 1 and driver.outcome.error is None
+    store[ELASTIC_LATEST_KEY] = 1  # they re-formed, as workers 0 and 1
+    members[2].returncode = 0
+    sup.ended.append(members[2])
+    assert not driver.poll() and driver.outcome.removed == [2]
+    members[1].returncode = 1  # a second failure needs a second re-formation: over the limit
+    sup.ended.append(members[1])
+    assert driver.poll() and driver.resets == 2 and "--reset-limit 1" in driver.outcome.error
+
+
+def test_driver_on_fixed_hosts_blacklists_a_failing_host_and_never_polls(tmp_path):
+    cfg = _cfg(["-np", "2", "--min-np", "2", "-H", "h1:2,h2:2", "python3", "t.py"], tmp_path)
+    sup, store, started, said = FakeSupervisor(), FakeStore(), [], []
+    members: dict[int, FakeMember] = {}
+
+    def start(i, host, joining):
+        started.append((i, host, joining))
+        members[i] = members.get(i) or FakeMember(i, host)
+        return members[i]
+
+    driver = elastic_driver.ElasticDriver(cfg, cfg.elastic, sup, store, start, lambda m: ("failure", m.index),
+                                          said.append, clock=lambda: 0.0)
+    driver.start()
+    assert driver._poller is None and started == [(0, "h1", False), (1, "h1", False), (2, "h2", False),
+                                                  (3, "h2", False)]
+    members[0].returncode = 1
+    sup.ended.append(members[0])
+    assert not driver.poll()
+    assert driver.outcome.lost == [("failure", 0)] and driver.blacklist.is_blocked("h1", 1e9)
+    assert store[ELASTIC_LEAVING_KEY.format(member=1)] == "1" and len(started) == 4
+    # worker 1 is marked to leave, and that announced, before worker 0 is marked dead (which the
+    # survivors' re-formation waits for): they re-form once, without both
+    order = list(store)
+    dead = order.index(ELASTIC_DEAD_KEY.format(member=0))
+    assert order.index(ELASTIC_LEAVING_KEY.format(member=1)) < dead
+    assert order.index(ELASTIC_UPDATE_KEY.format(n=1)) < dead and store[ELASTIC_UPDATE_KEY.format(n=1)] == "removed"
+    for i in (1, 2, 3):
+        members[i].returncode = 0
+        sup.ended.append(members[i])
+    assert driver.poll() and driver.outcome.succeeded == [2, 3] and driver.outcome.removed == [1]
+    driver.close()

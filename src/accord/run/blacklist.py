@@ -1,9 +1,10 @@
 """Hosts whose workers failed, kept out of an elastic job for a while (Horovod's blacklist).
 
 Without ``--blacklist-cooldown-range`` a failing host stays out for the rest of the job (as in
-Horovod). With ``--blacklist-cooldown-range MIN MAX`` it comes back after a cooldown drawn
-uniformly from [MIN, MAX] seconds, doubled for each earlier failure of the same host and capped
-at MAX: a host that keeps failing stays out longer. Pure (the caller passes the clock).
+Horovod). With ``--blacklist-cooldown-range MIN MAX`` it comes back after Horovod's exponential
+backoff: its n-th failure keeps it out MIN * 2**n seconds plus a random jitter of up to MIN,
+kept within [MIN, MAX] (range 10 300: 20-30 s, then 40-50 s, 80-90 s, ... up to 300 s), so a host
+that keeps failing stays out longer. Pure (the caller passes the clock).
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ class Blacklist:
             self._until[host] = None
             return None
         low, high = self.cooldown_range
-        delay = min(high, self.rng.uniform(low, high) * 2 ** (count - 1))
+        delay = max(low, min(high, low * 2 ** count + self.rng.uniform(0.0, 1.0) * low))
         self._until[host] = now + delay
         return now + delay
 

@@ -1,17 +1,23 @@
 """The elastic flags of accordrun, validated: ``--min-np``, ``--max-np``,
 ``--host-discovery-script``, ``--slots-per-host``, ``--discovery-interval``,
 ``--elastic-timeout``, ``--reset-limit``, ``--blacklist-cooldown-range`` (Horovod's horovodrun
-flags, same meanings; ``--discovery-interval`` is ours, Horovod polls every second).
+flags, same meanings, ``--min-num-proc``/``--max-num-proc`` too; ``--discovery-interval`` is
+ours, Horovod polls every second).
 
 With a discovery script the hosts come from the script (``-H``/``--hostfile``/``--ips`` are
 refused, as in horovodrun): it is run once here, and a script that fails on this first run is a
-command-line error (exit 2), as Horovod fails at once on a first failure.
+command-line error (exit 2), as Horovod fails at once on a first failure. ``--min-np`` with hosts
+that name two or more hosts is horovodrun's elastic job on fixed hosts: the same driver, the
+hosts never change but a failing host is blacklisted (:class:`ElasticConfig` without a script).
+Either way the job starts on every slot of those hosts, up to ``--max-np``; ``-np`` is the
+fewest it needs (horovodrun: "the number of processes required before training can start").
 """
 from __future__ import annotations
 
 import argparse
 import os
 from dataclasses import dataclass
+from typing import Any, Sequence
 
 from accord import config
 from accord.errors import ConfigError, with_hint
@@ -25,9 +31,10 @@ DEFAULT_ELASTIC_TIMEOUT = 600.0  # Horovod's default
 
 @dataclass(frozen=True)
 class ElasticConfig:
-    """How an elastic job with host discovery grows, shrinks and gives up."""
+    """How an elastic job grows, shrinks and gives up (``discovery_script`` None: fixed hosts,
+    ``-H`` with ``--min-np``; then only blacklisting changes which hosts are used)."""
 
-    discovery_script: str
+    discovery_script: str | None
     slots_per_host: int | None = None
     discovery_interval: float = DEFAULT_DISCOVERY_INTERVAL
     elastic_timeout: float = DEFAULT_ELASTIC_TIMEOUT
@@ -44,11 +51,14 @@ class ElasticConfig:
 
 def add_arguments(g: argparse._ArgumentGroup) -> None:
     """The elastic flags (the group "elastic" of accordrun's parser)."""
-    g.add_argument("--min-np", type=int, help="keep the job running while at least this many workers "
-                   "are alive: a worker that fails is left out and the others re-form without it "
-                   "(default with --host-discovery-script: -np)")
-    g.add_argument("--max-np", type=int, help="the most workers the job may have (at least -np; "
-                   "default: no limit)")
+    g.add_argument("--min-np", "--min-num-proc", dest="min_np", type=int,
+                   help="keep the job running while at least this many workers are alive: a worker "
+                        "that fails is left out and the others re-form without it (default with "
+                        "--host-discovery-script: -np). With -H naming two or more hosts, or a "
+                        "discovery script, the job starts on every slot up to --max-np and -np is "
+                        "the fewest workers it needs; a failing worker's host is blacklisted")
+    g.add_argument("--max-np", "--max-num-proc", dest="max_np", type=int,
+                   help="the most workers the job may have (at least -np; default: no limit)")
     g.add_argument("--host-discovery-script", metavar="SCRIPT",
                    help="elastic job: SCRIPT (run through the shell) prints the usable hosts, one "
                         "'host:slots' or 'host' line each; run every --discovery-interval, the job "
@@ -61,29 +71,37 @@ def add_arguments(g: argparse._ArgumentGroup) -> None:
                         f"also how long workers wait for each other when they re-form "
                         f"(default {DEFAULT_ELASTIC_TIMEOUT:g})")
     g.add_argument("--reset-limit", type=int, help="fail the job after this many re-formations "
-                   "(hosts added, removed or failed; default: no limit)")
+                   "(hosts added, removed or failed; changes before the workers re-formed count "
+                   "once; default: no limit)")
     g.add_argument("--blacklist-cooldown-range", type=config.finite_float, nargs=2, metavar=("MIN", "MAX"),
-                   help="a failing host is blacklisted for a random MIN..MAX seconds (doubled for "
-                        "each earlier failure, at most MAX), then may be used again (default: for good)")
+                   help="a failing host is blacklisted, then may be used again: its n-th failure keeps "
+                        "it out MIN*2^n seconds plus a random 0..MIN, within MIN..MAX (Horovod's "
+                        "backoff; default: for good)")
 
 
-def elastic_from_args(ns: argparse.Namespace, cwd: str | None = None) -> ElasticConfig | None:
-    """The validated elastic settings, or None without --host-discovery-script.
+def elastic_from_args(ns: argparse.Namespace, hosts: Sequence[HostSlots] | None = None) -> ElasticConfig | None:
+    """The validated elastic settings: with --host-discovery-script, or with --min-np and
+    ``hosts`` (from -H/--hostfile/--ips) naming two or more hosts; else None.
 
     Raises:
         ConfigError: a discovery flag without the script, hosts given as well, a bad number.
     """
     script = ns.host_discovery_script
     if script is None:
-        extra = [flag for flag, value in (("--slots-per-host", ns.slots_per_host),
-                                          ("--discovery-interval", ns.discovery_interval),
-                                          ("--reset-limit", ns.reset_limit),
-                                          ("--blacklist-cooldown-range", ns.blacklist_cooldown_range))
-                 if value is not None]
+        fixed = ns.min_np is not None and hosts is not None and len({h.hostname for h in hosts}) >= 2
+        discovery_only = (("--slots-per-host", ns.slots_per_host), ("--discovery-interval", ns.discovery_interval))
+        limits = (("--reset-limit", ns.reset_limit), ("--blacklist-cooldown-range", ns.blacklist_cooldown_range))
+        extra = [flag for flag, value in discovery_only + (() if fixed else limits) if value is not None]
         if extra:
-            raise ConfigError(with_hint(f"{', '.join(extra)} need --host-discovery-script",
-                                        "pass --host-discovery-script SCRIPT, or drop those flags"))
-        return None
+            raise ConfigError(with_hint(
+                f"{', '.join(extra)} need --host-discovery-script" + ("" if fixed else
+                                                                     " (or --min-np with -H naming two or more hosts)"),
+                "pass --host-discovery-script SCRIPT, or drop those flags"))
+        if not fixed:
+            return None
+        return ElasticConfig(discovery_script=None, elastic_timeout=ns.elastic_timeout or DEFAULT_ELASTIC_TIMEOUT,
+                             elastic_timeout_given=ns.elastic_timeout is not None, max_np=ns.max_np,
+                             **_limits(ns))
     if not script.strip():
         raise ConfigError(with_hint("--host-discovery-script is empty", "pass the script's path"))
     given = [flag for flag, value in (("-H/--hosts", ns.hosts), ("--hostfile", ns.hostfile),
@@ -96,6 +114,19 @@ def elastic_from_args(ns: argparse.Namespace, cwd: str | None = None) -> Elastic
         raise ConfigError(with_hint(f"--slots-per-host must be at least 1, got {ns.slots_per_host}",
                                     "pass --slots-per-host N with N >= 1"))
     check_number(ns.discovery_interval, "--discovery-interval", ">0")
+    return ElasticConfig(
+        discovery_script=script,
+        slots_per_host=ns.slots_per_host,
+        discovery_interval=ns.discovery_interval or DEFAULT_DISCOVERY_INTERVAL,
+        elastic_timeout=ns.elastic_timeout or DEFAULT_ELASTIC_TIMEOUT,
+        elastic_timeout_given=ns.elastic_timeout is not None,
+        max_np=ns.max_np,
+        **_limits(ns),
+    )
+
+
+def _limits(ns: argparse.Namespace) -> dict[str, Any]:
+    """--elastic-timeout checked; --reset-limit and --blacklist-cooldown-range validated."""
     check_number(ns.elastic_timeout, "--elastic-timeout", ">0")
     if ns.reset_limit is not None and ns.reset_limit < 0:
         raise ConfigError(with_hint(f"--reset-limit must be >= 0, got {ns.reset_limit}",
@@ -109,16 +140,7 @@ def elastic_from_args(ns: argparse.Namespace, cwd: str | None = None) -> Elastic
             raise ConfigError(with_hint(f"--blacklist-cooldown-range {low:g} {high:g}: MAX is below MIN",
                                         "pass MIN MAX with MIN <= MAX, e.g. 10 60"))
         cooldown = (float(low), float(high))
-    return ElasticConfig(
-        discovery_script=script,
-        slots_per_host=ns.slots_per_host,
-        discovery_interval=ns.discovery_interval or DEFAULT_DISCOVERY_INTERVAL,
-        elastic_timeout=ns.elastic_timeout or DEFAULT_ELASTIC_TIMEOUT,
-        elastic_timeout_given=ns.elastic_timeout is not None,
-        reset_limit=ns.reset_limit,
-        cooldown_range=cooldown,
-        max_np=ns.max_np,
-    )
+    return {"reset_limit": ns.reset_limit, "cooldown_range": cooldown}
 
 
 def first_hosts(elastic: ElasticConfig, cwd: str | None = None) -> list[HostSlots]:
@@ -127,6 +149,7 @@ def first_hosts(elastic: ElasticConfig, cwd: str | None = None) -> list[HostSlot
     Raises:
         ConfigError: the script fails, hangs or prints garbage, or prints no host.
     """
+    assert elastic.discovery_script is not None
     try:
         hosts = run_discovery(elastic.discovery_script, elastic.slots_per_host,
                               elastic.script_timeout, cwd=cwd or os.getcwd())
@@ -139,8 +162,10 @@ def first_hosts(elastic: ElasticConfig, cwd: str | None = None) -> list[HostSlot
     return hosts
 
 
-def check_counts(num_proc: int, min_np: int | None, max_np: int | None, slots: int | None = None) -> None:
-    """--min-np <= -np <= --max-np, and (with discovery) -np within the first hosts' slots.
+def check_counts(num_proc: int, min_np: int | None, max_np: int | None, slots: int | None = None,
+                 source: str = "the discovery script printed") -> None:
+    """--min-np <= -np <= --max-np, and (elastic) -np within the first hosts' slots (``source``
+    says where those hosts came from).
 
     Raises:
         ConfigError: with the numbers seen.
@@ -154,5 +179,6 @@ def check_counts(num_proc: int, min_np: int | None, max_np: int | None, slots: i
                                     "pass --max-np of at least the number of workers started"))
     if slots is not None and num_proc > slots:
         raise ConfigError(with_hint(
-            f"-np {num_proc} is more than the {slots} slots the discovery script printed",
-            f"pass -np {slots} or less (the job grows when the script prints more hosts, up to --max-np)"))
+            f"-np {num_proc} is more than the {slots} slots {source}",
+            f"pass -np {slots} or less" + (" (the job grows when the script prints more hosts, up to --max-np)"
+                                           if "script" in source else "")))

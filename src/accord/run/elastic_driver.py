@@ -17,7 +17,11 @@ hosts it prints (:func:`accord.run.elastic_plan.plan_changes`):
   below that it waits up to ``--elastic-timeout`` for discovery to bring hosts, then fails.
 
 A discovery script that fails, hangs or prints garbage is warned about (naming the script and
-what it did) and the job keeps its hosts. ``--reset-limit`` caps the number of changes.
+what it did) and the job keeps its hosts. Without a script (``-H`` naming two or more hosts, with
+``--min-np``: horovodrun's elastic job on fixed hosts) the hosts never change; failures still
+blacklist theirs. ``--reset-limit`` caps the number of re-formations: changes the driver makes
+before the workers have re-formed for the previous one count once, as they re-form once (a
+failure, then the removal of the other workers on its host, is one reset, as in Horovod).
 The job ends when every worker has ended: successfully when one finished its training (exit 0
 without being asked to leave); workers still waiting to be admitted then are stopped.
 """
@@ -98,13 +102,14 @@ class ElasticDriver:
         self.workers: dict[int, Worker] = {}
         self.next_id = 0
         self.resets = 0
+        self._reset_at: int | None = None  # the workers' re-formation count when resets last grew
         self.outcome = Outcome()
         self._finishing = False
         self._below_since: float | None = None
         self._warned: dict[str, float] = {}
-        self._poller = DiscoveryPoller(
-            lambda: run_discovery(elastic.discovery_script, elastic.slots_per_host,
-                                  elastic.script_timeout, cwd=cfg.cwd),
+        script = elastic.discovery_script
+        self._poller = None if script is None else DiscoveryPoller(
+            lambda: run_discovery(script, elastic.slots_per_host, elastic.script_timeout, cwd=cfg.cwd),
             elastic.discovery_interval)
 
     # --- start ----------------------------------------------------------------------------------
@@ -112,11 +117,13 @@ class ElasticDriver:
         """Start the first workers (ranks of ``cfg.slots``) and the discovery thread."""
         for slot in self.cfg.slots:
             self._add(slot.hostname, joining=False)
-        self._poller.start()
+        if self._poller is not None:
+            self._poller.start()
 
     def close(self) -> None:
         """Stop the discovery thread."""
-        self._poller.stop()
+        if self._poller is not None:
+            self._poller.stop()
 
     def _add(self, host: str, joining: bool) -> None:
         member_id = self.next_id
@@ -136,7 +143,7 @@ class ElasticDriver:
                 self._ended(self.workers[m.index], now)
         if self.outcome.failures or self.outcome.error:
             return True
-        for result in self._poller.results():
+        for result in self._poller.results() if self._poller is not None else []:
             if result.error is not None:
                 self._warn_discovery(str(result.error), now)
             else:
@@ -163,23 +170,31 @@ class ElasticDriver:
 
     def _ended(self, w: Worker, now: float) -> None:
         m = w.member
-        self._store_set(ELASTIC_DEAD_KEY.format(member=m.index), "1")
+        dead_key = ELASTIC_DEAD_KEY.format(member=m.index)
         if w.leaving_since is not None:
+            self._store_set(dead_key, "1")
             self.outcome.removed.append(m.index)
             return
         if m.returncode == 0:
+            self._store_set(dead_key, "1")
             self.outcome.succeeded.append(m.index)
             self._finishing = True  # training is over: no more workers
             return
         failure = self._failure(m)
         until = self.blacklist.add(m.host, now)
-        self.resets += 1
+        self._count_reset()
         alive = len([1 for _, x in self._running() if x.leaving_since is None])
         self._say(f"elastic: worker {m.index} on {m.host} ended ({describe_returncode(m.returncode)}); "
                   f"blacklisting {m.host} " + ("for the rest of the job" if until is None else
                                                  f"for {until - now:.0f}s")
                   + f"; {alive} workers remain (--min-np {self.cfg.min_np})")
         self.outcome.lost.append(failure)
+        if not self._finishing:
+            # Its host's other workers are marked to leave (and the change announced) before it
+            # is marked dead: the survivors' re-formation waits for that mark, so it leaves them
+            # out at once instead of re-forming a second time for them.
+            self._replan(now)
+        self._store_set(dead_key, "1")
 
     def _warn_discovery(self, text: str, now: float) -> None:
         if now - self._warned.get(text, -_WARN_EVERY) >= _WARN_EVERY:
@@ -193,7 +208,7 @@ class ElasticDriver:
         plan = plan_changes(usable, active, self.elastic.max_np)
         if plan.empty:
             return
-        self.resets += 1
+        self._count_reset()
         if plan.remove:
             self._say(f"elastic: hosts left the job: stopping workers {plan.remove} on "
                       f"{sorted({self.workers[i].member.host for i in plan.remove})}")
@@ -210,6 +225,21 @@ class ElasticDriver:
                           + ("" if until is None else f" for {until - now:.0f}s"))
                 continue
             self._say(f"elastic: started worker {self.next_id - 1} on {host}")
+
+    def _count_reset(self) -> None:
+        """Count a change of the workers as a reset, unless the workers have not re-formed
+        since the last one counted: they will take both changes in one re-formation."""
+        formed = self._reformations()
+        if self._reset_at is None or formed > self._reset_at:
+            self.resets += 1
+            self._reset_at = formed
+
+    def _reformations(self) -> int:
+        """How often the workers have re-formed so far (the count they publish in the store)."""
+        try:  # add(0) would create the key, which tells joiners a re-formation was published
+            return int(self.store.add(ELASTIC_LATEST_KEY, 0)) if self.store.check([ELASTIC_LATEST_KEY]) else 0
+        except Exception:  # the store is in this process: only a bug gets here
+            return 0
 
     def _notify(self, kind: str) -> None:
         """Tell the running workers that hosts changed (they look at their next commit)."""
@@ -235,8 +265,8 @@ class ElasticDriver:
         limit = self.elastic.reset_limit
         if limit is not None and self.resets > limit:
             self.outcome.error = with_hint(
-                f"error: the job changed its workers {self.resets} times, more than --reset-limit {limit}",
-                "raise --reset-limit, or look at why hosts keep changing or failing")
+                f"error: the job's workers changed {self.resets} times (re-formations), more than "
+                f"--reset-limit {limit}", "raise --reset-limit, or look at why hosts keep changing or failing")
             return True
         alive = len([1 for _, w in self._running() if w.leaving_since is None])
         min_np = self.cfg.min_np or 1
@@ -254,8 +284,9 @@ class ElasticDriver:
                 f"error: the job stayed below --min-np {min_np} ({alive} workers) for "
                 f"--elastic-timeout {self.elastic.elastic_timeout:g}s; discovered hosts: {hosts}; "
                 f"blacklisted: {blocked or 'none'}",
-                f"make {self.elastic.discovery_script!r} print more hosts, lower --min-np, or "
-                "raise --elastic-timeout")
+                (f"make {self.elastic.discovery_script!r} print more hosts" if self.elastic.discovery_script
+                 else "let blacklisted hosts come back (--blacklist-cooldown-range MIN MAX)")
+                + ", lower --min-np, or raise --elastic-timeout")
             return True
         return False
 

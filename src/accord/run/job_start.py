@@ -21,7 +21,7 @@ from accord.run.output import OutputMux
 from accord.run.runners import StartOptions
 from accord.run.servers import ps_env, server_command, server_dirname, server_env, server_label
 from accord.run.supervisor import Member, Supervisor
-from accord.run.worker_env import JobEnv, elastic_env, omp_threads, worker_env
+from accord.run.worker_env import ELASTIC_FLAG, JobEnv, elastic_env, omp_threads, worker_env
 
 
 class JobStarter:
@@ -82,6 +82,8 @@ class JobStarter:
                                                 remote=not is_local(slot.hostname)))
             elif cfg.num_servers:
                 added.update(ps_env("worker", job, cfg.num_servers, cfg.num_proc))
+            if cfg.min_np is not None:
+                added.update(ELASTIC_FLAG)
             try:
                 self._start("worker", slot.rank, slot.rank, slot.hostname, cfg.worker_command, environ, added,
                             err_path)

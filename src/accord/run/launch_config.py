@@ -62,7 +62,7 @@ class LaunchConfig:
     server_hosts: tuple[str, ...] = ()  # the host of each server (run.servers.server_placement)
     ps: str = "accord"  # whose parameter servers: accord's or MXNet's (--ps mxnet)
     min_np: int | None = None  # elastic: failed workers are left out while this many remain
-    elastic: elastic_config.ElasticConfig | None = None  # --host-discovery-script and its flags
+    elastic: elastic_config.ElasticConfig | None = None  # the elastic driver's job (discovery, or -H with --min-np)
     sync_dst_dir: str | None = None  # --sync-dst-dir: workers and servers run from this copy
     exit_release: bool = True  # a Python script's globals are released before teardown (run.exit_release)
 
@@ -145,13 +145,19 @@ def _command(ns: argparse.Namespace, environ: Mapping[str, str], all_local: bool
     return tuple(command)
 
 
-def _elastic(ns: argparse.Namespace, num_proc: int, slots: int | None) -> int | None:
-    """--min-np, validated with --max-np (with discovery: default -np, within the first slots)."""
+def _elastic(ns: argparse.Namespace, num_proc: int, hosts: list[HostSlots],
+             elastic: elastic_config.ElasticConfig | None) -> int | None:
+    """--min-np, validated with -np and --max-np (elastic: default -np, within the first slots;
+    ``num_proc`` is then -np, the fewest workers the job needs, not the number started)."""
     min_np = ns.min_np
-    if min_np is None and ns.host_discovery_script is not None:
-        min_np = num_proc  # Horovod's default
-    elastic_config.check_counts(num_proc, min_np, ns.max_np, slots)
-    return min_np
+    if elastic is None:
+        elastic_config.check_counts(num_proc, min_np, ns.max_np)
+        return min_np
+    requested = ns.num_proc if ns.num_proc is not None else num_proc
+    source = "the discovery script printed" if elastic.discovery_script else "the hosts have"
+    elastic_config.check_counts(requested, min_np if min_np is not None else requested, ns.max_np,
+                                sum(h.slots for h in hosts), source)
+    return min_np if min_np is not None else requested  # Horovod's default
 
 
 def _server_hosts(ns: argparse.Namespace, num_servers: int, slots: tuple[Slot, ...]) -> tuple[str, ...]:
@@ -175,13 +181,15 @@ def _sync_dir(ns: argparse.Namespace) -> str | None:
     return path
 
 
-def _workers(ns: argparse.Namespace, elastic: elastic_config.ElasticConfig | None, cwd: str | None
+def _workers(ns: argparse.Namespace, given: list[HostSlots] | None,
+             elastic: elastic_config.ElasticConfig | None, cwd: str | None
              ) -> tuple[list[HostSlots], int, tuple[Slot, ...]]:
-    """Hosts, worker count and every worker's slot, from -np, -H, --hostfile, --ips (or, for an
-    elastic job, the discovery script's first answer)."""
-    hosts = _hosts(ns) if elastic is None else elastic_config.first_hosts(elastic, cwd)
+    """Hosts, worker count and every worker's slot, from -np and the ``given`` hosts (-H,
+    --hostfile, --ips) or, with a discovery script, its first answer. An elastic job starts on
+    every slot up to --max-np, as horovodrun's (-np is then only the fewest it needs)."""
+    hosts = given if elastic is None or elastic.discovery_script is None else elastic_config.first_hosts(elastic, cwd)
     num_proc = ns.num_proc
-    if elastic is not None and num_proc is None:
+    if elastic is not None:
         total = sum(h.slots for h in hosts)
         num_proc = min(total, ns.max_np) if ns.max_np is not None else total
     if hosts is None:
@@ -273,8 +281,9 @@ def config_from_args(ns: argparse.Namespace, environ: Mapping[str, str], cwd: st
     Raises:
         ConfigError: anything unusable, with a HINT.
     """
-    elastic = elastic_config.elastic_from_args(ns)
-    hosts, num_proc, slots = _workers(ns, elastic, cwd)
+    given = _hosts(ns)
+    elastic = elastic_config.elastic_from_args(ns, given)
+    hosts, num_proc, slots = _workers(ns, given, elastic, cwd)
     devices = _devices(ns, slots)
     ranks_filter = _ranks_filter(ns, num_proc)
     _positive(ns.grace_period, "--grace-period", allow_zero=True)
@@ -304,7 +313,7 @@ def config_from_args(ns: argparse.Namespace, environ: Mapping[str, str], cwd: st
         verbose=tuning.verbose > 0,
         num_servers=num_servers,
         server_hosts=server_hosts,
-        min_np=_elastic(ns, num_proc, sum(h.slots for h in hosts) if elastic is not None else None),
+        min_np=_elastic(ns, num_proc, hosts, elastic),
         elastic=elastic,
         ps=ps,
         sync_dst_dir=_sync_dir(ns),

@@ -201,7 +201,7 @@ class _Job:
         out = driver.outcome
         if out.error:
             self._say(out.error)
-        return self._finish(out.failures, out.lost, [], failed=bool(out.error))
+        return self._finish(out.failures, out.lost, [], failed=bool(out.error), finished=out.succeeded)
 
     def _watch(self) -> int:
         cfg = self.cfg
@@ -238,9 +238,10 @@ class _Job:
         return self._finish(failures, lost, missing)
 
     def _finish(self, failures: list[Failure], lost: list[Failure], missing: list[int],
-                failed: bool = False) -> int:
+                failed: bool = False, finished: list[int] | None = None) -> int:
         """Stop what still runs, report, and return the exit code (``failed``: an error the
-        caller already reported)."""
+        caller already reported; ``finished``: the elastic driver's workers that finished their
+        training, not those that left the job with status 0 when their host was removed)."""
         cfg = self.cfg
         stopped = self._stop_all(self._signals[0] if self._signals else signal.SIGTERM)
         assert self._mux is not None
@@ -262,7 +263,8 @@ class _Job:
         if failed:
             return 1
         if lost:
-            left = sorted(w.index for w in self._workers if w.returncode == 0 and not w.stopped)
+            left = sorted(finished if finished is not None else
+                          (w.index for w in self._workers if w.returncode == 0 and not w.stopped))
             who = "workers" if cfg.elastic is not None else "ranks"
             self._say(f"elastic: the job finished on {who} {left} (--min-np {cfg.min_np}) without "
                       + "; ".join(f"rank {f.rank} on {f.host} ({describe_returncode(f.returncode)})"

@@ -53,8 +53,11 @@ Tuning flags map to the variables of :data:`accord.run.tuning.OPTIONS` (the one 
 ``ACCORD_INTERFACE``, ``ACCORD_VERBOSE`` (a level: ``--verbose`` gives 1, ``PS_VERBOSE=2``
 stays 2; see :mod:`accord.config`) and ``ACCORD_START_TIMEOUT``.
 
-Elastic jobs with ``--host-discovery-script`` add ``ACCORD_ELASTIC_ID`` (the worker's stable
-id: its first rank; workers added later get the next ids), ``ACCORD_ELASTIC_JOIN=1`` (a worker
+Elastic jobs (``--min-np`` or ``--host-discovery-script``) add ``ACCORD_ELASTIC=1`` and
+Horovod's ``HOROVOD_ELASTIC=1`` (:data:`ELASTIC_FLAG`). Those the elastic driver runs (with
+``--host-discovery-script``, or ``--min-np`` with ``-H`` naming two or more hosts) also get
+``ACCORD_ELASTIC_ID`` (the worker's stable id: its first rank; workers added later get the next
+ids), ``ACCORD_ELASTIC_JOIN=1`` (a worker
 added to the running job: its init waits to be admitted), ``ACCORD_ELASTIC_MIN_NP`` and, with
 ``--elastic-timeout``, ``ACCORD_ELASTIC_TIMEOUT`` (see :func:`elastic_env`).
 
@@ -153,12 +156,17 @@ def worker_env(
     return env
 
 
+# Every worker of an elastic job (--min-np or --host-discovery-script), as horovodrun marks them:
+# a DistributedOptimizer built while the job has one worker still hooks its gradients.
+ELASTIC_FLAG = {"ACCORD_ELASTIC": "1", "HOROVOD_ELASTIC": "1"}
+
+
 def elastic_env(member_id: int, joining: bool, min_np: int | None,
                 elastic_timeout: float | None) -> dict[str, str]:
-    """What a worker of an elastic job with host discovery adds: its stable id
+    """What a worker run by the elastic driver adds: :data:`ELASTIC_FLAG`, its stable id
     (``ACCORD_ELASTIC_ID``), ``ACCORD_ELASTIC_JOIN=1`` for a worker added to the running job,
     ``ACCORD_ELASTIC_MIN_NP`` and, when given, ``ACCORD_ELASTIC_TIMEOUT``."""
-    env = {"ACCORD_ELASTIC_ID": str(member_id)}
+    env = {"ACCORD_ELASTIC_ID": str(member_id), **ELASTIC_FLAG}
     if joining:
         env["ACCORD_ELASTIC_JOIN"] = "1"
     if min_np is not None:

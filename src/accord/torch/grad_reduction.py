@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 import torch
 
+from accord import config
 from accord.comm.ops import ReduceOp
 from accord.torch import async_ops as A
 from accord.torch import gateway
@@ -58,7 +59,10 @@ class _DistributedMixin:
         self._groups = _check_groups(groups)
         self._p_to_group: dict[torch.Tensor, tuple[torch.Tensor, ...]] = {}
         self._group_counts: dict[tuple[torch.Tensor, ...], int] = {}
-        if process_set.included() and (gateway.size() > 1 or gateway.elastic()):
+        # An elastic worker alone now may be joined later: its gradients must be averaged then,
+        # and hooks cannot be added once hvd.elastic.run has started (Horovod: HOROVOD_ELASTIC=1).
+        if process_set.included() and (gateway.size() > 1 or gateway.elastic()
+                                       or config.get("ACCORD_ELASTIC")):
             self._register_hooks()
 
     def _accord_names(self, named_parameters) -> list[tuple[str, torch.Tensor]]:

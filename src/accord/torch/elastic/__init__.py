@@ -61,6 +61,10 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
                     skip_sync = exc.skip_sync
                 _reset(membership)
                 state.on_reset()
+                membership.after_reset()
+        except Exception:
+            membership.mark_exiting()  # not a failure hvd.elastic.run recovers from: this worker ends
+            raise
         finally:
             membership.stop()
             gateway.set_elastic(False)

@@ -8,12 +8,15 @@ called, so the state raises ``HostsUpdatedInterrupt`` at the next commit.
 After a failure or that interrupt each rank shuts down and calls :meth:`Membership.regroup`.
 The first to arrive leads: it waits until every member of the last generation has arrived, or
 is known dead (the launcher marks ended workers) or its heartbeat has stopped (or
-ACCORD_ELASTIC_TIMEOUT passes), leaves out the members the launcher asked to leave (their host
+ACCORD_ELASTIC_TIMEOUT passes; a member that said it is ending with an error is waited for
+until the elastic driver marks it dead, see :meth:`Membership._dead_after`), counts the host
+changes announced so far, leaves out the members the launcher asked to leave (their host
 went away), takes in the workers waiting to join (:mod:`accord.runtime.admission`), waits for
 joiners while below ACCORD_ELASTIC_MIN_NP, and publishes the new member list. Each rank's new
 rank is its index in that list: survivors first in their old order (so the new rank 0 is the
 lowest surviving rank, whose state the others receive), then the joiners. A member the launcher
-asked to leave gets :class:`MemberRemoved`. Then ``init()`` bootstraps the new job.
+asked to leave gets :class:`MemberRemoved`. Then ``init()`` bootstraps the new job, and host
+changes the re-formation did not count are announced again (:meth:`Membership.after_reset`).
 
 This needs a store that outlives the ranks, i.e. the launcher's (accordrun / accord.spawn).
 Elsewhere (torchrun, mpirun) a reset re-initializes the same ranks, which recovers from
@@ -51,6 +54,7 @@ log = logging.getLogger("accord.elastic")
 _HEARTBEAT_S = 0.25
 _DEAD_AFTER_S = 2.0  # a heartbeat counter that did not move for this long belongs to a dead rank
 _SETTLE_S = 10.0  # how long a re-formation waits for added workers that have not asked to join
+_EXIT_WAIT_S = 15.0  # how long a re-formation waits for accordrun to see a failing member's end
 
 
 class MemberRemoved(SystemExit):
@@ -72,11 +76,14 @@ class Membership:
         self.epoch = joined.epoch if joined else 0
         self.on_update: Callable[[str], None] | None = None
         self._notified = joined.updates if joined else 0
+        self._covered = self._notified  # the host changes the last re-formation took in
         self._lock = threading.Lock()
         self._store = admission.job_store()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if self._store is not None:
+            if self._store.check([self._key(f"exiting/{self.member_id}")]):  # caught and run again
+                self._store.set(self._key(f"exiting/{self.member_id}"), b"0")
             self._thread = threading.Thread(target=self._beat, name="accord-elastic-heartbeat",
                                             daemon=True)
             self._thread.start()
@@ -107,6 +114,17 @@ class Membership:
             kinds.add(self._store.get(key).decode() if self._store.check([key]) else "added")
         self.on_update("removed" if kinds == {"removed"} else "added")
 
+    def after_reset(self) -> None:
+        """Announce again the host changes the last re-formation did not take in.
+
+        The state's reset drops the updates announced while the job re-formed; those it took in
+        are done, but a later one (say, the removal of a failed worker's host-mates, announced
+        after the survivors had re-formed without waiting for it) must still interrupt the next
+        commit. The heartbeat thread delivers them again at its next look.
+        """
+        with self._lock:
+            self._notified = self._covered
+
     def stop(self) -> None:
         """Stop the heartbeat and release the store connection."""
         self._stop.set()
@@ -136,7 +154,8 @@ class Membership:
             record = admission.published(store, self.epoch)
         members = record["members"]
         with self._lock:
-            self._notified = max(self._notified, int(record["updates"]))
+            self._covered = int(record["updates"])
+            self._notified = max(self._notified, self._covered)
         if self.member_id not in members:
             if store.check([ELASTIC_LEAVING_KEY.format(member=self.member_id)]):
                 log.warning("elastic: worker %d leaves the job (its host was removed)", self.member_id)
@@ -154,7 +173,6 @@ class Membership:
 
     def _lead(self, base: str, timeout: float) -> dict:
         store = self._store
-        updates = int(store.add(ELASTIC_UPDATES_KEY, 0))  # before the joiners are read (see below)
         deadline = time.monotonic() + timeout
         beats = {m: (self._count(f"hb/{m}"), time.monotonic()) for m in self.members}
         while True:
@@ -165,14 +183,20 @@ class Membership:
                 count = self._count(f"hb/{m}")
                 if count != beats[m][0]:
                     beats[m] = (count, now)
-            if not missing or all(now - beats[m][1] >= _DEAD_AFTER_S for m in missing) or now > deadline:
+            if not missing or all(now - beats[m][1] >= self._dead_after(m) for m in missing) or now > deadline:
                 break
             time.sleep(0.05)
+        # Read once everyone is here, before the leaving marks and the joiners: the launcher marks
+        # leavers before it announces their removal, and a joiner registers before it announces
+        # itself, so every change counted here is part of this re-formation. (Read earlier, a
+        # removal announced while the ranks gathered, e.g. a failed worker's host-mates, would
+        # make everyone re-form a second time for nothing.)
+        updates = int(store.add(ELASTIC_UPDATES_KEY, 0))
         staying = [m for m in arrived if not store.check([ELASTIC_LEAVING_KEY.format(member=m)])]
-        # A joiner registers before it announces itself, so every joiner whose announcement is
-        # counted in ``updates`` is listed here; later ones trigger another re-formation. Workers
-        # the launcher started but that have not asked to join yet (a host with several slots
-        # starts several at once) are waited for a little, so that one host is one re-formation.
+        # Every joiner whose announcement is counted in ``updates`` is listed here; later ones
+        # trigger another re-formation. Workers the launcher started but that have not asked to
+        # join yet (a host with several slots starts several at once) are waited for a little, so
+        # that one host is one re-formation.
         joiners = self._joiners(set(self.members))
         min_np = config.get("ACCORD_ELASTIC_MIN_NP") or 1
         settle = time.monotonic() + _SETTLE_S
@@ -198,6 +222,28 @@ class Membership:
         if gone:
             log.warning("elastic: continuing without members %s", gone)
         return record
+
+    def mark_exiting(self) -> None:
+        """Tell the others this member is ending with an error (its process is about to exit)."""
+        if self._store is not None:
+            try:
+                self._store.set(self._key(f"exiting/{self.member_id}"), b"1")
+            except Exception as exc:  # the store went away: nobody is left to tell
+                log.debug("elastic: could not mark member %d exiting: %s", self.member_id, exc)
+
+    def _dead_after(self, member: int) -> float:
+        """Seconds without a heartbeat after which a missing member counts as gone.
+
+        A member that said it is ending with an error is gone at once, unless accordrun's elastic
+        driver runs the job (members have ACCORD_ELASTIC_ID): its process may take seconds to
+        exit (torch's teardown), and the driver decides then which of its host-mates leave too
+        (the failed host is blacklisted). Waiting for the driver's dead mark lets the survivors
+        re-form once, without all of them, as Horovod's do.
+        """
+        key = self._key(f"exiting/{member}")
+        if not self._store.check([key]) or self._store.get(key) != b"1":
+            return _DEAD_AFTER_S
+        return _EXIT_WAIT_S if config.get("ACCORD_ELASTIC_ID") is not None else 0.0
 
     def _joiners(self, known: set[int]) -> list[int]:
         """Workers waiting to join (not dead, not members already), in id order."""
