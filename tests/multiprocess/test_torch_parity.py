@@ -146,3 +146,34 @@ def test_init_registers_every_ranks_sets_when_ranks_pass_different_ones():
         assert got["sum"] == (1.0 if rank == 1 else 2.0), got
         assert "process_sets entry number 1 is a duplicate" in got["duplicate"], got
         assert got["initialized"] and got["after"] == 3.0, got
+
+
+def _dynamic_timeline(rank, size, workdir):
+    import os
+
+    import torch
+
+    import accord.torch as hvd
+
+    os.chdir(workdir)  # where a timeline named by the variable's value would land
+    hvd.init()
+    hvd.allreduce(torch.ones(2), name="before.start")
+    hvd.start_timeline(os.path.join(workdir, "chosen.json"))
+    hvd.allreduce(torch.ones(2), name="while.recording")
+    hvd.stop_timeline()
+    hvd.barrier()
+    hvd.shutdown()
+    return True
+
+
+def test_timeline_dynamic_writes_no_file_until_start_timeline(tmp_path):
+    """HOROVOD_TIMELINE=DYNAMIC (Horovod's test_torch.py sets it) enables the timeline API; it
+    is not a file name: the only file is the one start_timeline() names (rank 0 writes it)."""
+    import json
+
+    env = {"HOROVOD_TIMELINE": "DYNAMIC"}
+    assert run_ranks(_dynamic_timeline, 2, str(tmp_path), init="accord", env=env, timeout=60) == [True] * 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["chosen.json"]
+    doc = json.loads((tmp_path / "chosen.json").read_text())
+    rows = " ".join(e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "thread_name")
+    assert "while.recording" in rows and "before.start" not in rows, rows

@@ -54,3 +54,17 @@ def test_empty_timeline_is_valid_json(tmp_path):
     path = tmp_path / "tl.json"
     Timeline(str(path)).close()
     assert json.loads(path.read_text())["traceEvents"][0]["name"] == "process_name"
+
+
+def test_the_file_records_the_wall_clock_time_of_its_start(tmp_path):
+    """Horovod's timeline names its start in UTC microseconds (start_time_since_epoch_in_micros,
+    which Horovod's test_timeline_api looks for); ts values are relative to it."""
+    path = tmp_path / "tl.json"
+    before = time.time() * 1e6
+    tl = Timeline(str(path), rank=1)
+    after = time.time() * 1e6
+    tl.close()
+    meta = json.loads(path.read_text())["traceEvents"][0]
+    assert meta["name"] == "process_name" and meta["args"]["name"] == "rank 1"
+    start = meta["args"]["start_time_since_epoch_in_micros"]
+    assert isinstance(start, int) and before - 1 <= start <= after + 1

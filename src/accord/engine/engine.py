@@ -74,13 +74,13 @@ class Engine:
 
     def start(self) -> None:
         """Start the global controller and one per registered set this rank is in (and the
-        ACCORD_TIMELINE timeline, if set)."""
+        ACCORD_TIMELINE timeline, if set to a path rather than ``DYNAMIC``)."""
         with self._lock:
             if self._started:
                 raise RuntimeError("engine already started")
             self._started = True
-        if self.settings.timeline:
-            self.start_timeline(self.settings.timeline, self.settings.timeline_mark_cycles)
+        if self.settings.timeline_at_start:
+            self.start_timeline(self.settings.timeline_at_start, self.settings.timeline_mark_cycles)
         if self.settings.switch_interval > 0:
             self._python_switch_interval = sys.getswitchinterval()
             sys.setswitchinterval(self.settings.switch_interval)

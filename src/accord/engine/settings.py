@@ -6,6 +6,10 @@ from dataclasses import dataclass
 from accord import config
 from accord.errors import ConfigError, with_hint
 
+# HOROVOD_TIMELINE=DYNAMIC (as in Horovod) enables the timeline without a file: none is written
+# until start_timeline(path) names one. It is a keyword, not a file name.
+DYNAMIC_TIMELINE = "DYNAMIC"
+
 
 @dataclass(frozen=True)
 class EngineSettings:
@@ -73,6 +77,11 @@ class EngineSettings:
     def start_bytes(self) -> int:
         """Queued bytes that start a cycle at once (0: never)."""
         return self.fusion_threshold if self.early_start_bytes < 0 else self.early_start_bytes
+
+    @property
+    def timeline_at_start(self) -> str | None:
+        """The timeline file to open when the engine starts: None when unset or ``DYNAMIC``."""
+        return None if not self.timeline or self.timeline == DYNAMIC_TIMELINE else self.timeline
 
     @property
     def tick(self) -> float:

@@ -5,6 +5,8 @@ WAIT_FOR_DATA, MEMCPY_IN_FUSION_BUFFER, the collective itself (ALLREDUCE, ...), 
 Events are complete ("X") events buffered in memory (as tuples) by the engine thread; a writer thread
 formats them and appends them to the file about 20 times a second, so a running job's timeline shows
 each finished collective within ~50 ms while the engine thread never formats or writes.
+The first event (``process_name``) carries ``start_time_since_epoch_in_micros``, the wall-clock
+time of ts 0, as Horovod's timeline does.
 :meth:`Timeline.close` writes the rest and the closing bracket, after which the file is valid JSON
 (before that, chrome://tracing still reads it: it tolerates a missing ``]}``).
 """
@@ -30,6 +32,9 @@ class Timeline:
         self.rank = rank
         self.mark_cycles = mark_cycles
         self._start = time.monotonic()
+        # Wall-clock time of ts 0, as Horovod's timeline records it: lets tools line up the
+        # relative timestamps of files from different runs or hosts.
+        start_epoch_us = time.time_ns() // 1000
         self._tids: dict[str, int] = {}
         self._pending: list = []  # event dicts and span tuples, formatted by the writer thread
         self._lock = threading.Lock()  # guards _pending and _tids (engine thread vs writer)
@@ -37,7 +42,8 @@ class Timeline:
         self._first = True
         self._file = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
         self._file.write('{"traceEvents": [\n')
-        self._emit({"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank}"}})
+        self._emit({"name": "process_name", "ph": "M", "pid": rank,
+                    "args": {"name": f"rank {rank}", "start_time_since_epoch_in_micros": start_epoch_us}})
         self._stopping = threading.Event()
         self._writer = threading.Thread(target=self._write_loop, name="accord-timeline", daemon=True)
         self._writer.start()
