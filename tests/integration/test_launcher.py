@@ -76,6 +76,18 @@ def test_no_prefix_and_tuning_flags_reach_workers():
 
 
 @pytest.mark.timeout(30)
+def test_a_horovodrun_command_line_runs_with_only_the_launcher_renamed():
+    proc = lib.accordrun("--gloo", "--disable-cache", "--autotune", "-np", "1", "--cache-capacity", "64",
+                         "--timeline-mark-cycles", "--gloo-timeout-seconds", "45", "--no-hierarchical-allreduce",
+                         "--log-level", "WARNING", lib.PYTHON, REPORT)
+    assert proc.returncode == 0, proc.stderr
+    env = lib.env_reports(proc.stdout)[0]
+    assert (env["ACCORD_CACHE_CAPACITY"], env["ACCORD_TIMELINE_MARK_CYCLES"], env["ACCORD_COLLECTIVE_TIMEOUT"],
+            env["ACCORD_HIERARCHICAL_ALLREDUCE"]) == ("64", "1", "45", "0")
+    assert proc.stderr.count("accordrun: warning: horovodrun's --autotune has no effect") == 1
+
+
+@pytest.mark.timeout(30)
 def test_omp_threads_default_is_said_once_and_explicit_setting_wins():
     cores = os.cpu_count() or 1
     proc = lib.accordrun("-np", "2", lib.PYTHON, REPORT, env=lib.cli_env(OMP_NUM_THREADS=None))

@@ -12,7 +12,7 @@ from typing import NoReturn, Sequence
 
 from accord import config
 from accord.errors import ConfigError, LaunchError
-from accord.run import elastic_config, tuning
+from accord.run import elastic_config, horovod_flags, tuning
 from accord.run.launch_config import DEFAULT_GRACE, LOG_LEVELS, config_from_args
 from accord.run.ssh import STRICT_POLICIES
 from accord.version import __version__
@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,
     )
-    p.add_argument("--version", action="version", version=f"accordrun (accord) {__version__}")
+    p.add_argument("-v", "--version", action="version", version=f"accordrun (accord) {__version__}")
     p.add_argument("-cb", "--check-build", action="store_true",
                    help="print which frameworks and backends are usable here, then exit")
     p.add_argument("--help-env", action="store_true", help="list every environment variable accord reads")
@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("workers and hosts")
     g.add_argument("-np", "--num-proc", type=int, help="number of workers (default: all slots)")
     g.add_argument("-H", "--hosts", help="hosts and slots, e.g. node1:4,node2:4 (default localhost:NP)")
-    g.add_argument("--hostfile", help="file with 'host slots=N', 'host:N' or 'host' lines")
+    g.add_argument("-hostfile", "--hostfile", help="file with 'host slots=N', 'host:N' or 'host' lines")
     g.add_argument("--ips", help="comma-separated host addresses (use with --nproc-per-node)")
     g.add_argument("--nproc-per-node", type=int, help="workers per host for --ips (alone: on this host)")
     g.add_argument("--gpus", "--devices", dest="devices",
@@ -108,7 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("output")
     g.add_argument("--output-filename", metavar="DIR", help="also write DIR/rank.N/{stdout,stderr}")
     g.add_argument("--no-prefix", action="store_true", help="print worker lines without [rank]<stream>:")
-    g.add_argument("--prefix-timestamp", action="store_true", help="start every worker line with a timestamp")
+    g.add_argument("--prefix-timestamp", "-prefix-timestamp", "--prefix-output-with-timestamp",
+                   action="store_true", help="start every worker line with a timestamp")
     g.add_argument("--ranks-filter", help="show only these ranks on the console, e.g. 0,1 (files keep all)")
     g.add_argument("--log-level", help=f"accord's log level in workers: {', '.join(LOG_LEVELS)}")
     g.add_argument("--verbose", action="store_true",
@@ -116,6 +117,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "every parameter-server message)")
 
     tuning.add_arguments(p.add_argument_group("tuning (passed to the workers' engine)"))
+    horovod_flags.add_arguments(p.add_argument_group(
+        "horovodrun's other flags",
+        "  --gloo, --tcp, --disable-cache: nothing to do;\n"
+        "  --autotune*, --num-nccl-streams, --thread-affinity, --mpi-threads-disable,\n"
+        "  --hierarchical-allgather, --log-with(out)-timestamp: accepted and ignored (said once);\n"
+        "  --mpi, --jsrun, --mpi-args, --binding-args, --config-file: refused with a HINT"))
 
     p.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
     return p
@@ -134,6 +141,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(config.describe())
         return 0
     try:
+        for warning in horovod_flags.check(ns):
+            sys.stderr.write(f"accordrun: warning: {warning}\n")
         cfg = config_from_args(ns, config.snapshot())
     except (ConfigError, LaunchError) as exc:
         sys.stderr.write(f"accordrun: error: {exc}\n")

@@ -30,9 +30,10 @@ class TuningOption:
     """One row of the table.
 
     ``name`` is the :class:`Tuning` field, the spawn keyword and the argparse dest. ``kind``:
-    ``float``, ``str``, ``flag`` (on when given) or ``level`` (an int, 0 = off). ``minimum``:
-    ``">0"`` or ``">=0"`` for numbers. ``cli``: False when accordrun's flag for it lives with
-    another group of :mod:`accord.run.cli` (it still maps to the variable here).
+    ``float``, ``int``, ``str``, ``flag`` (on when given: the variable gets ``flag_value``) or
+    ``level`` (an int, 0 = off). ``minimum``: ``">0"`` or ``">=0"`` for numbers. ``cli``: False
+    when accordrun's flag for it lives with another group of :mod:`accord.run.cli` (it still maps
+    to the variable here).
     """
 
     name: str
@@ -42,6 +43,7 @@ class TuningOption:
     render: Callable[[Any], str] = str
     minimum: str | None = None
     cli: bool = True
+    flag_value: str = "1"
 
     @property
     def flag(self) -> str:
@@ -55,7 +57,7 @@ class TuningOption:
     def to_env(self, value: Any) -> str:
         """The variable's text for ``value``."""
         if self.kind == "flag":
-            return "1"
+            return self.flag_value
         if self.kind == "level":
             return str(int(value))
         return self.render(value)
@@ -74,6 +76,16 @@ OPTIONS: tuple[TuningOption, ...] = (
     TuningOption("no_stall_check", "ACCORD_STALL_CHECK_DISABLE", "flag", "turn the stall inspector off"),
     TuningOption("hierarchical_allreduce", "ACCORD_HIERARCHICAL_ALLREDUCE", "flag",
                  "allreduce within hosts, then across"),
+    TuningOption("no_hierarchical_allreduce", "ACCORD_HIERARCHICAL_ALLREDUCE", "flag",
+                 "never allreduce hierarchically (default: chosen by timing on several hosts)",
+                 flag_value="0"),
+    TuningOption("timeline_mark_cycles", "ACCORD_TIMELINE_MARK_CYCLES", "flag",
+                 "mark engine cycles in the timeline"),
+    TuningOption("cache_capacity", "ACCORD_CACHE_CAPACITY", "int",
+                 "tensor names whose agreed signature the engine remembers", minimum=">=0"),
+    TuningOption("gloo_timeout_seconds", "ACCORD_COLLECTIVE_TIMEOUT", "float",
+                 "seconds a collective waits for a peer before the rank counts as lost",
+                 render_number, ">0"),
     # Flags that accordrun shows with other groups (output, rendezvous):
     TuningOption("log_level", "ACCORD_LOG_LEVEL", "str", "accord's log level in workers", cli=False),
     TuningOption("network_interface", "ACCORD_INTERFACE", "str", "interface to bind and advertise",
@@ -132,8 +144,16 @@ def make_tuning(values: Mapping[str, Any], where: str) -> Any:
                                     f"use some of {sorted(BY_NAME)}"))
     for name, value in values.items():
         option = BY_NAME[name]
-        if option.kind == "float" and value is not None:
+        if option.kind in ("float", "int") and value is not None:
             check_number(float(value), option.flag, option.minimum)
+    by_variable: dict[str, list[str]] = {}
+    for name, value in values.items():
+        if BY_NAME[name].given(value):
+            by_variable.setdefault(BY_NAME[name].variable, []).append(BY_NAME[name].flag)
+    clashes = [flags for flags in by_variable.values() if len(flags) > 1]
+    if clashes:
+        raise ConfigError(with_hint(f"{where}: {' and '.join(clashes[0])} contradict each other",
+                                    "give only one of them"))
     return Tuning(**values)
 
 
@@ -145,5 +165,5 @@ def add_arguments(group: argparse._ArgumentGroup) -> None:
         if option.kind == "flag":
             group.add_argument(option.flag, action="store_true", help=option.help)
         else:
-            group.add_argument(option.flag, type=config.finite_float if option.kind == "float" else str,
-                               help=option.help)
+            kind = {"float": config.finite_float, "int": int}.get(option.kind, str)
+            group.add_argument(option.flag, type=kind, help=option.help)
