@@ -69,7 +69,8 @@ def test_ignored_and_satisfied_flags(monkeypatch, capsys):
         return 0
 
     monkeypatch.setattr("accord.run.launcher.launch", fake_launch)
-    assert main(["--gloo", "--tcp", "--disable-cache", "--stall-check", "-np", "1", "python3"]) == 0
+    assert main(["--gloo", "--tcp", "--disable-cache", "--stall-check", "--no-autotune", "--no-timeline-mark-cycles",
+                 "--no-mpi-threads-disable", "-np", "1", "python3"]) == 0
     assert capsys.readouterr().err == "" and seen["cfg"].num_proc == 1
     assert main(["--autotune", "--autotune-log-file", "/tmp/x.csv", "--num-nccl-streams", "2",
                  "--thread-affinity", "1", "--hierarchical-allgather", "--log-without-timestamp",

@@ -5,7 +5,7 @@ Three kinds (horovodrun 0.28.1's parser is the reference):
 
 - satisfied as they are: ``--gloo`` (accord's CPU path is Gloo, or shared memory on one host),
   ``--tcp`` (Gloo and the store use TCP only), ``--disable-cache`` (accordrun caches no checks),
-  ``--stall-check`` (on by default);
+  ``--stall-check`` (on by default), and the hidden ``--no-*`` forms of horovodrun's defaults;
 - about features accord does not have (autotuning, NCCL stream count, thread affinity, MPI's
   threading level, hierarchical allgather, timestamps in Horovod's own log lines): accepted, and
   the launcher says once that they are ignored, since they change speed or logs, not results;
@@ -34,9 +34,13 @@ _IGNORED: dict[str, tuple[str, bool]] = {
     "log_with_timestamp": ("--log-with-timestamp", False),
     "log_without_timestamp": ("--log-without-timestamp", False),
     "log_hide_timestamp": ("--log-hide-timestamp", False),
+    "no_log_hide_timestamp": ("--no-log-hide-timestamp", False),
 }
+# What these ask for is what accord does anyway (the --no-* ones restate horovodrun's defaults).
 _SATISFIED = {"gloo": "--gloo", "tcp": "--tcp", "disable_cache": "--disable-cache",
-              "stall_check": "--stall-check"}
+              "stall_check": "--stall-check", "no_autotune": "--no-autotune",
+              "no_timeline_mark_cycles": "--no-timeline-mark-cycles",
+              "no_mpi_threads_disable": "--no-mpi-threads-disable"}
 _REFUSED: dict[str, tuple[str, bool, str]] = {
     "use_mpi": ("--mpi", False, "accordrun does not start mpirun; accord's workers start under "
                                 "mpirun themselves: mpirun -np N python train.py (docs/launcher.md, "
