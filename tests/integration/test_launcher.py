@@ -77,13 +77,13 @@ def test_no_prefix_and_tuning_flags_reach_workers():
 
 @pytest.mark.timeout(30)
 def test_a_horovodrun_command_line_runs_with_only_the_launcher_renamed():
-    proc = lib.accordrun("--gloo", "--disable-cache", "--autotune", "-np", "1", "--cache-capacity", "64",
+    proc = lib.accordrun("--gloo", "--tcp", "--disable-cache", "--autotune", "-np", "1", "--cache-capacity", "64",
                          "--timeline-mark-cycles", "--gloo-timeout-seconds", "45", "--no-hierarchical-allreduce",
                          "--log-level", "WARNING", lib.PYTHON, REPORT)
     assert proc.returncode == 0, proc.stderr
     env = lib.env_reports(proc.stdout)[0]
     assert (env["ACCORD_CACHE_CAPACITY"], env["ACCORD_TIMELINE_MARK_CYCLES"], env["ACCORD_COLLECTIVE_TIMEOUT"],
-            env["ACCORD_HIERARCHICAL_ALLREDUCE"]) == ("64", "1", "45", "0")
+            env["ACCORD_HIERARCHICAL_ALLREDUCE"], env["NCCL_IB_DISABLE"]) == ("64", "1", "45", "0", "1")
     assert proc.stderr.count("accordrun: warning: horovodrun's --autotune has no effect") == 1
 
 

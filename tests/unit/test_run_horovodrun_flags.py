@@ -2,6 +2,8 @@
 aliases parse, flags for features accord lacks are accepted with one warning, and flags that
 would need mpirun/jsrun or a config file exit 2 with a HINT (horovodrun 0.28.1's parser is the
 reference for the names)."""
+import os
+
 import pytest
 
 from accord.run.cli import build_parser, main
@@ -69,9 +71,13 @@ def test_ignored_and_satisfied_flags(monkeypatch, capsys):
         return 0
 
     monkeypatch.setattr("accord.run.launcher.launch", fake_launch)
-    assert main(["--gloo", "--tcp", "--disable-cache", "--stall-check", "--no-autotune", "--no-timeline-mark-cycles",
+    monkeypatch.setenv("NCCL_IB_DISABLE", "before")  # restored after the test: main() sets it
+    assert main(["--gloo", "--disable-cache", "--stall-check", "--no-autotune", "--no-timeline-mark-cycles",
                  "--no-mpi-threads-disable", "-np", "1", "python3"]) == 0
     assert capsys.readouterr().err == "" and seen["cfg"].num_proc == 1
+    assert os.environ["NCCL_IB_DISABLE"] == "before"
+    assert main(["--tcp", "-np", "1", "python3"]) == 0  # as horovodrun: NCCL stays off InfiniBand
+    assert capsys.readouterr().err == "" and os.environ["NCCL_IB_DISABLE"] == "1"
     assert main(["--autotune", "--autotune-log-file", "/tmp/x.csv", "--num-nccl-streams", "2",
                  "--thread-affinity", "1", "--hierarchical-allgather", "--log-without-timestamp",
                  "-np", "1", "python3"]) == 0

@@ -143,6 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         for warning in horovod_flags.check(ns):
             sys.stderr.write(f"accordrun: warning: {warning}\n")
+        config.set_variables(horovod_flags.worker_variables(ns))  # the workers inherit them
         cfg = config_from_args(ns, config.snapshot())
     except (ConfigError, LaunchError) as exc:
         sys.stderr.write(f"accordrun: error: {exc}\n")

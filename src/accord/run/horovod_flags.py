@@ -4,7 +4,8 @@ command line runs under accordrun with only the program's name changed.
 Three kinds (horovodrun 0.28.1's parser is the reference):
 
 - satisfied as they are: ``--gloo`` (accord's CPU path is Gloo, or shared memory on one host),
-  ``--tcp`` (Gloo and the store use TCP only), ``--disable-cache`` (accordrun caches no checks),
+  ``--tcp`` (Gloo and the store use TCP only; for NCCL it sets ``NCCL_IB_DISABLE=1`` in the
+  workers, as horovodrun does: :func:`worker_variables`), ``--disable-cache`` (accordrun caches no checks),
   ``--stall-check`` (on by default), and the hidden ``--no-*`` forms of horovodrun's defaults;
 - about features accord does not have (autotuning, NCCL stream count, thread affinity, MPI's
   threading level, hierarchical allgather, timestamps in Horovod's own log lines): accepted, and
@@ -89,3 +90,9 @@ def check(ns: argparse.Namespace) -> list[str]:
     return [f"horovodrun's {', '.join(ignored)} {'has' if len(ignored) == 1 else 'have'} no effect "
             "with accord (no autotuner, NCCL stream count, thread affinity, hierarchical allgather "
             "or Horovod log timestamps): ignored"]
+
+
+def worker_variables(ns: argparse.Namespace) -> dict[str, str]:
+    """Variables the workers need for the horovodrun flags given: ``--tcp`` keeps NCCL off
+    InfiniBand (``NCCL_IB_DISABLE=1``), as horovodrun sets it."""
+    return {"NCCL_IB_DISABLE": "1"} if _given(ns, "tcp") else {}
