@@ -119,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     tuning.add_arguments(p.add_argument_group("tuning (passed to the workers' engine)"))
     horovod_flags.add_arguments(p.add_argument_group(
         "horovodrun's other flags",
-        "  --gloo, --tcp, --disable-cache: nothing to do;\n"
+        "  --gloo, --disable-cache: nothing to do; --tcp: NCCL_IB_DISABLE=1 in the workers;\n"
         "  --autotune*, --num-nccl-streams, --thread-affinity, --mpi-threads-disable,\n"
         "  --hierarchical-allgather, --log-with(out)-timestamp: accepted and ignored (said once);\n"
         "  --mpi, --jsrun, --mpi-args, --binding-args, --config-file: refused with a HINT"))
