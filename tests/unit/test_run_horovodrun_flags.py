@@ -1,7 +1,7 @@
 """horovodrun's command line under accordrun: its tuning flags reach the workers' variables, its
 aliases parse, flags for features accord lacks are accepted with one warning, and flags that
 would need mpirun/jsrun or a config file exit 2 with a HINT (horovodrun 0.28.1's parser is the
-reference for the names)."""
+reference for the names), and its --config-file YAML settings."""
 import os
 
 import pytest
@@ -46,7 +46,7 @@ def test_version_short_flag(capsys):
 
 @pytest.mark.parametrize("argv, flag", [
     (["--mpi"], "--mpi"), (["--jsrun"], "--jsrun"), (["--mpi-args=--map-by ppr:1:node"], "--mpi-args"),
-    (["--binding-args", "--rankfile f"], "--binding-args"), (["--config-file", "hvd.yaml"], "--config-file"),
+    (["--binding-args", "--rankfile f"], "--binding-args"),
 ])
 def test_flags_that_need_mpirun_or_a_config_file_exit_2_with_a_hint(argv, flag, capsys):
     assert main([*argv, "-np", "1", "python3"]) == 2
@@ -87,3 +87,79 @@ def test_ignored_and_satisfied_flags(monkeypatch, capsys):
                  "--hierarchical-allgather", "--log-without-timestamp"):
         assert flag in err
     assert "ignored" in err
+
+
+CONFIG = """\
+params:
+  fusion_threshold_mb: 32
+  cycle_time_ms: 7
+  cache_capacity: 2048
+  hierarchical_allreduce: false
+timeline:
+  filename: tl.json
+  mark_cycles: true
+stall_check:
+  enabled: false
+  warning_time_seconds: 30
+library_options:
+  gloo_timeout_seconds: 90
+logging:
+  level: DEBUG
+"""
+
+
+def _from_file(tmp_path, text, *flags):
+    path = tmp_path / "horovod.yaml"
+    path.write_text(text)
+    seen = {}
+    import accord.run.launcher as launcher
+
+    original = launcher.launch
+    launcher.launch = lambda cfg: seen.setdefault("cfg", cfg) and 0
+    try:
+        code = main(["--config-file", str(path), *flags, "-np", "1", "python3"])
+    finally:
+        launcher.launch = original
+    return code, seen.get("cfg")
+
+
+def test_config_file_settings_reach_the_workers_and_flags_win(tmp_path, capsys):
+    code, cfg = _from_file(tmp_path, CONFIG, "--cycle-time-ms", "3")
+    assert code == 0 and capsys.readouterr().err == ""
+    env = tuning_env(cfg.tuning)
+    assert env["ACCORD_FUSION_THRESHOLD"] == str(32 * 1024 * 1024)
+    assert env["ACCORD_CYCLE_TIME"] == "3"  # the command line wins over the file's 7
+    assert env["ACCORD_CACHE_CAPACITY"] == "2048" and env["ACCORD_HIERARCHICAL_ALLREDUCE"] == "0"
+    assert env["ACCORD_TIMELINE"].endswith("/tl.json") and env["ACCORD_TIMELINE_MARK_CYCLES"] == "1"
+    assert env["ACCORD_STALL_CHECK_DISABLE"] == "1" and env["ACCORD_STALL_CHECK_TIME_SECONDS"] == "30"
+    assert env["ACCORD_COLLECTIVE_TIMEOUT"] == "90" and env["ACCORD_LOG_LEVEL"] == "debug"
+    code, cfg = _from_file(tmp_path, "params:\n  hierarchical_allreduce: true\n")
+    assert code == 0 and tuning_env(cfg.tuning)["ACCORD_HIERARCHICAL_ALLREDUCE"] == "1"
+
+
+def test_config_file_autotune_and_unknown_keys_are_named_in_warnings(tmp_path, capsys):
+    code, _ = _from_file(tmp_path, "autotune:\n  enabled: true\nparams:\n  speed: 11\ncontroller: gloo\n")
+    err = capsys.readouterr().err
+    assert code == 0 and err.count("accordrun: warning:") == 2
+    assert "--autotune has no effect" in err and "params.speed is not" in err
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("params: [1, 2\n", "is not valid YAML"),
+    ("- params\n", "must map sections to settings"),
+    ("params:\n  cycle_time_ms: fast\n", "params.cycle_time_ms must be a float, got 'fast'"),
+    ("stall_check:\n  enabled: maybe\n", "stall_check.enabled must be true or false"),
+    ("params:\n  cycle_time_ms: -1\n", "--cycle-time-ms must be > 0"),
+    ("controller: mpi\n", "horovodrun's --mpi is not supported"),
+    ("controller: ucx\n", "controller 'ucx' is not one of gloo, mpi"),
+])
+def test_bad_config_files_exit_2_with_a_hint(tmp_path, text, fragment, capsys):
+    code, _ = _from_file(tmp_path, text)
+    err = capsys.readouterr().err
+    assert code == 2 and fragment in err and "HINT:" in err, err
+
+
+def test_missing_config_file_exits_2(tmp_path, capsys):
+    assert main(["--config-file", str(tmp_path / "none.yaml"), "-np", "1", "python3"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot be read" in err and "HINT:" in err

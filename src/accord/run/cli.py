@@ -12,7 +12,7 @@ from typing import NoReturn, Sequence
 
 from accord import config
 from accord.errors import ConfigError, LaunchError
-from accord.run import elastic_config, horovod_flags, tuning
+from accord.run import elastic_config, horovod_config, horovod_flags, tuning
 from accord.run.launch_config import DEFAULT_GRACE, LOG_LEVELS, config_from_args
 from accord.run.ssh import STRICT_POLICIES
 from accord.version import __version__
@@ -122,7 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
         "  --gloo, --disable-cache: nothing to do; --tcp: NCCL_IB_DISABLE=1 in the workers;\n"
         "  --autotune*, --num-nccl-streams, --thread-affinity, --mpi-threads-disable,\n"
         "  --hierarchical-allgather, --log-with(out)-timestamp: accepted and ignored (said once);\n"
-        "  --mpi, --jsrun, --mpi-args, --binding-args, --config-file: refused with a HINT"))
+        "  --config-file FILE: horovodrun's YAML settings (command-line flags win);\n"
+        "  --mpi, --jsrun, --mpi-args, --binding-args: refused with a HINT"))
 
     p.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
     return p
@@ -141,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(config.describe())
         return 0
     try:
-        for warning in horovod_flags.check(ns):
+        for warning in horovod_config.apply(ns) + horovod_flags.check(ns):
             sys.stderr.write(f"accordrun: warning: {warning}\n")
         config.set_variables(horovod_flags.worker_variables(ns))  # the workers inherit them
         cfg = config_from_args(ns, config.snapshot())

@@ -11,7 +11,9 @@ Three kinds (horovodrun 0.28.1's parser is the reference):
   threading level, hierarchical allgather, timestamps in Horovod's own log lines): accepted, and
   the launcher says once that they are ignored, since they change speed or logs, not results;
 - ``--mpi``, ``--jsrun``, ``--mpi-args``, ``--binding-args`` (accordrun does not start mpirun or
-  jsrun) and ``--config-file`` (not read): refused with exit 2 and a HINT.
+  jsrun): refused with exit 2 and a HINT.
+
+``--config-file`` (horovodrun's YAML settings) is read by :mod:`accord.run.horovod_config`.
 """
 from __future__ import annotations
 
@@ -52,13 +54,12 @@ _REFUSED: dict[str, tuple[str, bool, str]] = {
                                      "arguments yourself (docs/launcher.md, 'Without accordrun')"),
     "binding_args": ("--binding-args", True, "accordrun does not start mpirun: pass the binding "
                                              "to mpirun yourself, or set OMP_NUM_THREADS"),
-    "config_file": ("--config-file", True, "pass the settings as flags (accordrun --help) or as "
-                                           "ACCORD_*/HOROVOD_* variables (accordrun --help-env)"),
 }
 
 
 def add_arguments(group: argparse._ArgumentGroup) -> None:
     """The flags, under their horovodrun names (hidden from --help but for a group line)."""
+    group.add_argument("--config-file", dest="hvd_config_file", metavar="FILE", help=argparse.SUPPRESS)
     for dest, flag in _SATISFIED.items():
         group.add_argument(flag, dest=f"hvd_{dest}", action="store_true", help=argparse.SUPPRESS)
     for table in (_IGNORED, _REFUSED):
