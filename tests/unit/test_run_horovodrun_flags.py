@@ -108,23 +108,17 @@ logging:
 """
 
 
-def _from_file(tmp_path, text, *flags):
+def _from_file(monkeypatch, tmp_path, text, *flags):
+    """main() with a config file; the job is not run: returns (exit code, its LaunchConfig)."""
     path = tmp_path / "horovod.yaml"
     path.write_text(text)
     seen = {}
-    import accord.run.launcher as launcher
-
-    original = launcher.launch
-    launcher.launch = lambda cfg: seen.setdefault("cfg", cfg) and 0
-    try:
-        code = main(["--config-file", str(path), *flags, "-np", "1", "python3"])
-    finally:
-        launcher.launch = original
-    return code, seen.get("cfg")
+    monkeypatch.setattr("accord.run.launcher.launch", lambda cfg: seen.setdefault("cfg", cfg) and 0)
+    return main(["--config-file", str(path), *flags, "-np", "1", "python3"]), seen.get("cfg")
 
 
-def test_config_file_settings_reach_the_workers_and_flags_win(tmp_path, capsys):
-    code, cfg = _from_file(tmp_path, CONFIG, "--cycle-time-ms", "3")
+def test_config_file_settings_reach_the_workers_and_flags_win(monkeypatch, tmp_path, capsys):
+    code, cfg = _from_file(monkeypatch, tmp_path, CONFIG, "--cycle-time-ms", "3")
     assert code == 0 and capsys.readouterr().err == ""
     env = tuning_env(cfg.tuning)
     assert env["ACCORD_FUSION_THRESHOLD"] == str(32 * 1024 * 1024)
@@ -133,12 +127,12 @@ def test_config_file_settings_reach_the_workers_and_flags_win(tmp_path, capsys):
     assert env["ACCORD_TIMELINE"].endswith("/tl.json") and env["ACCORD_TIMELINE_MARK_CYCLES"] == "1"
     assert env["ACCORD_STALL_CHECK_DISABLE"] == "1" and env["ACCORD_STALL_CHECK_TIME_SECONDS"] == "30"
     assert env["ACCORD_COLLECTIVE_TIMEOUT"] == "90" and env["ACCORD_LOG_LEVEL"] == "debug"
-    code, cfg = _from_file(tmp_path, "params:\n  hierarchical_allreduce: true\n")
+    code, cfg = _from_file(monkeypatch, tmp_path, "params:\n  hierarchical_allreduce: true\n")
     assert code == 0 and tuning_env(cfg.tuning)["ACCORD_HIERARCHICAL_ALLREDUCE"] == "1"
 
 
-def test_config_file_autotune_and_unknown_keys_are_named_in_warnings(tmp_path, capsys):
-    code, _ = _from_file(tmp_path, "autotune:\n  enabled: true\nparams:\n  speed: 11\ncontroller: gloo\n")
+def test_config_file_autotune_and_unknown_keys_are_named_in_warnings(monkeypatch, tmp_path, capsys):
+    code, _ = _from_file(monkeypatch, tmp_path, "autotune:\n  enabled: true\nparams:\n  speed: 11\ncontroller: gloo\n")
     err = capsys.readouterr().err
     assert code == 0 and err.count("accordrun: warning:") == 2
     assert "--autotune has no effect" in err and "params.speed is not" in err
@@ -153,8 +147,8 @@ def test_config_file_autotune_and_unknown_keys_are_named_in_warnings(tmp_path, c
     ("controller: mpi\n", "horovodrun's --mpi is not supported"),
     ("controller: ucx\n", "controller 'ucx' is not one of gloo, mpi"),
 ])
-def test_bad_config_files_exit_2_with_a_hint(tmp_path, text, fragment, capsys):
-    code, _ = _from_file(tmp_path, text)
+def test_bad_config_files_exit_2_with_a_hint(monkeypatch, tmp_path, text, fragment, capsys):
+    code, _ = _from_file(monkeypatch, tmp_path, text)
     err = capsys.readouterr().err
     assert code == 2 and fragment in err and "HINT:" in err, err
 

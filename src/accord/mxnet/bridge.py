@@ -85,14 +85,14 @@ def to_ndarray(tensor: torch.Tensor) -> Any:
     return mx.nd.from_dlpack(torch.utils.dlpack.to_dlpack(tensor))
 
 
-def empty_like(array: Any) -> Any:
-    """A new NDArray with ``array``'s shape, dtype and context (uninitialized)."""
-    return mx.nd.empty(array.shape, ctx=array.context, dtype=array.dtype)
-
-
 def is_sparse(value: Any) -> bool:
     """True for a row_sparse or csr NDArray (its DLPack view would hold only the stored rows)."""
     return is_ndarray(value) and getattr(value, "stype", "default") != "default"
+
+
+def dense(array: Any) -> Any:
+    """``array`` itself when dense, else its dense copy (what the engine and the store work on)."""
+    return array.tostype("default") if is_sparse(array) else array
 
 
 class DenseStandIns:
@@ -106,10 +106,9 @@ class DenseStandIns:
 
     def dense(self, array: Any) -> Any:
         """``array`` when dense, else a dense copy to be written back."""
-        if not is_sparse(array):
-            return array
-        copy = array.tostype("default")
-        self._pairs.append((array, copy))
+        copy = dense(array)
+        if copy is not array:
+            self._pairs.append((array, copy))
         return copy
 
     def write_back(self) -> None:

@@ -24,7 +24,7 @@ import pickle
 from typing import Any, Callable
 
 from accord.errors import with_hint
-from accord.mxnet.bridge import DenseStandIns, is_ndarray, is_sparse, mx, read_view, to_ndarray, write_view
+from accord.mxnet.bridge import DenseStandIns, dense, is_ndarray, mx, read_view, to_ndarray, write_view
 
 # type names -> what ``kv.type`` reports (MXNet's trainer and Module treat 'dist' + '_sync'
 # stores as synchronous multi-worker stores: batch sizes count every worker's samples).
@@ -34,9 +34,7 @@ TYPES = {"accord": "dist_sync_accord", "dist_sync_perseus": "dist_sync_perseus"}
 def _dense(value: Any) -> Any:
     """``value`` with sparse NDArrays made dense: the store holds dense values, as MXNet's own
     stores sum a sparse push into the dense stored array."""
-    if isinstance(value, (list, tuple)):
-        return [_dense(v) for v in value]
-    return value.tostype("default") if is_sparse(value) else value
+    return [_dense(v) for v in value] if isinstance(value, (list, tuple)) else dense(value)
 
 
 def _write_into(out: Any, fill: Callable[[Any], None], sparse_too: bool = True) -> None:
