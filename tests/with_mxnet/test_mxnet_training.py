@@ -118,6 +118,48 @@ def _sparse_embedding_training(mx, hvd, rank, size):
     n = net()
     opt = hvd.DistributedOptimizer(mx.optimizer.SGD(learning_rate=0.5))
     _same(train(n, mx.gluon.Trainer(n.collect_params(), opt, kvstore=None), mine, BATCH), want, 1e-9)
+    _cancelling_sparse_rows(mx, hvd, rank, size)
+
+
+def _cancelling_sparse_rows(mx, hvd, rank, size):
+    """A row whose gradients cancel over the ranks (sum exactly zero) still belongs to the summed
+    row_sparse gradient, as in one process on the whole batch: SGD's lazy update then applies
+    momentum and weight decay to it. Row 3 is looked up by every rank with opposite loss signs;
+    rows 5 and 7 by one rank each; the other rows by none (they must stay untouched)."""
+    tokens = np.array([[3, 5], [3, 7]][:size] + [[3, 9]] * (size - 2))
+    signs = np.array([1.0, -1.0][:size] + [0.0] * (size - 2))
+    direction = mx.nd.array(np.arange(1.0, 5.0), dtype="float64")
+
+    def train(trainer, n, rows, step_size, steps=3):
+        for _ in range(steps):
+            with mx.autograd.record():
+                out = n(mx.nd.array(tokens[rows], dtype="float64"))  # (ranks, 2, 4)
+                loss = ((out * direction).sum(axis=2).sum(axis=1)
+                        * mx.nd.array(signs[rows], dtype="float64")).sum()
+            loss.backward()
+            trainer.step(step_size)
+        return n.weight.data().asnumpy()
+
+    def net():
+        n = mx.gluon.nn.Embedding(10, 4, sparse_grad=True, dtype="float64")
+        n.initialize()
+        n.weight.set_data(mx.nd.array(np.random.default_rng(2).normal(0, 1, (10, 4)), dtype="float64"))
+        return n
+
+    params = {"learning_rate": 0.1, "momentum": 0.9, "wd": 0.1}
+    ref = net()
+    want = train(mx.gluon.Trainer(ref.collect_params(), "sgd", dict(params), kvstore=None), ref,
+                 slice(None), size)
+    start = net().weight.data().asnumpy()
+    assert not np.allclose(want[3], start[3]) and np.allclose(want[0], start[0])  # the case's point
+    mine = slice(rank, rank + 1)
+    n = net()
+    got = train(hvd.DistributedTrainer(n.collect_params(), "sgd", dict(params), prefix="cancel."),
+                n, mine, 1)
+    close(got, want, 1e-9)
+    n = net()
+    opt = hvd.DistributedOptimizer(mx.optimizer.SGD(**params))
+    close(train(mx.gluon.Trainer(n.collect_params(), opt, kvstore=None), n, mine, 1), want, 1e-9)
 
 
 def _trainers(rank, size):

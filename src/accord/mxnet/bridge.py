@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 import torch.utils.dlpack
 
@@ -99,23 +100,59 @@ class DenseStandIns:
     """Sparse NDArrays (row_sparse gradients of ``Embedding(sparse_grad=True)``, say) handled
     through dense copies, because the engine and the store work on whole dense arrays:
     :meth:`dense` gives an NDArray itself when it is dense, else a dense copy;
-    :meth:`write_back` then gives each sparse one its copy's nonzero rows."""
+    :meth:`write_back` then stores each copy into its sparse NDArray.
+
+    A summed row_sparse gradient must hold every row some rank's gradient held, even a row whose
+    sum is exactly zero: one process on the whole batch has that row in its gradient, and lazy
+    optimizer updates (MXNet's default for row_sparse gradients) apply momentum and weight decay
+    to exactly the rows present. :meth:`dense_with_rows` therefore also gives a row mask (1.0 for
+    each row this rank's gradient holds) for the caller to sum over the ranks beside the values.
+    """
 
     def __init__(self) -> None:
-        self._pairs: list[tuple[Any, Any]] = []
+        self._pairs: list[tuple[Any, Any, Any]] = []
 
     def dense(self, array: Any) -> Any:
-        """``array`` when dense, else a dense copy to be written back."""
+        """``array`` when dense, else a dense copy to be written back (with its nonzero rows)."""
         copy = dense(array)
         if copy is not array:
-            self._pairs.append((array, copy))
+            self._pairs.append((array, copy, None))
         return copy
 
+    def dense_with_rows(self, array: Any) -> tuple[Any, Any]:
+        """``(dense form, row mask)``: the mask is None unless ``array`` is row_sparse; summed over
+        the ranks in place, its nonzero entries name the rows :meth:`write_back` keeps."""
+        if getattr(array, "stype", "default") != "row_sparse":
+            return self.dense(array), None
+        copy = array.tostype("default")
+        mask = _row_mask(array)
+        self._pairs.append((array, copy, mask))
+        return copy, mask
+
     def write_back(self) -> None:
-        """Store each dense copy into its sparse NDArray (rows that are all zero are left out)."""
-        for sparse, copy in self._pairs:
-            sparse[:] = copy.tostype(sparse.stype)
+        """Store each dense copy into its sparse NDArray: the rows its (summed) mask marks, or,
+        without a mask, the rows that are not all zero."""
+        for sparse, copy, mask in self._pairs:
+            if mask is None:
+                sparse[:] = copy.tostype(sparse.stype)
+            else:
+                sparse[:] = _rows_of(copy, mask)
         self._pairs.clear()
+
+
+def _row_mask(array: Any) -> Any:
+    """float32 vector over ``array``'s rows: 1.0 where its row_sparse storage holds the row."""
+    mask = np.zeros(array.shape[0], dtype=np.float32)
+    mask[array.indices.asnumpy()] = 1.0
+    return mx.nd.array(mask, ctx=array.context, dtype="float32")
+
+
+def _rows_of(values: Any, mask: Any) -> Any:
+    """A row_sparse NDArray holding the rows of dense ``values`` where ``mask`` is nonzero."""
+    rows = np.flatnonzero(mask.asnumpy())
+    indices = mx.nd.array(rows, ctx=values.context, dtype="int64")
+    return mx.nd.sparse.row_sparse_array((mx.nd.take(values, indices), indices), shape=values.shape,
+                                         ctx=values.context, dtype=values.dtype)
 
 
 _ERROR_TYPES: dict[type, type] = {}

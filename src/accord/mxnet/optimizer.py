@@ -23,12 +23,16 @@ def sum_gradients(indices: list[Any], grads: list[Any], predivide: float, proces
                   prefix: str = "") -> None:
     """Sum each gradient NDArray over the ranks in place (scaled by ``1 / predivide`` first),
     named after its index; the engine fuses them. Returns once every result is written. A
-    row_sparse gradient is summed in its dense form and keeps the rows that are not all zero."""
+    row_sparse gradient is summed in its dense form and keeps every row some rank's gradient held."""
     handles, sparse = [], DenseStandIns()
     for index, grad in zip(indices, grads):
-        handles += submit(Op.ALLREDUCE, [write_view(sparse.dense(grad))], f"{prefix}{index}",
+        values, rows = sparse.dense_with_rows(grad)
+        handles += submit(Op.ALLREDUCE, [write_view(values)], f"{prefix}{index}",
                           process_set, in_place=True, reduce_op=ReduceOp.SUM,
                           prescale_factor=1.0 / predivide)
+        if rows is not None:
+            handles += submit(Op.ALLREDUCE, [write_view(rows)], f"{prefix}{index}.rows",
+                              process_set, in_place=True, reduce_op=ReduceOp.SUM)
     wait_all(handles)
     sparse.write_back()
 

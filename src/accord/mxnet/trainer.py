@@ -83,7 +83,11 @@ class DistributedTrainer(mx.gluon.Trainer):
             grads = param.list_grad()
             for other in grads[1:]:  # several devices in this process: sum them first
                 grads[0] += other
-            grad = sparse.dense(grads[0])  # a row_sparse gradient is reduced in its dense form
+            # a row_sparse gradient is reduced in its dense form, and its rows beside it
+            grad, rows = sparse.dense_with_rows(grads[0])
+            if rows is not None:
+                handles += submit(Op.ALLREDUCE, [write_view(rows)], f"{self._prefix}{i}.rows",
+                                  self._process_set, in_place=True, reduce_op=ReduceOp.SUM)
             wire, wire_compression = grad, self._engine_compression
             if wire_compression is None:  # a user's compressor: on the NDArray, as Horovod does
                 wire, ctx = self._compression.compress(grad)
