@@ -3,6 +3,7 @@ aliases parse, flags for features accord lacks are accepted with one warning, an
 would need mpirun/jsrun or a config file exit 2 with a HINT (horovodrun 0.28.1's parser is the
 reference for the names), and its --config-file YAML settings."""
 import os
+import sys
 
 import pytest
 
@@ -157,3 +158,11 @@ def test_missing_config_file_exits_2(tmp_path, capsys):
     assert main(["--config-file", str(tmp_path / "none.yaml"), "-np", "1", "python3"]) == 2
     err = capsys.readouterr().err
     assert "cannot be read" in err and "HINT:" in err
+
+
+def test_config_file_without_pyyaml_exits_2_naming_the_install(monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(sys.modules, "yaml", None)  # `import yaml` now raises ImportError
+    code, cfg = _from_file(monkeypatch, tmp_path, CONFIG)
+    err = capsys.readouterr().err
+    assert code == 2 and cfg is None
+    assert "--config-file needs PyYAML" in err and "HINT: pip install pyyaml" in err, err
