@@ -9,7 +9,7 @@ from typing import Any
 
 from accord.version import __version__
 
-__all__ = ["Model", "__version__", "spawn"]
+__all__ = ["Model", "__version__", "run", "spawn"]
 
 
 def __getattr__(name: str) -> Any:
@@ -19,6 +19,10 @@ def __getattr__(name: str) -> Any:
         from accord.run.spawn import spawn
 
         return spawn
+    if name == "run":  # the launcher package, callable as Horovod's horovod.run
+        import importlib
+
+        return importlib.import_module("accord.run")
     if name == "Model":  # Paddle-style Model.fit; imports torch, so only when asked for
         from accord.hapi.model import Model
 

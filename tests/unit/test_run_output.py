@@ -5,6 +5,7 @@ import os
 import pytest
 
 from accord.run.output import LineSplitter, OutputMux, format_line
+from accord.run.rank_files import rank_dirname
 
 
 def _feed(chunks):
@@ -77,3 +78,27 @@ def test_mux_close_gives_up_on_a_pipe_held_open():
     mux.close(timeout=0.2)  # must return although the writer never closed
     os.close(w)
     assert out.getvalue() == b"[0]<stdout>:still open\n"
+
+
+@pytest.mark.parametrize("rank, size, name", [(0, 1, "rank.0"), (9, 10, "rank.9"), (3, 11, "rank.03"),
+                                              (10, 11, "rank.10"), (7, 101, "rank.007")])
+def test_rank_folders_are_zero_padded_like_horovodrun(rank, size, name):
+    # horovodrun pads to int(log10(size - 1)) + 1 digits; computed here independently
+    import math
+
+    assert name == f"rank.{str(rank).zfill(int(math.log10(max(size - 1, 1))) + 1)}"
+    assert rank_dirname(rank, size) == name
+
+
+@pytest.mark.timeout(20)
+def test_mux_writes_padded_rank_folders_for_the_job_size(tmp_path):
+    mux = OutputMux(None, None, output_dir=str(tmp_path), size=12)
+    r_out, w_out = os.pipe()
+    mux.add(4, os.fdopen(r_out, "rb", buffering=0), None)
+    mux.start()
+    os.write(w_out, b"four\n")
+    os.close(w_out)
+    assert mux.wait_rank(4, 5)
+    mux.close(timeout=5)
+    assert sorted(os.listdir(tmp_path)) == ["rank.04"]
+    assert (tmp_path / "rank.04" / "stdout").read_bytes() == b"four\n"

@@ -106,7 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ssh StrictHostKeyChecking policy (default accept-new)")
 
     g = p.add_argument_group("output")
-    g.add_argument("--output-filename", metavar="DIR", help="also write DIR/rank.N/{stdout,stderr}")
+    g.add_argument("--output-filename", metavar="DIR",
+                   help="also write DIR/rank.N/{stdout,stderr} (N zero-padded: rank.03 of 16)")
     g.add_argument("--no-prefix", action="store_true", help="print worker lines without [rank]<stream>:")
     g.add_argument("--prefix-timestamp", "-prefix-timestamp", "--prefix-output-with-timestamp",
                    action="store_true", help="start every worker line with a timestamp")

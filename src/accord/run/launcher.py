@@ -138,7 +138,8 @@ class _Job:
             if cfg.sync_dst_dir is not None:
                 self._sync(environ)
             self._mux = OutputMux(self._out, self._err, prefix=cfg.prefix, timestamps=cfg.prefix_timestamp,
-                                  ranks_filter=cfg.ranks_filter, output_dir=cfg.output_dir)
+                                  ranks_filter=cfg.ranks_filter, output_dir=cfg.output_dir,
+                                  size=cfg.num_proc)
             assert self._supervisor is not None and self._options is not None and self._jobdir is not None
             self._starter = JobStarter(cfg, self._supervisor, self._options, self._mux, self._jobdir, self._say)
             self._starter.servers(job, environ)  # first: they register while workers start

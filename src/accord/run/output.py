@@ -5,7 +5,8 @@ incrementally as UTF-8 (a character split across reads is kept whole; invalid by
 U+FFFD), split into lines at ``\\n``, ``\\r\\n`` and ``\\r`` (so progress bars that redraw with
 ``\\r`` show up as they happen instead of as one endless line), and a last line without a newline
 is still printed when the stream ends. Per-rank files (``DIR/rank.N/stdout`` and ``stderr``)
-receive the bytes exactly as the worker wrote them. ``--ranks-filter`` limits the console only.
+receive the bytes exactly as the worker wrote them (``rank.03`` in a job of 16 ranks: horovodrun's
+zero-padded names, which sort in rank order). ``--ranks-filter`` limits the console only.
 
 Parameter servers are registered under a text key (``server0``), printed ``[server0]<stderr>:``
 and written to ``DIR/server.0/``; ``--ranks-filter`` does not hide them (it names worker ranks).
@@ -20,7 +21,13 @@ import threading
 import time
 from typing import BinaryIO, Iterable, Union
 
+from accord.run.rank_files import rank_dirname
+
 Key = Union[int, str]  # a worker's rank, or a text label such as "server0"
+
+
+def _default_dirname(key: Key, size: int) -> str:
+    return rank_dirname(key, size) if isinstance(key, int) else f"rank.{key}"
 
 _MAX_PENDING = 64 * 1024  # a "line" longer than this is printed in pieces
 
@@ -107,12 +114,14 @@ class OutputMux:
         ranks_filter: Iterable[int] | None = None,
         output_dir: str | None = None,
         tail_lines: int = 30,
+        size: int = 1,
     ) -> None:
         self._console = {"stdout": console_out, "stderr": console_err}
         self._prefix = prefix
         self._timestamps = timestamps
         self._filter = None if ranks_filter is None else frozenset(ranks_filter)
         self._output_dir = output_dir
+        self._size = size  # the job's worker count: rank folders are padded to its width
         self._selector = selectors.DefaultSelector()
         self._lock = threading.Lock()
         self._tails: dict[Key, collections.deque[str]] = {}
@@ -131,7 +140,8 @@ class OutputMux:
 
         Args:
             rank: the worker's rank, or a text label (``"server0"``) for another process.
-            dirname: its folder under ``output_dir`` (default ``rank.<rank>``).
+            dirname: its folder under ``output_dir`` (default ``rank.<rank>``, the rank padded
+                with zeros to the width of the largest rank, as horovodrun names them).
         """
         self._tails[rank] = collections.deque(maxlen=self._tail_lines)
         self._done[rank] = threading.Event()
@@ -141,7 +151,7 @@ class OutputMux:
                 continue
             tee = None
             if self._output_dir is not None:
-                rank_dir = os.path.join(self._output_dir, dirname or f"rank.{rank}")
+                rank_dir = os.path.join(self._output_dir, dirname or _default_dirname(rank, self._size))
                 os.makedirs(rank_dir, exist_ok=True)
                 tee = open(os.path.join(rank_dir, name), "wb", buffering=0)
             shown = self._filter is None or not isinstance(rank, int) or rank in self._filter

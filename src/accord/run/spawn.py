@@ -34,21 +34,23 @@ from accord.run import job_store
 from accord.run.assignment import assign_slots
 from accord.run.failures import describe_returncode, exit_status
 from accord.run.hosts import HostSlots
+from accord.run.rank_files import ConsoleTee, rank_dirname
 from accord.run.supervisor import Member, ProcessHandle, Supervisor
 from accord.run.tuning import BY_NAME as TUNING_OPTIONS
 from accord.run.tuning import make_tuning
 from accord.run.worker_env import SECRET_VAR, JobEnv, worker_env
 
-_OTHER_OPTIONS = ("grace_period", "env", "devices")
+_OTHER_OPTIONS = ("grace_period", "env", "devices", "output_filename")
 
 
-def _worker_main(rank: int, conn: Any, payload: bytes, env: dict[str, str]) -> None:
+def _worker_main(rank: int, conn: Any, payload: bytes, env: dict[str, str], output_folder: str | None) -> None:
     """Entry point of one worker process."""
     try:
         os.setsid()  # one process group per worker: the parent stops its whole tree at once
     except OSError:
         pass
     config.set_variables(env)  # again here: a forkserver child did not inherit the parent's env
+    tee = ConsoleTee(output_folder) if output_folder is not None else None
     code = 0
     try:
         fn, args = pickle.loads(payload)
@@ -67,6 +69,8 @@ def _worker_main(rank: int, conn: Any, payload: bytes, env: dict[str, str]) -> N
     conn.close()
     sys.stdout.flush()
     sys.stderr.flush()
+    if tee is not None:
+        tee.close()
     os._exit(code)  # skip atexit handlers a library may have left behind in the worker
 
 
@@ -96,7 +100,8 @@ def _default_nprocs() -> int:
     return os.cpu_count() or 1
 
 
-def _split_options(options: Mapping[str, Any]) -> tuple[Any, float, dict[str, str], tuple[str, ...] | None]:
+def _split_options(options: Mapping[str, Any]) -> tuple[Any, float, dict[str, str], tuple[str, ...] | None,
+                                                       str | None]:
     unknown = sorted(set(options) - set(TUNING_OPTIONS) - set(_OTHER_OPTIONS))
     if unknown:
         raise ConfigError(with_hint(f"accord.spawn got unknown options {unknown}",
@@ -105,7 +110,9 @@ def _split_options(options: Mapping[str, Any]) -> tuple[Any, float, dict[str, st
     grace = float(options.get("grace_period", 5.0))
     extra = {str(k): str(v) for k, v in dict(options.get("env") or {}).items()}
     devices = options.get("devices")
-    return tuning, grace, extra, None if devices is None else tuple(str(d) for d in devices)
+    output = options.get("output_filename")
+    return (tuning, grace, extra, None if devices is None else tuple(str(d) for d in devices),
+            None if output is None else os.path.abspath(os.fspath(output)))
 
 
 class SpawnContext:
@@ -220,13 +227,15 @@ def spawn(
         daemon, start_method: as in :mod:`multiprocessing` (``fn`` must be importable: defined
             at module level, under ``if __name__ == "__main__":`` for "spawn").
         options: ``grace_period`` (s), ``env`` (extra variables), ``devices`` (one per worker),
-            and the tuning flags of accordrun with underscores (``fusion_threshold_mb``, ...).
+            ``output_filename`` (a folder: each worker's stdout and stderr are also written to
+            ``rank.N/stdout`` and ``rank.N/stderr`` there, as accordrun's flag), and the tuning
+            flags of accordrun with underscores (``fusion_threshold_mb``, ...).
 
     Raises:
         WorkerFailedError: a worker raised or died (first failure; the others are stopped).
         ConfigError: an unknown option or an invalid ``nprocs``.
     """
-    tuning, grace, extra, devices = _split_options(options)
+    tuning, grace, extra, devices, output_dir = _split_options(options)
     n = _default_nprocs() if nprocs == -1 else nprocs
     if n < 1:
         raise ConfigError(with_hint(f"accord.spawn needs nprocs >= 1 (or -1), got {nprocs}", "pass nprocs=2"))
@@ -249,7 +258,8 @@ def spawn(
             env.update(extra)
             env[SECRET_VAR] = secret.hex()
             reader, writer = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_worker_main, args=(slot.rank, writer, payload, env),
+            folder = None if output_dir is None else os.path.join(output_dir, rank_dirname(slot.rank, n))
+            proc = ctx.Process(target=_worker_main, args=(slot.rank, writer, payload, env, folder),
                                name=f"accord-spawn-{slot.rank}", daemon=daemon)
             # set for the start only: a "spawn" child reads its environment before our code runs
             config.set_variables(env)

@@ -1,0 +1,87 @@
+"""accord.run(fn, ...): Horovod's horovod.run on this host: results in rank order from real
+workers, Horovod's argument rules, per-rank output files, and clear refusals of what needs
+other hosts."""
+import os
+import socket
+import sys
+import warnings
+
+import pytest
+
+import accord
+from accord.errors import ConfigError
+
+
+def averaged(offset, scale=1.0):
+    """A Horovod-style job function: init, one allreduce of a rank-dependent value, its result."""
+    import torch
+
+    import accord.torch as hvd
+
+    hvd.init()
+    try:
+        value = hvd.allreduce(torch.tensor([float(hvd.rank()) * scale + offset]), op=hvd.Average)
+        print(f"rank {hvd.rank()} says hello")
+        print(f"rank {hvd.rank()} warns", file=sys.stderr)
+        return hvd.rank(), hvd.size(), value.item()
+    finally:
+        hvd.shutdown()
+
+
+def rank_of_worker():
+    return int(os.environ["ACCORD_RANK"])
+
+
+@pytest.mark.timeout(90)
+def test_runs_the_function_on_every_rank_and_returns_results_in_rank_order(tmp_path, capfd):
+    # the mean of rank * 2 + 1 over ranks 0..2 is 3; computed here from the same definition
+    expected_mean = sum(r * 2.0 + 1.0 for r in range(3)) / 3
+    results = accord.run(averaged, args=(1.0,), kwargs={"scale": 2.0}, num_proc=3,
+                         hosts="localhost:3", output_filename=str(tmp_path / "out"))
+    assert results == [(r, 3, pytest.approx(expected_mean)) for r in range(3)]
+    for rank in range(3):  # also on the console, as Horovod's output_filename writes both
+        folder = tmp_path / "out" / f"rank.{rank}"
+        assert f"rank {rank} says hello" in (folder / "stdout").read_text()
+        assert f"rank {rank} warns" in (folder / "stderr").read_text()
+    captured = capfd.readouterr()
+    assert "rank 2 says hello" in captured.out and "rank 1 warns" in captured.err
+
+
+@pytest.mark.timeout(60)
+def test_deprecated_np_and_the_other_import_forms():
+    from accord.run import run
+
+    with pytest.warns(DeprecationWarning, match="np is deprecated"):
+        assert run(rank_of_worker, np=2) == [0, 1]
+    with pytest.warns(DeprecationWarning):  # num_proc given: np does not override it (Horovod)
+        assert accord.run(rank_of_worker, num_proc=3, np=2) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("kwargs, error, fragment", [
+    ({"hosts": "localhost:2", "hostfile": "hosts.txt"}, ValueError, "hosts and hostfile only allow one"),
+    ({"use_gloo": True, "use_mpi": True}, ValueError, "use_gloo and use_mpi only allow one"),
+    ({"hosts": "localhost:2,node-elsewhere-9:2"}, ConfigError, "this host only; hosts ['node-elsewhere-9']"),
+    ({"hosts": "localhost:1", "num_proc": 2}, ConfigError, "num_proc=2 is more than the 1 slots"),
+    ({"min_num_proc": 1}, ConfigError, "does not run elastic jobs"),
+    ({"min_np": 1}, ConfigError, "does not run elastic jobs"),
+    ({"reset_limit": 2}, ConfigError, "does not run elastic jobs"),
+    ({"use_mpi": True}, ConfigError, "use_mpi=True"),
+    ({"executable": "/opt/other/python"}, ConfigError, "not executable='/opt/other/python'"),
+    ({"num_proc": 0}, ConfigError, "num_proc >= 1, got 0"),
+])
+def test_refusals_name_the_argument_with_a_hint(kwargs, error, fragment):
+    with warnings.catch_warnings(), pytest.raises(error) as info:
+        warnings.simplefilter("ignore", DeprecationWarning)  # min_np's
+        accord.run(rank_of_worker, **kwargs)
+    assert fragment in str(info.value)
+    if error is ConfigError:
+        assert "HINT:" in str(info.value)
+
+
+@pytest.mark.timeout(60)
+def test_this_hosts_own_name_and_a_hostfile_are_accepted(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text(f"{socket.gethostname()} slots=2\n")
+    assert accord.run(rank_of_worker, num_proc=2, hostfile=str(hostfile),
+                      ssh_port=22, start_timeout=30, verbose=True, use_gloo=True) == [0, 1]
+
