@@ -324,6 +324,37 @@ def _row_sparse_values(mx, rank, size):
     close(kept.asnumpy(), np.full((5, 3), 7.0))
     kv.pull("e", out=kept, ignore_sparse=False)
     close(kept.asnumpy(), total)
+    _row_sparse_lazy_updates(mx, rank, size)
+
+
+def _row_sparse_lazy_updates(mx, rank, size):
+    """With an optimizer on the store, a row_sparse push is applied as MXNet's own stores apply
+    it: the merged gradient holds every row some push held (even one whose sum is exactly zero)
+    and the optimizer's lazy update touches exactly those rows. The reference is MXNet's 'local'
+    store in this process, given every worker's push as one device each."""
+    def pushes(step):
+        grads = []
+        for r in range(size):
+            grad = np.zeros((6, 2))
+            grad[r] = (r + 1) * (step + 1)
+            grad[5] = [1.0, -2.0] if r == 0 else ([-1.0, 2.0] if r == 1 else 0.0)  # cancels
+            grads.append(mx.nd.array(grad).tostype("row_sparse"))
+        return grads
+
+    start = mx.nd.array(np.random.default_rng(3).normal(size=(6, 2)))
+    stores = {"accord": mx.kv.create("accord"), "local": mx.kv.create("local")}
+    for kind, kv in stores.items():
+        kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.1, momentum=0.9, wd=0.1))
+        kv.init("lazy", start.copy())
+        for step in range(3):
+            kv.push("lazy", pushes(step)[rank] if kind == "accord" else pushes(step))
+    got, want = mx.nd.zeros((6, 2)), mx.nd.zeros((6, 2))
+    stores["accord"].pull("lazy", out=got)
+    stores["local"].pull("lazy", out=want)
+    got, want = got.asnumpy(), want.asnumpy()
+    begin = start.asnumpy()
+    assert not np.allclose(want[5], begin[5]) and np.allclose(want[size:5], begin[size:5])
+    close(got, want, 1e-6)
 
 
 _HOSTS = ["a", "a", "b"]

@@ -125,7 +125,7 @@ class DenseStandIns:
         if getattr(array, "stype", "default") != "row_sparse":
             return self.dense(array), None
         copy = array.tostype("default")
-        mask = _row_mask(array)
+        mask = row_mask(array)
         self._pairs.append((array, copy, mask))
         return copy, mask
 
@@ -136,20 +136,22 @@ class DenseStandIns:
             if mask is None:
                 sparse[:] = copy.tostype(sparse.stype)
             else:
-                sparse[:] = _rows_of(copy, mask)
+                sparse[:] = rows_of(copy, mask)
         self._pairs.clear()
 
 
-def _row_mask(array: Any) -> Any:
+def row_mask(array: Any) -> Any:
     """float32 vector over ``array``'s rows: 1.0 where its row_sparse storage holds the row."""
     mask = np.zeros(array.shape[0], dtype=np.float32)
     mask[array.indices.asnumpy()] = 1.0
     return mx.nd.array(mask, ctx=array.context, dtype="float32")
 
 
-def _rows_of(values: Any, mask: Any) -> Any:
-    """A row_sparse NDArray holding the rows of dense ``values`` where ``mask`` is nonzero."""
-    rows = np.flatnonzero(mask.asnumpy())
+def rows_of(values: Any, rows: Any) -> Any:
+    """A row_sparse NDArray holding the rows of dense ``values`` named by ``rows`` (row indices,
+    or a mask NDArray whose nonzero entries mark them)."""
+    if is_ndarray(rows):
+        rows = np.flatnonzero(rows.asnumpy())
     indices = mx.nd.array(rows, ctx=values.context, dtype="int64")
     return mx.nd.sparse.row_sparse_array((mx.nd.take(values, indices), indices), shape=values.shape,
                                          ctx=values.context, dtype=values.dtype)

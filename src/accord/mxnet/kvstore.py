@@ -7,7 +7,9 @@ A store holds NDArray keys the way MXNet's ``dist_sync`` does: ``init`` keeps ra
 Perseus's ``op=``) and either stores the sum or, with an optimizer, applies it; ``pull`` copies
 the stored value out; ``pushpull`` and ``broadcast`` are the coalesced forms gluon uses.
 row_sparse NDArrays are taken in their dense form, and ``row_sparse_pull`` fills dense or
-row_sparse outputs (Gluon's Trainer itself refuses every plug-in store for sparse gradients).
+row_sparse outputs (Gluon's Trainer itself refuses every plug-in store for sparse gradients);
+an optimizer on the store gets a row_sparse push's sum as a row_sparse NDArray holding every
+row some worker pushed, so its lazy update touches the rows MXNet's own stores would.
 The values move through :mod:`accord.kvstore` (the engine, or accord's parameter servers when
 ``accordrun --num-servers`` started them) as torch views of the NDArrays (DLPack, no copies).
 An MXNet optimizer (``set_optimizer``, what ``gluon.Trainer`` and ``Module`` do for
@@ -24,7 +26,17 @@ import pickle
 from typing import Any, Callable
 
 from accord.errors import with_hint
-from accord.mxnet.bridge import DenseStandIns, dense, is_ndarray, mx, read_view, to_ndarray, write_view
+from accord.mxnet.bridge import (
+    DenseStandIns,
+    dense,
+    is_ndarray,
+    mx,
+    read_view,
+    row_mask,
+    rows_of,
+    to_ndarray,
+    write_view,
+)
 
 # type names -> what ``kv.type`` reports (MXNet's trainer and Module treat 'dist' + '_sync'
 # stores as synchronous multi-worker stores: batch sizes count every worker's samples).
@@ -71,6 +83,8 @@ class AccordKVStore(mx.kvstore.KVStoreBase):
         self._kv = accord.kvstore.create("dist_sync")
         self._mx_updater: Any = None
         self._weights: dict[Any, tuple[int, Any]] = {}  # key -> (data_ptr, NDArray view) of stored
+        self._merged_rows: dict[Any, Any] = {}  # key -> rows of the row_sparse push in progress
+        self._row_keys: set[str] = set()  # the hidden keys that sum the pushes' row masks
 
     # --- properties ---------------------------------------------------------------------------
     @property
@@ -101,8 +115,34 @@ class AccordKVStore(mx.kvstore.KVStoreBase):
 
     def push(self, key: Any, value: Any, priority: int = 0, op: str = "sum") -> None:
         """Sum (or ``op='max'|'min'``) the values over devices and workers into the store
-        (row_sparse values count as their dense form)."""
-        self._kv.push(key, _views(_dense(value), read_view), priority, op=op)
+        (row_sparse values count as their dense form). With an MXNet optimizer, a row_sparse
+        push reaches it as MXNet's stores give it: a row_sparse sum holding every row that some
+        worker's push held, so a lazy update touches exactly those rows."""
+        if self._mx_updater is not None and op == "sum":
+            self._merged_rows.update(self._union_of_rows(key, value))
+        try:
+            self._kv.push(key, _views(_dense(value), read_view), priority, op=op)
+        finally:
+            self._merged_rows.clear()
+
+    def _union_of_rows(self, key: Any, value: Any) -> dict[Any, Any]:
+        """For each key pushed with row_sparse values: the rows any worker's push holds (a row
+        mask summed over the workers through a hidden parameter key)."""
+        keys, values = (key, value) if isinstance(key, (list, tuple)) else ([key], [value])
+        found = {}
+        for k, v in zip(keys, values):
+            masks = [row_mask(part) for part in (v if isinstance(v, (list, tuple)) else [v])
+                     if getattr(part, "stype", "default") == "row_sparse"]
+            if not masks:
+                continue
+            hidden = f"\0rows:{k!r}"  # a str key no user key equals (repr keeps 3 and '3' apart)
+            if hidden not in self._row_keys:
+                self._kv.init(hidden, read_view(mx.nd.zeros(masks[0].shape, dtype="float32")), param_only=True)
+                self._row_keys.add(hidden)
+            self._kv.push(hidden, [read_view(m) for m in masks])
+            union = self._kv.pull(hidden)  # the mean of the masks: nonzero where any push had the row
+            found[k if isinstance(k, str) else int(k)] = union.nonzero().flatten().numpy()
+        return found
 
     def pull(self, key: Any, out: Any = None, priority: int = 0, ignore_sparse: bool = True) -> Any:
         """Copy the stored values into ``out`` (new NDArrays when ``out`` is None); row_sparse
@@ -172,7 +212,11 @@ class AccordKVStore(mx.kvstore.KVStoreBase):
         if cached is None or cached[0] != stored.data_ptr():
             cached = self._weights[key] = (stored.data_ptr(), to_ndarray(stored))
         weight = cached[1]
-        self._mx_updater(key, to_ndarray(merged), weight)
+        gradient = to_ndarray(merged)
+        rows = self._merged_rows.get(key)
+        if rows is not None:  # a row_sparse push: the optimizer gets a row_sparse sum, as in MXNet
+            gradient = rows_of(gradient, rows)
+        self._mx_updater(key, gradient, weight)
         weight.wait_to_read()  # the store reads ``stored`` right after: MXNet must be done
 
     @property
