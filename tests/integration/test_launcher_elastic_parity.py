@@ -78,3 +78,38 @@ def test_workers_of_an_elastic_job_are_marked_as_horovodrun_marks_them():
     assert elastic.returncode == 0 and plain.returncode == 0, elastic.stderr + plain.stderr
     assert elastic.stdout.count("FLAGS 1 1") == 2
     assert plain.stdout.count("FLAGS None None") == 2  # HOROVOD_ELASTIC only where the job is elastic
+
+
+JOINER = lib.script("elastic_joiner_env.py")
+_COORDS = {"rank": "HOROVOD_RANK", "size": "HOROVOD_SIZE", "local_rank": "HOROVOD_LOCAL_RANK",
+           "local_size": "HOROVOD_LOCAL_SIZE", "cross_rank": "HOROVOD_CROSS_RANK", "cross_size": "HOROVOD_CROSS_SIZE"}
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_added_later_starts_with_the_rank_it_gets(tmp_path):
+    """horovodrun starts a worker it adds with its planned place in the new world, so
+    HOROVOD_RANK & co. before hvd.init() match hvd.rank() & co. after. Workers 0 (localhost) and
+    1 (127.0.0.1); then the script swaps 127.0.0.1 for 127.0.0.2: worker 1 leaves and worker 2
+    joins as rank 1 of 2 (its id would say rank 2 of 3), cross rank 1 of 2 (host 2 of 2)."""
+    marker = tmp_path / "swap"
+    discover = tmp_path / "discover.sh"
+    discover.write_text(f"if [ -e {marker} ]; then printf 'localhost:1\\n127.0.0.2:1\\n'; "
+                        f"else printf 'localhost:1\\n127.0.0.1:1\\n'; fi\n")
+    proc = lib.accordrun("--min-np", "1", "--host-discovery-script", f"sh {discover}",
+                         "--discovery-interval", "0.2", "--grace-period", "2",
+                         lib.PYTHON, JOINER, str(marker), timeout=100)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    envs = {e["id"]: e for e in (json.loads(line.split("ENV ", 1)[1]) for line in proc.stdout.splitlines()
+                                 if "ENV {" in line)}
+    assert sorted(envs) == [0, 1, 2], proc.stdout[-3000:]
+    expected = {0: (0, 2, 0, 1, 0, 2), 1: (1, 2, 0, 1, 1, 2), 2: (1, 2, 0, 1, 1, 2)}
+    for member, coords in expected.items():
+        before, after = envs[member]["before"], envs[member]["after"]
+        assert tuple(after[k] for k in _COORDS) == coords, (member, after)
+        assert {k: before[v] for k, v in _COORDS.items()} == {k: str(after[k]) for k in _COORDS}, (member, before)
+        assert (before["ACCORD_RANK"], before["RANK"], before["ACCORD_SIZE"], before["WORLD_SIZE"]) == \
+            (str(coords[0]), str(coords[0]), "2", "2"), (member, before)
+    assert envs[2]["before"]["GROUP_RANK"] == "1"  # the second host of the re-formed job
+    assert "elastic: started worker 2 on 127.0.0.2 (rank 1 of 2 once admitted)" in proc.stderr
+    done = {d["id"]: d for d in _done(proc.stdout)}
+    assert {m: (d["rank"], d["size"]) for m, d in done.items()} == {0: (0, 2), 2: (1, 2)}, proc.stdout[-3000:]

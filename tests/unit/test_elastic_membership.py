@@ -134,6 +134,7 @@ def _fake_run(monkeypatch):
 
     class FakeMembership:
         on_update = None
+        members = [0, 1]
 
         def after_reset(self):
             calls.append("after_reset")
@@ -183,3 +184,28 @@ def test_run_announces_again_what_the_reset_dropped(monkeypatch):
 
     assert train(FakeState()) == "done"
     assert calls == ["sync", "reset", "on_reset", "after_reset", "stop"]
+
+
+def test_run_syncs_after_a_removal_when_the_reformation_took_in_a_new_worker(monkeypatch):
+    """Told of a removal only (skip_sync), a survivor still syncs when the re-formation brought a
+    new member: the new worker waits for rank 0's state in its own sync()."""
+    el, FakeState, calls = _fake_run(monkeypatch)
+    for new_members, synced_twice in (([0, 2], True), ([0], False)):
+        calls.clear()
+        tries = []
+
+        def regroup(membership, members=new_members):
+            calls.append("reset")
+            membership.members = members
+
+        monkeypatch.setattr(el, "_reset", regroup)
+
+        @el.run
+        def train(state, tries=tries):
+            tries.append(1)
+            if len(tries) == 1:
+                raise el.HostsUpdatedInterrupt(skip_sync=True)
+            return "done"
+
+        assert train(FakeState()) == "done"
+        assert calls.count("sync") == (2 if synced_twice else 1), (new_members, calls)

@@ -3,26 +3,32 @@
 the flags, and the driver's decisions (with a fake supervisor, store and clock)."""
 from __future__ import annotations
 
+import json
+import os
 import random
 import time
 from dataclasses import dataclass
 
 import pytest
 
-from accord.errors import ConfigError
+from accord.errors import ConfigError, RendezvousError
 from accord.run import elastic_driver
+from accord.run.assignment import Slot, assign_slots
 from accord.run.blacklist import Blacklist
-from accord.run.cli import build_parser
+from accord.run.cli import build_parser, main
 from accord.run.discovery import DiscoveryError, DiscoveryResult, parse_discovery_output, run_discovery
 from accord.run.elastic_config import ElasticConfig
-from accord.run.elastic_plan import Plan, plan_changes, usable_hosts
+from accord.run.elastic_plan import Plan, plan_changes, planned_slots, usable_hosts
 from accord.run.hosts import HostSlots
+from accord.run.job_store import JobStore
 from accord.run.launch_config import config_from_args
 from accord.run.worker_env import elastic_env
+from accord.runtime.topology import topology_from_hostnames
 from accord.worker_contract import (
     ELASTIC_DEAD_KEY,
     ELASTIC_LATEST_KEY,
     ELASTIC_LEAVING_KEY,
+    ELASTIC_MEMBERS_KEY,
     ELASTIC_UPDATE_KEY,
     ELASTIC_UPDATES_KEY,
 )
@@ -215,6 +221,7 @@ class FakeMember:
     returncode: int | None = None
     stopped: bool = False
     kind: str = "worker"
+    slot: Slot | None = None  # the coordinates it was started with
 
 
 class FakeSupervisor:
@@ -237,8 +244,13 @@ class FakeSupervisor:
 
 
 class FakeStore(dict):
+    closed = False
+
     def set(self, key, value):
         self[key] = value
+
+    def get(self, key, default=None, timeout=None):
+        return self[key] if key in self else default
 
     def add(self, key, delta):
         self[key] = int(self.get(key, 0)) + delta
@@ -271,9 +283,9 @@ def _driver(tmp_path, hosts="echo h1:2", min_np=2, **elastic):
     sup, store = FakeSupervisor(), FakeStore()
     members: dict[int, FakeMember] = {}
 
-    def start(i, host, joining):
-        started.append((i, host, joining))
-        members[i] = FakeMember(i, host)
+    def start(i, slot, joining):
+        started.append((i, slot.hostname, joining))
+        members[i] = FakeMember(i, slot.hostname, slot=slot)
         return members[i]
 
     settings = ElasticConfig(cfg.elastic.discovery_script, **elastic)
@@ -282,6 +294,12 @@ def _driver(tmp_path, hosts="echo h1:2", min_np=2, **elastic):
     driver._poller = FakePoller()
     driver.start()
     return driver, sup, store, members, started, said, clock
+
+
+def _publish(store, epoch, members):
+    """What the leader of re-formation ``epoch`` publishes (accord.torch.elastic.reform)."""
+    store.set(ELASTIC_MEMBERS_KEY.format(epoch=epoch), json.dumps({"members": members, "updates": 0}))
+    store.set(ELASTIC_LATEST_KEY, epoch)
 
 
 def _discover(driver, clock, text=None, error=None):
@@ -376,7 +394,7 @@ def test_reset_limit(tmp_path):
     driver, sup, store, members, started, said, clock = _driver(tmp_path, reset_limit=1)
     _discover(driver, clock, "h1:2\nh2:1\n")
     assert not driver.poll()  # one change: within the limit
-    store[ELASTIC_LATEST_KEY] = 1  # the workers re-formed for it
+    _publish(store, 1, [0, 1, 2])  # the workers re-formed for it
     _discover(driver, clock, "h1:2\n")
     assert driver.poll()
     assert "workers changed 2 times (re-formations), more than --reset-limit 1" in driver.outcome.error
@@ -392,7 +410,7 @@ def test_changes_before_the_workers_re_form_are_one_reset(tmp_path):
     assert not driver.poll()
     assert store[ELASTIC_LEAVING_KEY.format(member=2)] == "1"  # h2's other worker leaves too
     assert driver.resets == 1 and driver.outcome.error is None
-    store[ELASTIC_LATEST_KEY] = 1  # they re-formed, as workers 0 and 1
+    _publish(store, 1, [0, 1])  # they re-formed, as workers 0 and 1
     members[2].returncode = 0
     sup.ended.append(members[2])
     assert not driver.poll() and driver.outcome.removed == [2]
@@ -406,9 +424,9 @@ def test_driver_on_fixed_hosts_blacklists_a_failing_host_and_never_polls(tmp_pat
     sup, store, started, said = FakeSupervisor(), FakeStore(), [], []
     members: dict[int, FakeMember] = {}
 
-    def start(i, host, joining):
-        started.append((i, host, joining))
-        members[i] = members.get(i) or FakeMember(i, host)
+    def start(i, slot, joining):
+        started.append((i, slot.hostname, joining))
+        members[i] = members.get(i) or FakeMember(i, slot.hostname)
         return members[i]
 
     driver = elastic_driver.ElasticDriver(cfg, cfg.elastic, sup, store, start, lambda m: ("failure", m.index),
@@ -432,3 +450,161 @@ def test_driver_on_fixed_hosts_blacklists_a_failing_host_and_never_polls(tmp_pat
         sup.ended.append(members[i])
     assert driver.poll() and driver.outcome.succeeded == [2, 3] and driver.outcome.removed == [1]
     driver.close()
+
+
+# --- the store's count of re-formations --------------------------------------------------------------
+
+def _driver_on(store, tmp_path):
+    cfg = _cfg(["--host-discovery-script", "echo h1:2", "python3", "t.py"], tmp_path)
+    return elastic_driver.ElasticDriver(cfg, cfg.elastic, FakeSupervisor(), store, lambda *a: None,
+                                        lambda m: None, lambda text: None)
+
+
+def test_reformations_is_0_before_the_first_and_once_the_store_is_gone(tmp_path):
+    store = JobStore("127.0.0.1", 0, os.urandom(32))
+    try:
+        conn = store.connection()
+        driver = _driver_on(conn, tmp_path)
+        assert driver._reformations() == 0  # nothing published yet
+        conn.add(ELASTIC_LATEST_KEY, 3)
+        assert driver._reformations() == 3
+        store._server.close()  # the job shuts down: the store goes away under the driver
+        assert driver._reformations() == 0 and conn.closed
+    finally:
+        store.close()
+
+
+class _BrokenStore(FakeStore):
+    def __init__(self, error):
+        super().__init__()
+        self.error = error
+
+    def check(self, keys):
+        raise self.error
+
+
+def test_reformations_lets_any_other_error_propagate(tmp_path):
+    """Only a store that went away (the client raised RendezvousError and closed its connection)
+    reads as "no re-formation"; a bug is not swallowed."""
+    for error in (KeyError("accord/elastic/latest"), TypeError("bad call"), RuntimeError("bug")):
+        with pytest.raises(type(error)):
+            _driver_on(_BrokenStore(error), tmp_path)._reformations()
+        with pytest.raises(type(error)):  # the kind of a removal's announcement reads the store too
+            _driver_on(_BrokenStore(error), tmp_path)._removal_kind()
+    gone = _BrokenStore(RendezvousError("the store closed the connection"))
+    gone.closed = True
+    assert _driver_on(gone, tmp_path)._reformations() == 0
+    assert _driver_on(gone, tmp_path)._removal_kind() == "removed"
+    store = JobStore("127.0.0.1", 0, os.urandom(32))
+    try:  # the store answers, with an error: the connection still works, so it is our bug
+        conn = store.connection()
+        conn.set(ELASTIC_LATEST_KEY, "not a number")
+        with pytest.raises(RendezvousError, match="not a counter"):
+            _driver_on(conn, tmp_path)._reformations()
+        assert not conn.closed
+    finally:
+        store.close()
+
+
+# --- --blacklist-cooldown-range bounds (horovodrun's: 1 <= MIN, MAX <= 3600) ---------------------------
+
+@pytest.mark.parametrize("low, high, why", [
+    ("0", "10", "MIN must be at least 1 second"),
+    ("0.5", "10", "MIN must be at least 1 second"),
+    ("-1", "10", "MIN must be at least 1 second"),
+    ("10", "3601", "MAX must be at most 3600 seconds"),
+    ("1", "7200", "MAX must be at most 3600 seconds"),
+    ("9", "3", "MAX is below MIN"),
+])
+def test_cooldown_range_out_of_bounds_exits_2_naming_flag_and_values(low, high, why, capsys):
+    argv = ["--host-discovery-script", "echo localhost:2", "--blacklist-cooldown-range", low, high, "python3"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert lines[0] == f"accordrun: error: --blacklist-cooldown-range {float(low):g} {float(high):g}: {why}" \
+        + (" (as in horovodrun)" if "MIN must" in why else " (one hour, as in horovodrun)" if "MAX must" in why else "")
+    assert lines[1].startswith("HINT: pass MIN MAX with 1 <= MIN <= MAX <= 3600 seconds"), err
+    with_fixed_hosts = ["-np", "2", "--min-np", "2", "-H", "h1:1,h2:1", "--blacklist-cooldown-range", low, high,
+                        "python3"]
+    assert main(with_fixed_hosts) == 2 and why in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("low, high", [("1", "3600"), ("1", "1"), ("3600", "3600"), ("1.5", "2")])
+def test_cooldown_range_at_the_bounds_is_accepted(low, high, tmp_path):
+    cfg = _cfg(["--host-discovery-script", "echo h1:2", "--blacklist-cooldown-range", low, high,
+                "python3", "t.py"], tmp_path)
+    assert cfg.elastic.cooldown_range == (float(low), float(high))
+
+
+# --- the place a worker added later starts with ----------------------------------------------------
+
+@pytest.mark.parametrize("hostnames", [["a"], ["a", "a", "b", "b"], ["a", "b", "a"], ["b", "a", "c", "a", "b"],
+                                       ["a", "b", "b", "c", "a", "a"]])
+def test_planned_slots_match_what_init_derives_from_the_host_names(hostnames):
+    slots = planned_slots(hostnames)
+    for rank, slot in enumerate(slots):
+        topo = topology_from_hostnames(rank, hostnames)
+        assert (slot.rank, slot.size, slot.local_rank, slot.local_size, slot.cross_rank, slot.cross_size) == \
+            (topo.rank, topo.size, topo.local_rank, topo.local_size, topo.cross_rank, topo.cross_size)
+        assert slot.hostname == hostnames[rank]
+        assert slot.host_index == list(dict.fromkeys(hostnames)).index(hostnames[rank])
+
+
+def test_planned_slots_of_hosts_in_order_are_the_launch_assignment():
+    assert planned_slots(["h1", "h1", "h2", "h2", "h3"]) == assign_slots(
+        [HostSlots("h1", 2), HostSlots("h2", 2), HostSlots("h3", 1)], 5)
+
+
+def _coords(slot):
+    return (slot.rank, slot.size, slot.local_rank, slot.local_size, slot.cross_rank, slot.cross_size,
+            slot.hostname, slot.host_index)
+
+
+def test_a_worker_added_to_a_growing_job_starts_with_its_rank_in_the_grown_job(tmp_path):
+    driver, sup, store, members, started, said, clock = _driver(tmp_path)
+    _discover(driver, clock, "h1:2\nh2:2\n")
+    assert not driver.poll()
+    assert started[2:] == [(2, "h2", True), (3, "h2", True)]
+    # both of h2's workers join at one re-formation: 4 ranks, h2 the second host
+    assert _coords(members[2].slot) == (2, 4, 0, 2, 1, 2, "h2", 1)
+    assert _coords(members[3].slot) == (3, 4, 1, 2, 1, 2, "h2", 1)
+    assert any("started worker 3 on h2 (rank 3 of 4 once admitted)" in s for s in said)
+
+
+def test_a_replacement_worker_starts_with_the_rank_of_the_re_formed_job_not_its_id(tmp_path):
+    """Worker 1 fails, its host comes back after the cooldown: its replacement, worker 2, will
+    be rank 1 of 2 (the survivor, then it), as horovodrun starts it; its id would say 2 of 3."""
+    driver, sup, store, members, started, said, clock = _driver(
+        tmp_path, hosts="echo h1:1; echo h2:1", min_np=1, cooldown_range=(1.0, 1.0))
+    members[1].returncode = 1
+    sup.ended.append(members[1])
+    driver.poll()
+    _publish(store, 1, [0])  # the survivor re-formed alone
+    clock[0] = 2.0
+    _discover(driver, clock, "h1:1\nh2:1\n")
+    driver.poll()
+    assert started[-1] == (2, "h2", True)
+    assert _coords(members[2].slot) == (1, 2, 0, 1, 1, 2, "h2", 1)
+
+
+def test_joiners_come_after_the_staying_members_in_the_published_order(tmp_path):
+    """The last re-formation's order counts (a worker admitted late comes after one admitted
+    earlier), members that leave drop out, and workers still waiting to join come first among
+    the new ones; a change that removes and adds is announced as "added", so that the workers
+    do not skip the state's sync that the new ones wait in."""
+    driver, sup, store, members, started, said, clock = _driver(tmp_path, hosts="echo h1:1", min_np=1)
+    _discover(driver, clock, "h1:1\nh2:1\nh3:1\n")
+    driver.poll()
+    assert [_coords(members[i].slot)[:2] for i in (1, 2)] == [(1, 3), (2, 3)]
+    _publish(store, 1, [0, 2, 1])  # worker 1 asked to join late: admitted after worker 2
+    _discover(driver, clock, "h1:1\nh3:1\nh4:1\nh5:1\n")  # h2 leaves, h4 and h5 come
+    updates = store.get(ELASTIC_UPDATES_KEY, 0)
+    driver.poll()
+    assert store[ELASTIC_LEAVING_KEY.format(member=1)] == "1"
+    assert _coords(members[3].slot) == (2, 4, 0, 1, 2, 4, "h4", 2)  # after 0 (h1) and 2 (h3)
+    assert _coords(members[4].slot) == (3, 4, 0, 1, 3, 4, "h5", 3)
+    assert store[ELASTIC_UPDATES_KEY] == updates + 1
+    assert store[ELASTIC_UPDATE_KEY.format(n=updates + 1)] == "added"
+    _discover(driver, clock, "h1:1\nh3:1\nh5:1\n")  # h4 leaves before its worker 3 was admitted
+    driver.poll()
+    assert store[ELASTIC_UPDATE_KEY.format(n=updates + 2)] == "added"  # worker 4 still waits to join

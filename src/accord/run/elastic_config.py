@@ -27,6 +27,9 @@ from accord.run.tuning import check_number
 
 DEFAULT_DISCOVERY_INTERVAL = 2.0
 DEFAULT_ELASTIC_TIMEOUT = 600.0  # Horovod's default
+# horovodrun's bounds of --blacklist-cooldown-range (horovod/runner/elastic/discovery.py)
+COOLDOWN_LOWEST_MIN = 1.0
+COOLDOWN_HIGHEST_MAX = 3600.0
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,7 @@ def add_arguments(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--blacklist-cooldown-range", type=config.finite_float, nargs=2, metavar=("MIN", "MAX"),
                    help="a failing host is blacklisted, then may be used again: its n-th failure keeps "
                         "it out MIN*2^n seconds plus a random 0..MIN, within MIN..MAX (Horovod's "
-                        "backoff; default: for good)")
+                        "backoff; 1 <= MIN <= MAX <= 3600, as in horovodrun; default: for good)")
 
 
 def elastic_from_args(ns: argparse.Namespace, hosts: Sequence[HostSlots] | None = None) -> ElasticConfig | None:
@@ -133,14 +136,32 @@ def _limits(ns: argparse.Namespace) -> dict[str, Any]:
                                     "pass --reset-limit N, or leave it out for no limit"))
     cooldown = None
     if ns.blacklist_cooldown_range is not None:
-        low, high = ns.blacklist_cooldown_range
-        check_number(low, "--blacklist-cooldown-range MIN", ">=0")
-        check_number(high, "--blacklist-cooldown-range MAX", ">=0")
-        if high < low:
-            raise ConfigError(with_hint(f"--blacklist-cooldown-range {low:g} {high:g}: MAX is below MIN",
-                                        "pass MIN MAX with MIN <= MAX, e.g. 10 60"))
-        cooldown = (float(low), float(high))
+        cooldown = check_cooldown_range(*ns.blacklist_cooldown_range)
     return {"reset_limit": ns.reset_limit, "cooldown_range": cooldown}
+
+
+def check_cooldown_range(low: float, high: float) -> tuple[float, float]:
+    """``--blacklist-cooldown-range MIN MAX`` within horovodrun's bounds: MIN at least
+    :data:`COOLDOWN_LOWEST_MIN` seconds, MAX at most :data:`COOLDOWN_HIGHEST_MAX`, and (ours;
+    horovodrun then keeps every host out MIN seconds) MIN <= MAX.
+
+    Raises:
+        ConfigError: naming the flag and the values given, with a HINT.
+    """
+    check_number(low, "--blacklist-cooldown-range MIN", None)
+    check_number(high, "--blacklist-cooldown-range MAX", None)
+    given = f"--blacklist-cooldown-range {low:g} {high:g}"
+    fix = (f"pass MIN MAX with {COOLDOWN_LOWEST_MIN:g} <= MIN <= MAX <= {COOLDOWN_HIGHEST_MAX:g} "
+           "seconds, e.g. 10 300, or leave the flag out to keep failing hosts out for good")
+    if low < COOLDOWN_LOWEST_MIN:
+        raise ConfigError(with_hint(f"{given}: MIN must be at least {COOLDOWN_LOWEST_MIN:g} second "
+                                    "(as in horovodrun)", fix))
+    if high > COOLDOWN_HIGHEST_MAX:
+        raise ConfigError(with_hint(f"{given}: MAX must be at most {COOLDOWN_HIGHEST_MAX:g} seconds "
+                                    "(one hour, as in horovodrun)", fix))
+    if high < low:
+        raise ConfigError(with_hint(f"{given}: MAX is below MIN", fix))
+    return float(low), float(high)
 
 
 def first_hosts(elastic: ElasticConfig, cwd: str | None = None) -> list[HostSlots]:

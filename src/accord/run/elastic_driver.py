@@ -7,7 +7,13 @@ hosts it prints (:func:`accord.run.elastic_plan.plan_changes`):
 - **growth**: free slots on usable hosts get new workers (up to ``--max-np``). A new worker
   starts with ``ACCORD_ELASTIC_JOIN=1``; its ``init()`` registers it in the store and tells the
   running workers (:mod:`accord.runtime.admission`), who see ``HostsUpdatedInterrupt`` at their
-  next ``state.commit()`` and re-form with it (:mod:`accord.torch.elastic.reform`).
+  next ``state.commit()`` and re-form with it (:mod:`accord.torch.elastic.reform`). Its
+  environment carries the place that re-formation will give it (``HOROVOD_RANK``/``SIZE``/
+  ``LOCAL_RANK``/... as horovodrun sets them for a worker it adds), worked out as the
+  re-formation works it out (:meth:`ElasticDriver._world`): the members of the last
+  re-formation that still run and are not leaving, in their order, then the workers waiting to
+  join, by id. Its ``init()`` takes the rank the re-formation actually publishes, which differs
+  only when the job changes again before it is admitted (another worker fails or joins first).
 - **shrink**: the workers of a host that disappeared are marked *leaving* in the store and the
   workers told; at the re-formation the leaving ones exit with status 0. One that has not
   ended after the grace period of ``_LEAVE_GRACE`` seconds is stopped (TERM, grace, KILL).
@@ -32,11 +38,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from accord.errors import LaunchError, with_hint
+from accord.errors import LaunchError, RendezvousError, with_hint
+from accord.run.assignment import Slot
 from accord.run.blacklist import Blacklist
 from accord.run.discovery import DiscoveryPoller, run_discovery
 from accord.run.elastic_config import ElasticConfig
-from accord.run.elastic_plan import plan_changes, usable_hosts
+from accord.run.elastic_plan import plan_changes, planned_slots, usable_hosts
 from accord.run.failures import describe_returncode
 from accord.run.hosts import HostSlots
 from accord.run.supervisor import Member, Supervisor
@@ -80,14 +87,17 @@ class ElasticDriver:
     """Watches an elastic job (see the module docstring).
 
     Args:
-        start_worker: ``start_worker(member_id, host, joining)`` starts one worker and returns
-            its supervisor member; raises LaunchError when it cannot.
+        start_worker: ``start_worker(member_id, slot, joining)`` starts one worker on
+            ``slot.hostname`` with the coordinates of ``slot`` (a first worker's, or the place a
+            joining one will have once admitted) and returns its supervisor member; raises
+            LaunchError when it cannot.
         failure: turns an ended member into a :class:`~accord.run.failures.Failure`.
-        store: a connection to the job's store (``set``/``add``/``get``/``check``).
+        store: a connection to the job's store (``set``/``add``/``get``/``check``/``closed``,
+            :class:`~accord.store.connection.StoreConnection`).
     """
 
     def __init__(self, cfg: Any, elastic: ElasticConfig, supervisor: Supervisor, store: Any,
-                 start_worker: Callable[[int, str, bool], Member], failure: Callable[[Member], Any],
+                 start_worker: Callable[[int, Slot, bool], Member], failure: Callable[[Member], Any],
                  say: Callable[[str], None], clock: Callable[[], float] = time.monotonic) -> None:
         self.cfg = cfg
         self.elastic = elastic
@@ -116,7 +126,7 @@ class ElasticDriver:
     def start(self) -> None:
         """Start the first workers (ranks of ``cfg.slots``) and the discovery thread."""
         for slot in self.cfg.slots:
-            self._add(slot.hostname, joining=False)
+            self._add(slot, joining=False)
         if self._poller is not None:
             self._poller.start()
 
@@ -125,13 +135,13 @@ class ElasticDriver:
         if self._poller is not None:
             self._poller.stop()
 
-    def _add(self, host: str, joining: bool) -> None:
+    def _add(self, slot: Slot, joining: bool) -> None:
         member_id = self.next_id
         self.next_id += 1
         if joining:  # known before it can ask to join: a re-formation waits a little for it
             n = int(self.store.add(ELASTIC_LAUNCHED_KEY, 1))
             self._store_set(ELASTIC_LAUNCH_KEY.format(n=n), str(member_id))
-        member = self._start_worker(member_id, host, joining)
+        member = self._start_worker(member_id, slot, joining)
         self.workers[member_id] = Worker(member, joining)
 
     # --- one turn of the watch loop -------------------------------------------------------------
@@ -215,16 +225,43 @@ class ElasticDriver:
             for i in plan.remove:
                 self.workers[i].leaving_since = now
                 self._store_set(ELASTIC_LEAVING_KEY.format(member=i), "1")
-            self._notify("removed")
-        for host in plan.start:
+        staying, waiting = self._world() if plan.start else ([], [])
+        hosts = [self.workers[i].member.host for i in staying + waiting]
+        for host, slot in zip(plan.start, planned_slots(hosts + plan.start)[len(hosts):]):
             try:
-                self._add(host, joining=True)
+                self._add(slot, joining=True)
             except LaunchError as exc:
                 until = self.blacklist.add(host, now)
                 self._say(f"warning: could not start a worker on {host}: {exc}; blacklisting it"
                           + ("" if until is None else f" for {until - now:.0f}s"))
                 continue
-            self._say(f"elastic: started worker {self.next_id - 1} on {host}")
+            self._say(f"elastic: started worker {self.next_id - 1} on {host} (rank {slot.rank} of "
+                      f"{slot.size} once admitted)")
+        if plan.remove:  # announced once the workers this change starts are known in the store
+            self._notify(self._removal_kind())
+
+    def _removal_kind(self) -> str:
+        """How to announce a removal: "added" when the re-formation it triggers takes in new
+        workers too (Horovod's added|removed), as a worker told of a removal only skips the
+        state's sync, which a new worker waits in; else "removed"."""
+        try:
+            return "added" if self._world()[1] else "removed"
+        except RendezvousError:  # as in _reformations: only a store that went away is expected
+            if not self.store.closed:
+                raise
+            return "removed"
+
+    def _world(self) -> tuple[list[int], list[int]]:
+        """The workers the next re-formation will hold, in the rank order it will give them, as
+        :meth:`accord.torch.elastic.reform.Membership._lead` orders them: ``staying``, the
+        members of the last re-formation (before any: the first workers, by rank) that still run
+        and are not leaving, in their order; then ``waiting``, the workers added since, by id."""
+        order = self._latest_members()
+        if order is None:
+            order = sorted(i for i, w in self.workers.items() if not w.joining)
+        alive = {i for i, w in self._running() if w.leaving_since is None}
+        waiting = sorted(i for i in alive - set(order) if self.workers[i].joining)
+        return [m for m in order if m in alive], waiting
 
     def _count_reset(self) -> None:
         """Count a change of the workers as a reset, unless the workers have not re-formed
@@ -235,10 +272,21 @@ class ElasticDriver:
             self._reset_at = formed
 
     def _reformations(self) -> int:
-        """How often the workers have re-formed so far (the count they publish in the store)."""
+        """How often the workers have re-formed so far (the count they publish in the store;
+        0 before the first re-formation, or once the store has gone away).
+
+        Raises:
+            RendezvousError: the store refused the request (a bug: the connection still works).
+        """
         try:  # add(0) would create the key, which tells joiners a re-formation was published
             return int(self.store.add(ELASTIC_LATEST_KEY, 0)) if self.store.check([ELASTIC_LATEST_KEY]) else 0
-        except Exception:  # the store is in this process: only a bug gets here
+        except RendezvousError:
+            # The store client raises this, and closes its connection, when the store has gone
+            # away (the job is shutting down): nothing re-forms any more. A store that answered
+            # with an error (the connection still open) means a bug: that, and anything else,
+            # propagates.
+            if not self.store.closed:
+                raise
             return 0
 
     def _notify(self, kind: str) -> None:
@@ -297,13 +345,20 @@ class ElasticDriver:
         except Exception as exc:
             self._say(f"warning: could not write {key} to the job's store: {exc}")
 
+    def _latest_members(self) -> list[int] | None:
+        """The member ids of the last re-formation, in rank order; None before the first."""
+        if not self.store.check([ELASTIC_LATEST_KEY]):
+            return None
+        epoch = int(self.store.add(ELASTIC_LATEST_KEY, 0))
+        if epoch < 1:  # the leader creates the counter, then raises it to its epoch
+            return None
+        record = json.loads(self.store.get(ELASTIC_MEMBERS_KEY.format(epoch=epoch), timeout=5.0))
+        return [int(m) for m in record["members"]]
+
     def _admitted(self, member_id: int) -> bool:
         """True when the last re-formation took this member in."""
         try:
-            if not self.store.check([ELASTIC_LATEST_KEY]):
-                return False
-            epoch = int(self.store.add(ELASTIC_LATEST_KEY, 0))
-            record = json.loads(self.store.get(ELASTIC_MEMBERS_KEY.format(epoch=epoch), timeout=5.0))
+            members = self._latest_members()
         except Exception:
             return False
-        return member_id in record.get("members", [])
+        return members is not None and member_id in members

@@ -93,22 +93,19 @@ class JobStarter:
                                             f"({what}): {exc}",
                                             "check that the program exists and is executable")) from None
 
-    def elastic_worker(self, job: JobEnv, environ: dict[str, str], member_id: int, host: str,
+    def elastic_worker(self, job: JobEnv, environ: dict[str, str], member_id: int, slot: Slot,
                        joining: bool) -> Member:
-        """One worker of an elastic job: the first ones get their rank as id; the ones added later
-        (``joining``) get a provisional place that their admission replaces.
+        """One worker of an elastic job, on ``slot.hostname`` with the coordinates of ``slot``:
+        a first worker's slot (its rank is its id), or for one added later (``joining``) the
+        place the elastic driver planned for it in the re-formed job, which its admission
+        confirms (:mod:`accord.run.elastic_driver`).
 
         Raises:
             LaunchError: the worker could not be started.
         """
         cfg = self.cfg
         assert cfg.elastic is not None
-        on_host = sum(1 for w in self._supervisor.of_kind("worker") if w.host == host and w.returncode is None)
-        if joining:
-            slot = Slot(rank=member_id, size=member_id + 1, local_rank=on_host, local_size=on_host + 1,
-                        cross_rank=0, cross_size=1, hostname=host, host_index=0)
-        else:
-            slot = cfg.slots[member_id]
+        host = slot.hostname
         self.elastic_slots[member_id] = slot
         err_path = self._error_file(host, member_id)
         added = worker_env(slot, job, tuning=cfg.tuning, user_env=environ, cpu_count=os.cpu_count() or 1,

@@ -190,7 +190,7 @@ class _Job:
         assert self.cfg.elastic is not None and self._starter is not None
         starter = self._starter
         driver = ElasticDriver(self.cfg, self.cfg.elastic, self._supervisor, self._store.connection(),
-                               lambda i, host, joining: starter.elastic_worker(job, environ, i, host, joining),
+                               lambda i, slot, joining: starter.elastic_worker(job, environ, i, slot, joining),
                                self._failure, self._say)
         try:
             driver.start()

@@ -59,7 +59,10 @@ Horovod's ``HOROVOD_ELASTIC=1`` (:data:`ELASTIC_FLAG`). Those the elastic driver
 ``ACCORD_ELASTIC_ID`` (the worker's stable id: its first rank; workers added later get the next
 ids), ``ACCORD_ELASTIC_JOIN=1`` (a worker
 added to the running job: its init waits to be admitted), ``ACCORD_ELASTIC_MIN_NP`` and, with
-``--elastic-timeout``, ``ACCORD_ELASTIC_TIMEOUT`` (see :func:`elastic_env`).
+``--elastic-timeout``, ``ACCORD_ELASTIC_TIMEOUT`` (see :func:`elastic_env`). A worker added to
+the running job gets as coordinates (``ACCORD_RANK``, ``HOROVOD_RANK``, ``RANK``, ...) the place
+the re-formation that admits it will give it, as horovodrun gives its planned rank
+(:mod:`accord.run.elastic_driver`); its ``init()`` then takes the place actually published.
 
 Parameter-server jobs (``--num-servers N`` > 0) add MXNet's ``DMLC_ROLE=worker``,
 ``DMLC_NUM_WORKER``, ``DMLC_NUM_SERVER``, ``DMLC_PS_ROOT_URI``, ``DMLC_PS_ROOT_PORT`` and their

@@ -59,7 +59,12 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
                     skip_sync = False
                 except HostsUpdatedInterrupt as exc:
                     skip_sync = exc.skip_sync
+                before = set(membership.members)
                 _reset(membership)
+                if set(membership.members) - before:
+                    # a worker new to the job waits for the state in its sync(): the survivors
+                    # must sync too, even when they were told of a removal only
+                    skip_sync = False
                 state.on_reset()
                 membership.after_reset()
         except Exception:
