@@ -3,7 +3,9 @@ workers, Horovod's argument rules, per-rank output files, and clear refusals of 
 other hosts."""
 import os
 import socket
+import subprocess
 import sys
+import textwrap
 import warnings
 
 import pytest
@@ -85,3 +87,28 @@ def test_this_hosts_own_name_and_a_hostfile_are_accepted(tmp_path):
     assert accord.run(rank_of_worker, num_proc=2, hostfile=str(hostfile),
                       ssh_port=22, start_timeout=30, verbose=True, use_gloo=True) == [0, 1]
 
+
+
+@pytest.mark.timeout(90)
+def test_a_function_of_an_interactive_session_goes_by_value():
+    # `python -c` has a __main__ without a file, as a notebook: its workers cannot import `double`
+    program = textwrap.dedent("""
+        import accord
+        def double(x, extra=0):
+            import os
+            return int(os.environ["ACCORD_RANK"]) * 100 + 2 * x + extra
+        print("results", accord.run(double, args=(3,), kwargs={"extra": 1}, num_proc=2))
+        print("lambda", accord.spawn(lambda y: y + 1, args=(41,), nprocs=1))
+    """)
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=80)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "results [7, 107]" in done.stdout and "lambda [42]" in done.stdout, done.stdout
+
+
+def test_without_cloudpickle_a_function_that_must_go_by_value_is_refused(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cloudpickle", None)
+    with pytest.raises(ConfigError) as info:
+        accord.spawn(lambda: 1, nprocs=1)
+    text = str(info.value)
+    assert "cannot be imported by the workers" in text and "HINT: pip install cloudpickle" in text
+    assert accord.spawn(rank_of_worker, nprocs=1) == [0]  # an importable function needs no cloudpickle

@@ -4,9 +4,9 @@ rank's return value), on this host.
 Same signature and meaning as horovod.run (Horovod 0.28): ``func(*args, **kwargs)`` runs on
 ``num_proc`` workers and the list of return values comes back in rank order; ``np``, ``min_np``
 and ``max_np`` are the deprecated spellings; ``hosts`` and ``hostfile`` together, or
-``use_gloo`` and ``use_mpi`` together, raise ValueError. The workers are :func:`accord.spawn`'s
-(so ``func`` must pickle: defined at module level, under ``if __name__ == "__main__":`` in a
-script). ``output_filename`` writes ``rank.N/stdout`` and ``stderr`` as accordrun's flag does.
+``use_gloo`` and ``use_mpi`` together, raise ValueError. The workers are :func:`accord.spawn`'s:
+a function they cannot import (a notebook's, a lambda) is sent by value with cloudpickle, as
+horovod.run sends every function. ``output_filename`` writes ``rank.N/stdout`` and ``stderr`` as accordrun's flag does.
 
 Only this host: ``hosts``/``hostfile`` may name it (``localhost:4``) and bound the workers to
 its slots. Another host, elastic settings (``min_num_proc``, ``max_num_proc``, ``reset_limit``,

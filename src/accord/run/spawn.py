@@ -33,6 +33,7 @@ from accord.errors import ConfigError, WorkerFailedError, with_hint
 from accord.run import job_store
 from accord.run.assignment import assign_slots
 from accord.run.failures import describe_returncode, exit_status
+from accord.run.function_payload import function_payload
 from accord.run.hosts import HostSlots
 from accord.run.rank_files import ConsoleTee, rank_dirname
 from accord.run.supervisor import Member, ProcessHandle, Supervisor
@@ -224,8 +225,10 @@ def spawn(
     Args:
         nprocs: number of workers; -1 = one per visible GPU, else one per CPU.
         join: False returns a :class:`SpawnContext` at once instead of waiting.
-        daemon, start_method: as in :mod:`multiprocessing` (``fn`` must be importable: defined
-            at module level, under ``if __name__ == "__main__":`` for "spawn").
+        daemon, start_method: as in :mod:`multiprocessing` (a script calls spawn under
+            ``if __name__ == "__main__":``). ``fn`` goes by reference when the workers can
+            import it, else (a lambda, a notebook's function) by value with cloudpickle
+            (:mod:`accord.run.function_payload`).
         options: ``grace_period`` (s), ``env`` (extra variables), ``devices`` (one per worker),
             ``output_filename`` (a folder: each worker's stdout and stderr are also written to
             ``rank.N/stdout`` and ``rank.N/stderr`` there, as accordrun's flag), and the tuning
@@ -233,7 +236,7 @@ def spawn(
 
     Raises:
         WorkerFailedError: a worker raised or died (first failure; the others are stopped).
-        ConfigError: an unknown option or an invalid ``nprocs``.
+        ConfigError: an unknown option or an invalid ``nprocs``, or ``fn`` cannot be sent.
     """
     tuning, grace, extra, devices, output_dir = _split_options(options)
     n = _default_nprocs() if nprocs == -1 else nprocs
@@ -243,7 +246,7 @@ def spawn(
         raise ConfigError(with_hint(f"accord.spawn got {len(devices)} devices for {n} workers",
                                     "pass one device per worker, or fewer workers"))
     ctx = mp.get_context(start_method)
-    payload = pickle.dumps((fn, tuple(args)))
+    payload = function_payload(fn, args)
     secret = secrets.token_bytes(32)
     store = job_store.start_store("127.0.0.1", 0, secret)
     job = JobEnv(job_id=uuid.uuid4().hex[:12], master_addr="127.0.0.1", master_port=job_store.free_port(),
