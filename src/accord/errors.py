@@ -65,8 +65,9 @@ class InvalidArgumentError(AccordError, ValueError, RuntimeError):
     docs/horovod-parity.md)."""
 
 
-class WorkerFailedError(AccordError):
-    """A worker process of the job exited with an error (raised by spawn and the launcher)."""
+class WorkerFailedError(AccordError, RuntimeError):
+    """A worker process of the job exited with an error (raised by spawn and the launcher); a
+    RuntimeError, as horovod.run's failure is."""
 
     def __init__(self, message: str, rank: int = -1, exit_code: int | None = None) -> None:
         super().__init__(message)

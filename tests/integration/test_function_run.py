@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 import warnings
 
 import pytest
@@ -112,3 +113,20 @@ def test_without_cloudpickle_a_function_that_must_go_by_value_is_refused(monkeyp
     text = str(info.value)
     assert "cannot be imported by the workers" in text and "HINT: pip install cloudpickle" in text
     assert accord.spawn(rank_of_worker, nprocs=1) == [0]  # an importable function needs no cloudpickle
+
+
+def fail_on_rank_1():
+    import time
+
+    if os.environ["ACCORD_RANK"] == "1":
+        raise KeyError("missing 42")
+    time.sleep(60)
+
+
+@pytest.mark.timeout(60)
+def test_a_failing_rank_raises_runtime_error_naming_it_and_stops_the_others():
+    # horovod.run raises RuntimeError when a process fails; scripts catch that
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="(?s)rank 1 of 2 failed: KeyError.*missing 42"):
+        accord.run(fail_on_rank_1, num_proc=2)
+    assert time.monotonic() - start < 40  # rank 0's 60 s sleep was cut short
