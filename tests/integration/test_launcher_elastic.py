@@ -134,3 +134,63 @@ def test_below_min_np_the_job_fails_after_the_elastic_timeout(tmp_path):
         "hosts: localhost:2; blacklisted: ['localhost']" in proc.stderr
     assert "HINT: make 'echo localhost:2' print more hosts" in proc.stderr
     assert time.monotonic() - started < 100
+
+
+PARITY = lib.script("elastic_parity.py")
+
+
+@pytest.mark.timeout(40)
+def test_too_few_slots_at_the_start_waits_for_them_then_runs(tmp_path):
+    """horovodrun waits for -np slots before it starts (wait_for_available_slots): the script
+    prints 1 slot for -np 2, then 2 once the test writes the marker; the job then runs to the
+    end on 2 workers."""
+    marker = tmp_path / "second-slot"
+    discover = tmp_path / "discover.sh"
+    discover.write_text(f"if [ -e {marker} ]; then echo localhost:2; else echo localhost:1; fi\n")
+    err_path = tmp_path / "stderr.txt"
+    started = time.monotonic()
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen(
+            [lib.PYTHON, "-m", "accord.run", "-np", "2", "--host-discovery-script", f"sh {discover}",
+             "--discovery-interval", "0.2", "--elastic-timeout", "60", "--grace-period", "1",
+             lib.PYTHON, PARITY, "--steps", "2"], stdout=subprocess.PIPE, stderr=err, text=True,
+            env=lib.cli_env(ACCORD_CPU_BACKEND="gloo"))
+    try:
+        _wait_text(err_path, "elastic: the discovery script printed 1 usable slot (localhost:1), fewer than "
+                             "-np 2; waiting up to --elastic-timeout 60s for more, running it every 0.2s", proc, 15)
+        time.sleep(2.0)
+        assert proc.poll() is None, err_path.read_text()[-3000:]
+        assert "to start after waiting" not in err_path.read_text()  # no worker yet
+        marker.touch()
+        out, _ = proc.communicate(timeout=25)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    stderr = err_path.read_text()
+    assert proc.returncode == 0, stderr[-3000:]
+    assert "elastic: 2 workers to start after waiting" in stderr and "(localhost:2)" in stderr
+    done = sorted((json.loads(line.split("DONE ", 1)[1]) for line in out.splitlines() if "DONE {" in line),
+                  key=lambda d: d["rank"])
+    assert [(d["start_rank"], d["rank"], d["size"], d["sizes"]) for d in done] == [(0, 0, 2, [2, 2]),
+                                                                                   (1, 1, 2, [2, 2])]
+    assert all(d["w"] == pytest.approx(-3.0) for d in done)  # both steps averaged over 2 ranks
+    assert time.monotonic() - started < 20
+
+
+@pytest.mark.timeout(30)
+def test_too_few_slots_until_the_elastic_timeout_fails_the_job():
+    started = time.monotonic()
+    proc = lib.accordrun("-np", "2", "--host-discovery-script", "echo localhost:1", "--elastic-timeout", "3",
+                         "--discovery-interval", "0.5", lib.PYTHON, "-c", "print('WORKER RAN')", timeout=25)
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 1, proc.stderr[-3000:]  # as when the job stays below --min-np
+    lines = proc.stderr.splitlines()
+    assert lines[0] == ("accordrun: elastic: the discovery script printed 1 usable slot (localhost:1), fewer "
+                        "than -np 2; waiting up to --elastic-timeout 3s for more, running it every 0.5s")
+    assert ("accordrun: error: timed out after --elastic-timeout 3s waiting for the 2 slots the job needs to "
+            "start (-np 2); the discovery script printed 1 usable slot: localhost:1") in lines
+    assert "HINT: make 'echo localhost:1' print hosts with at least 2 slots in all, lower -np, or raise " \
+        "--elastic-timeout" in proc.stderr
+    assert "WORKER RAN" not in proc.stdout
+    assert 3 <= elapsed < 20

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from accord.errors import ConfigError, RendezvousError
+from accord.errors import ConfigError, LaunchError, RendezvousError
 from accord.run import elastic_driver
 from accord.run.assignment import Slot, assign_slots
 from accord.run.blacklist import Blacklist
@@ -19,6 +19,7 @@ from accord.run.cli import build_parser, main
 from accord.run.discovery import DiscoveryError, DiscoveryResult, parse_discovery_output, run_discovery
 from accord.run.elastic_config import ElasticConfig
 from accord.run.elastic_plan import Plan, plan_changes, planned_slots, usable_hosts
+from accord.run.elastic_store import ElasticStore
 from accord.run.hosts import HostSlots
 from accord.run.job_store import JobStore
 from accord.run.launch_config import config_from_args
@@ -27,6 +28,8 @@ from accord.runtime.topology import topology_from_hostnames
 from accord.worker_contract import (
     ELASTIC_DEAD_KEY,
     ELASTIC_LATEST_KEY,
+    ELASTIC_LAUNCH_KEY,
+    ELASTIC_LAUNCHED_KEY,
     ELASTIC_LEAVING_KEY,
     ELASTIC_MEMBERS_KEY,
     ELASTIC_UPDATE_KEY,
@@ -164,8 +167,12 @@ def test_an_elastic_job_starts_on_every_slot_up_to_max_np_and_np_is_the_least_it
     assert [(s.rank, s.hostname) for s in cfg.slots] == [(0, "h1"), (1, "h1"), (2, "h2"), (3, "h2")]
     cfg = _cfg(["-np", "2", "--max-num-proc", "3", "--min-num-proc", "1"] + script + ["python3", "t.py"], tmp_path)
     assert (cfg.num_proc, cfg.min_np, cfg.elastic.max_np) == (3, 1, 3)  # horovodrun's long spellings too
-    with pytest.raises(ConfigError, match=r"-np 5 is more than the 4 slots the discovery script printed"):
-        _cfg(["-np", "5"] + script + ["python3", "t.py"], tmp_path)
+    # more than the script prints: the job waits for slots (horovodrun's wait_for_available_slots)
+    cfg = _cfg(["-np", "5"] + script + ["python3", "t.py"], tmp_path)
+    assert (cfg.num_proc, cfg.min_np, cfg.elastic.start_np) == (4, 5, 5)
+    assert len(cfg.slots) == 4
+    with pytest.raises(ConfigError, match=r"--max-np 4 is below -np 5"):  # can never start: exit 2
+        _cfg(["-np", "5", "--max-np", "4"] + script + ["python3", "t.py"], tmp_path)
 
 
 def test_min_np_with_two_or_more_hosts_is_an_elastic_job_on_fixed_hosts(tmp_path):
@@ -452,7 +459,98 @@ def test_driver_on_fixed_hosts_blacklists_a_failing_host_and_never_polls(tmp_pat
     driver.close()
 
 
-# --- the store's count of re-formations --------------------------------------------------------------
+# --- too few slots at the start: wait for -np, up to --elastic-timeout (horovodrun) ---------------------
+
+def test_np_above_the_first_slots_is_a_job_that_waits_and_fixed_hosts_still_exit_2(tmp_path):
+    cfg = _cfg(["-np", "3", "--host-discovery-script", "echo h1:1", "--ranks-filter", "2",
+                "python3", "t.py"], tmp_path)
+    assert (cfg.num_proc, cfg.min_np, cfg.elastic.start_np) == (1, 3, 3)  # --ranks-filter: up to -np
+    cfg = _cfg(["-np", "2", "--host-discovery-script", "echo h1:4", "python3", "t.py"], tmp_path)
+    assert (cfg.num_proc, cfg.elastic.start_np) == (4, 2)  # enough: no wait
+    with pytest.raises(ConfigError, match=r"(?s)-np 3 is more than the 2 slots the hosts have.*HINT"):
+        _cfg(["-np", "3", "--min-np", "1", "-H", "h1:1,h2:1", "python3", "t.py"], tmp_path)
+
+
+def _waiting_driver(tmp_path, **elastic):
+    return _driver(tmp_path, hosts="echo h1:1", min_np=1, elastic_timeout=30.0, discovery_interval=0.5,
+                   **elastic)
+
+
+def test_driver_waits_for_np_slots_then_starts_on_every_usable_slot(tmp_path):
+    driver, sup, store, members, started, said, clock = _waiting_driver(tmp_path, start_np=3, max_np=3)
+    assert started == [] and said == [
+        "elastic: the discovery script printed 1 usable slot (h1:1), fewer than -np 3; waiting up to "
+        "--elastic-timeout 30s for more, running it every 0.5s"]
+    clock[0] = 5.0
+    _discover(driver, clock, "h1:1\nh2:1\n")
+    assert not driver.poll() and started == []
+    _discover(driver, clock, error="host discovery script 'd.sh' failed with exit code 1")
+    assert not driver.poll() and started == []  # warned; the hosts it had are kept
+    assert "keeping the current hosts (h1:1, h2:1)" in said[-1]
+    clock[0] = 12.0
+    _discover(driver, clock, "h1:2\nh2:2\n")
+    assert not driver.poll()
+    # every usable slot up to --max-np, as first workers (ranks by host order), not as joiners
+    assert started == [(0, "h1", False), (1, "h1", False), (2, "h2", False)]
+    assert [_coords(members[i].slot)[:6] for i in range(3)] == [(0, 3, 0, 2, 0, 2), (1, 3, 1, 2, 0, 1),
+                                                                (2, 3, 0, 1, 1, 2)]
+    assert said[-1] == "elastic: 3 workers to start after waiting 12.0s for hosts (h1:2, h2:2)"
+    assert ELASTIC_UPDATES_KEY not in store and not any(k.startswith("accord/elastic/launch") for k in store)
+    clock[0] = 100.0  # long past --elastic-timeout: the wait is over, nothing fails
+    assert not driver.poll() and driver.outcome.error is None and len(started) == 3
+    for i in range(3):
+        members[i].returncode = 0
+        sup.ended.append(members[i])
+    assert driver.poll() and driver.outcome.succeeded == [0, 1, 2]
+
+
+def test_driver_gives_up_waiting_after_the_elastic_timeout(tmp_path):
+    driver, sup, store, members, started, said, clock = _waiting_driver(tmp_path, start_np=2)
+    clock[0] = 29.0
+    _discover(driver, clock, "h1:1\n")
+    assert not driver.poll()
+    clock[0] = 30.5
+    assert driver.poll() and started == []
+    error = driver.outcome.error
+    assert error.splitlines()[0] == (
+        "error: timed out after --elastic-timeout 30s waiting for the 2 slots the job needs to start "
+        "(-np 2); the discovery script printed 1 usable slot: h1:1")
+    assert "HINT: make 'echo h1:1' print hosts with at least 2 slots in all, lower -np, or raise " \
+        "--elastic-timeout" in error
+
+
+def test_blacklisted_hosts_do_not_count_towards_the_slots_to_start_on(tmp_path):
+    driver, sup, store, members, started, said, clock = _waiting_driver(tmp_path, start_np=2)
+    driver.blacklist.add("h2", now=0.0)  # for good
+    _discover(driver, clock, "h1:1\nh2:4\n")
+    assert not driver.poll() and started == []
+    _discover(driver, clock, "h1:1\nh2:4\nh3:1\n")
+    assert not driver.poll() and started == [(0, "h1", False), (1, "h3", False)]
+
+
+def test_a_joiner_that_cannot_be_started_is_marked_dead(tmp_path):
+    """It was counted as launched, so without the dead mark the next re-formation would wait
+    (up to 10 s) for it to ask to join."""
+    driver, sup, store, members, started, said, clock = _driver(tmp_path, hosts="echo h1:1", min_np=1)
+    real_start = driver._start_worker
+
+    def start(i, slot, joining):
+        if slot.hostname == "h2":
+            raise LaunchError(f"could not start worker {i} on h2: no such program")
+        return real_start(i, slot, joining)
+
+    driver._start_worker = start
+    _discover(driver, clock, "h1:1\nh2:1\nh3:1\n")
+    assert not driver.poll()
+    assert store[ELASTIC_LAUNCHED_KEY] == 2
+    assert store[ELASTIC_LAUNCH_KEY.format(n=1)] == "1" and store[ELASTIC_LAUNCH_KEY.format(n=2)] == "2"
+    assert store.get(ELASTIC_DEAD_KEY.format(member=1)) == "1"  # h2's worker: never started
+    assert ELASTIC_DEAD_KEY.format(member=2) not in store  # h3's worker runs
+    assert sorted(driver.workers) == [0, 2] and driver.blacklist.is_blocked("h2", 1e9)
+    assert any("could not start a worker on h2" in s and "blacklisting it" in s for s in said)
+
+
+# --- the driver's store: only a store that went away is absorbed ------------------------------------
 
 def _driver_on(store, tmp_path):
     cfg = _cfg(["--host-discovery-script", "echo h1:2", "python3", "t.py"], tmp_path)
@@ -465,13 +563,70 @@ def test_reformations_is_0_before_the_first_and_once_the_store_is_gone(tmp_path)
     try:
         conn = store.connection()
         driver = _driver_on(conn, tmp_path)
-        assert driver._reformations() == 0  # nothing published yet
+        assert driver.store.reformations() == 0  # nothing published yet
         conn.add(ELASTIC_LATEST_KEY, 3)
-        assert driver._reformations() == 3
+        assert driver.store.reformations() == 3
         store._server.close()  # the job shuts down: the store goes away under the driver
-        assert driver._reformations() == 0 and conn.closed
+        assert driver.store.reformations() == 0 and conn.closed
     finally:
         store.close()
+
+
+def test_every_store_access_absorbs_only_a_store_that_went_away():
+    """The driver's writes (dead, leaving, launched, the announcement of a change) and reads
+    (admitted, the last members) let every error through but RendezvousError from a closed
+    connection: then a write is warned about and a read answers as before any re-formation."""
+    accesses = [lambda es: es.dead(3), lambda es: es.leaving(3), lambda es: es.launched(3),
+                lambda es: es.announce("added"), lambda es: es.admitted(3), lambda es: es.latest_members(),
+                lambda es: es.reformations()]
+    for error in (KeyError("k"), TypeError("bad call"), ValueError("bug"),
+                  RendezvousError("the rendezvous store rejected SET: bad key")):  # answered: a bug
+        for access in accesses:
+            with pytest.raises(type(error)):
+                access(ElasticStore(_FailingStore(error), lambda text: None))
+    said = []
+    gone = ElasticStore(_FailingStore(RendezvousError("the store closed the connection"), closed=True), said.append)
+    assert [access(gone) for access in accesses] == [None, None, None, None, False, None, 0]
+    assert said == [f"warning: could not write {what} to the job's store: the store closed the connection"
+                    for what in (ELASTIC_DEAD_KEY.format(member=3), ELASTIC_LEAVING_KEY.format(member=3),
+                                 "the launch of worker 3", "the host change")]
+
+
+def test_a_store_gone_under_the_driver_is_warned_about_not_raised(tmp_path):
+    store = JobStore("127.0.0.1", 0, os.urandom(32))
+    said = []
+    try:
+        conn = store.connection()
+        es = ElasticStore(conn, said.append)
+        es.dead(1)
+        assert conn.check([ELASTIC_DEAD_KEY.format(member=1)]) and not es.admitted(1)
+        store._server.close()
+        es.dead(2)
+        assert not es.admitted(1) and conn.closed
+        assert len(said) == 1 and said[0].startswith(
+            f"warning: could not write {ELASTIC_DEAD_KEY.format(member=2)} to the job's store: ")
+    finally:
+        store.close()
+
+
+class _FailingStore(FakeStore):
+    """Every request fails with ``error``."""
+
+    def __init__(self, error, closed=False):
+        super().__init__()
+        self.error, self.closed = error, closed
+
+    def set(self, key, value):
+        raise self.error
+
+    def add(self, key, delta):
+        raise self.error
+
+    def get(self, key, default=None, timeout=None):
+        raise self.error
+
+    def check(self, keys):
+        raise self.error
 
 
 class _BrokenStore(FakeStore):
@@ -488,19 +643,19 @@ def test_reformations_lets_any_other_error_propagate(tmp_path):
     reads as "no re-formation"; a bug is not swallowed."""
     for error in (KeyError("accord/elastic/latest"), TypeError("bad call"), RuntimeError("bug")):
         with pytest.raises(type(error)):
-            _driver_on(_BrokenStore(error), tmp_path)._reformations()
+            _driver_on(_BrokenStore(error), tmp_path).store.reformations()
         with pytest.raises(type(error)):  # the kind of a removal's announcement reads the store too
             _driver_on(_BrokenStore(error), tmp_path)._removal_kind()
     gone = _BrokenStore(RendezvousError("the store closed the connection"))
     gone.closed = True
-    assert _driver_on(gone, tmp_path)._reformations() == 0
+    assert _driver_on(gone, tmp_path).store.reformations() == 0
     assert _driver_on(gone, tmp_path)._removal_kind() == "removed"
     store = JobStore("127.0.0.1", 0, os.urandom(32))
     try:  # the store answers, with an error: the connection still works, so it is our bug
         conn = store.connection()
         conn.set(ELASTIC_LATEST_KEY, "not a number")
         with pytest.raises(RendezvousError, match="not a counter"):
-            _driver_on(conn, tmp_path)._reformations()
+            _driver_on(conn, tmp_path).store.reformations()
         assert not conn.closed
     finally:
         store.close()

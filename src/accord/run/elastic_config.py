@@ -11,6 +11,9 @@ that name two or more hosts is horovodrun's elastic job on fixed hosts: the same
 hosts never change but a failing host is blacklisted (:class:`ElasticConfig` without a script).
 Either way the job starts on every slot of those hosts, up to ``--max-np``; ``-np`` is the
 fewest it needs (horovodrun: "the number of processes required before training can start").
+Fixed hosts with fewer slots than ``-np`` can never start (exit 2); a script may print more
+hosts later, so with fewer slots at first the driver waits for them, as horovodrun does
+(:attr:`ElasticConfig.start_np`).
 """
 from __future__ import annotations
 
@@ -45,6 +48,10 @@ class ElasticConfig:
     reset_limit: int | None = None
     cooldown_range: tuple[float, float] | None = None
     max_np: int | None = None
+    # -np: the fewest usable slots to start on. A discovery script that prints fewer at first is
+    # polled until it prints that many, up to --elastic-timeout (horovodrun's
+    # wait_for_available_slots(num_proc)); None: start on whatever the first hosts have.
+    start_np: int | None = None
 
     @property
     def script_timeout(self) -> float:
@@ -70,7 +77,8 @@ def add_arguments(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--discovery-interval", type=config.finite_float, metavar="SECONDS",
                    help=f"seconds between runs of the discovery script (default {DEFAULT_DISCOVERY_INTERVAL:g})")
     g.add_argument("--elastic-timeout", type=config.finite_float, metavar="SECONDS",
-                   help=f"seconds the job may stay below --min-np (waiting for hosts) before it fails; "
+                   help=f"seconds the job may wait for hosts before it fails: at the start, for -np "
+                        f"slots (with --host-discovery-script), and while below --min-np; "
                         f"also how long workers wait for each other when they re-form "
                         f"(default {DEFAULT_ELASTIC_TIMEOUT:g})")
     g.add_argument("--reset-limit", type=int, help="fail the job after this many re-formations "
@@ -183,10 +191,9 @@ def first_hosts(elastic: ElasticConfig, cwd: str | None = None) -> list[HostSlot
     return hosts
 
 
-def check_counts(num_proc: int, min_np: int | None, max_np: int | None, slots: int | None = None,
-                 source: str = "the discovery script printed") -> None:
-    """--min-np <= -np <= --max-np, and (elastic) -np within the first hosts' slots (``source``
-    says where those hosts came from).
+def check_counts(num_proc: int, min_np: int | None, max_np: int | None, slots: int | None = None) -> None:
+    """--min-np <= -np <= --max-np, and -np within ``slots``, the slots of fixed hosts (-H with
+    --min-np: they never gain any; with a discovery script the driver waits for slots instead).
 
     Raises:
         ConfigError: with the numbers seen.
@@ -200,6 +207,5 @@ def check_counts(num_proc: int, min_np: int | None, max_np: int | None, slots: i
                                     "pass --max-np of at least the number of workers started"))
     if slots is not None and num_proc > slots:
         raise ConfigError(with_hint(
-            f"-np {num_proc} is more than the {slots} slots {source}",
-            f"pass -np {slots} or less" + (" (the job grows when the script prints more hosts, up to --max-np)"
-                                           if "script" in source else "")))
+            f"-np {num_proc} is more than the {slots} slots the hosts have",
+            f"pass -np {slots} or less, or name hosts with more slots"))

@@ -4,6 +4,11 @@ While the job runs, :class:`ElasticDriver` runs the discovery script every
 ``--discovery-interval`` (:mod:`accord.run.discovery`) and keeps the workers in line with the
 hosts it prints (:func:`accord.run.elastic_plan.plan_changes`):
 
+- **start**: the first workers start on every usable slot, up to ``--max-np``. When the hosts
+  have fewer than ``-np`` slots (``ElasticConfig.start_np``), none start yet: the driver says
+  so once, runs the script every interval and starts them once enough slots are usable, or
+  fails the job after ``--elastic-timeout`` (:mod:`accord.run.elastic_start`; horovodrun's
+  ``wait_for_available_slots(num_proc)``).
 - **growth**: free slots on usable hosts get new workers (up to ``--max-np``). A new worker
   starts with ``ACCORD_ELASTIC_JOIN=1``; its ``init()`` registers it in the store and tells the
   running workers (:mod:`accord.runtime.admission`), who see ``HostsUpdatedInterrupt`` at their
@@ -19,8 +24,9 @@ hosts it prints (:func:`accord.run.elastic_plan.plan_changes`):
   ended after the grace period of ``_LEAVE_GRACE`` seconds is stopped (TERM, grace, KILL).
 - **failure**: a worker that exits non-zero gets its host blacklisted (:mod:`accord.run.blacklist`,
   ``--blacklist-cooldown-range``) and is marked dead in the store, so the survivors re-form
-  without waiting for its heartbeat to stop. The job goes on while ``--min-np`` workers remain;
-  below that it waits up to ``--elastic-timeout`` for discovery to bring hosts, then fails.
+  without waiting for its heartbeat to stop (a worker added later that could not be started is
+  marked dead too). The job goes on while ``--min-np`` workers remain; below that it waits up
+  to ``--elastic-timeout`` for discovery to bring hosts, then fails.
 
 A discovery script that fails, hangs or prints garbage is warned about (naming the script and
 what it did) and the job keeps its hosts. Without a script (``-H`` naming two or more hosts, with
@@ -29,34 +35,26 @@ blacklist theirs. ``--reset-limit`` caps the number of re-formations: changes th
 before the workers have re-formed for the previous one count once, as they re-form once (a
 failure, then the removal of the other workers on its host, is one reset, as in Horovod).
 The job ends when every worker has ended: successfully when one finished its training (exit 0
-without being asked to leave); workers still waiting to be admitted then are stopped.
+without being asked to leave); workers still waiting to be admitted then are stopped. What the
+driver reads and writes in the job's store is :mod:`accord.run.elastic_store`.
 """
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from accord.errors import LaunchError, RendezvousError, with_hint
+from accord.errors import LaunchError, with_hint
 from accord.run.assignment import Slot
 from accord.run.blacklist import Blacklist
 from accord.run.discovery import DiscoveryPoller, run_discovery
 from accord.run.elastic_config import ElasticConfig
 from accord.run.elastic_plan import plan_changes, planned_slots, usable_hosts
+from accord.run.elastic_start import StartWait
+from accord.run.elastic_store import ElasticStore
 from accord.run.failures import describe_returncode
 from accord.run.hosts import HostSlots
 from accord.run.supervisor import Member, Supervisor
-from accord.worker_contract import (
-    ELASTIC_DEAD_KEY,
-    ELASTIC_LATEST_KEY,
-    ELASTIC_LAUNCH_KEY,
-    ELASTIC_LAUNCHED_KEY,
-    ELASTIC_LEAVING_KEY,
-    ELASTIC_MEMBERS_KEY,
-    ELASTIC_UPDATE_KEY,
-    ELASTIC_UPDATES_KEY,
-)
 
 _LEAVE_GRACE = 30.0  # seconds a leaving worker has to reach its next commit and exit
 _WARN_EVERY = 30.0  # the same discovery error is repeated at most this often
@@ -102,7 +100,7 @@ class ElasticDriver:
         self.cfg = cfg
         self.elastic = elastic
         self.supervisor = supervisor
-        self.store = store
+        self.store = ElasticStore(store, say)
         self._start_worker = start_worker
         self._failure = failure
         self._say = say
@@ -116,6 +114,7 @@ class ElasticDriver:
         self.outcome = Outcome()
         self._finishing = False
         self._below_since: float | None = None
+        self._wait: StartWait | None = None  # while waiting for -np slots to start on
         self._warned: dict[str, float] = {}
         script = elastic.discovery_script
         self._poller = None if script is None else DiscoveryPoller(
@@ -124,9 +123,21 @@ class ElasticDriver:
 
     # --- start ----------------------------------------------------------------------------------
     def start(self) -> None:
-        """Start the first workers (ranks of ``cfg.slots``) and the discovery thread."""
-        for slot in self.cfg.slots:
-            self._add(slot, joining=False)
+        """Start the first workers (ranks of ``cfg.slots``) and the discovery thread; when the
+        hosts have fewer than ``-np`` slots, start no worker yet: :meth:`poll` waits for them.
+
+        Raises:
+            LaunchError: a first worker could not be started.
+        """
+        now = self._clock()
+        usable = usable_hosts(self.discovered, self.blacklist.blocked(now))
+        wait = StartWait(self.elastic, since=now)
+        if wait.slots(usable) is not None:
+            for slot in self.cfg.slots:
+                self._add(slot, joining=False)
+        else:
+            self._wait = wait
+            self._say(wait.waiting(usable, self.discovered))
         if self._poller is not None:
             self._poller.start()
 
@@ -139,25 +150,49 @@ class ElasticDriver:
         member_id = self.next_id
         self.next_id += 1
         if joining:  # known before it can ask to join: a re-formation waits a little for it
-            n = int(self.store.add(ELASTIC_LAUNCHED_KEY, 1))
-            self._store_set(ELASTIC_LAUNCH_KEY.format(n=n), str(member_id))
-        member = self._start_worker(member_id, slot, joining)
+            self.store.launched(member_id)
+        try:
+            member = self._start_worker(member_id, slot, joining)
+        except LaunchError:
+            if joining:  # counted as launched above: the next re-formation would wait for it
+                self.store.dead(member_id)
+            raise
         self.workers[member_id] = Worker(member, joining)
+
+    def _wait_for_slots(self, now: float) -> bool:
+        """Before the first workers: start them once the usable hosts have ``-np`` slots;
+        return True (the job is over, :attr:`outcome` says why) when the wait expired.
+
+        Raises:
+            LaunchError: a first worker could not be started.
+        """
+        assert self._wait is not None
+        self._rediscover(now)
+        usable = usable_hosts(self.discovered, self.blacklist.blocked(now))
+        slots = self._wait.slots(usable)
+        if slots is not None:
+            self._say(self._wait.starting(now, slots, self.discovered))
+            self._wait = None
+            for slot in slots:
+                self._add(slot, joining=False)
+            return False
+        if self._wait.expired(now):
+            self.outcome.error = self._wait.error(usable, self.discovered)
+            return True
+        return False
 
     # --- one turn of the watch loop -------------------------------------------------------------
     def poll(self) -> bool:
         """Reap, rediscover, re-plan; return True when the job is over (see :attr:`outcome`)."""
         now = self._clock()
+        if self._wait is not None:
+            return self._wait_for_slots(now)
         for m in self.supervisor.reap():
             if m.kind == "worker":
                 self._ended(self.workers[m.index], now)
         if self.outcome.failures or self.outcome.error:
             return True
-        for result in self._poller.results() if self._poller is not None else []:
-            if result.error is not None:
-                self._warn_discovery(str(result.error), now)
-            else:
-                self.discovered = result.hosts or []
+        self._rediscover(now)
         if not self._finishing:
             self._replan(now)
         self._stop_overdue(now)
@@ -169,7 +204,7 @@ class ElasticDriver:
                 self.outcome.failures = list(self.outcome.lost)
                 self.outcome.lost = []
             return True
-        if self._finishing and all(w.joining and not self._admitted(i) for i, w in self._running()):
+        if self._finishing and all(w.joining and not self.store.admitted(i) for i, w in self._running()):
             for _, w in self._running():  # nobody is left to admit them
                 self.supervisor.ask_to_stop(w.member)
                 w.leaving_since = now
@@ -180,13 +215,12 @@ class ElasticDriver:
 
     def _ended(self, w: Worker, now: float) -> None:
         m = w.member
-        dead_key = ELASTIC_DEAD_KEY.format(member=m.index)
         if w.leaving_since is not None:
-            self._store_set(dead_key, "1")
+            self.store.dead(m.index)
             self.outcome.removed.append(m.index)
             return
         if m.returncode == 0:
-            self._store_set(dead_key, "1")
+            self.store.dead(m.index)
             self.outcome.succeeded.append(m.index)
             self._finishing = True  # training is over: no more workers
             return
@@ -204,7 +238,15 @@ class ElasticDriver:
             # is marked dead: the survivors' re-formation waits for that mark, so it leaves them
             # out at once instead of re-forming a second time for them.
             self._replan(now)
-        self._store_set(dead_key, "1")
+        self.store.dead(m.index)
+
+    def _rediscover(self, now: float) -> None:
+        """Take the script's answers since the last turn (a failed run is warned about)."""
+        for result in self._poller.results() if self._poller is not None else []:
+            if result.error is not None:
+                self._warn_discovery(str(result.error), now)
+            else:
+                self.discovered = result.hosts or []
 
     def _warn_discovery(self, text: str, now: float) -> None:
         if now - self._warned.get(text, -_WARN_EVERY) >= _WARN_EVERY:
@@ -224,7 +266,7 @@ class ElasticDriver:
                       f"{sorted({self.workers[i].member.host for i in plan.remove})}")
             for i in plan.remove:
                 self.workers[i].leaving_since = now
-                self._store_set(ELASTIC_LEAVING_KEY.format(member=i), "1")
+                self.store.leaving(i)
         staying, waiting = self._world() if plan.start else ([], [])
         hosts = [self.workers[i].member.host for i in staying + waiting]
         for host, slot in zip(plan.start, planned_slots(hosts + plan.start)[len(hosts):]):
@@ -238,25 +280,20 @@ class ElasticDriver:
             self._say(f"elastic: started worker {self.next_id - 1} on {host} (rank {slot.rank} of "
                       f"{slot.size} once admitted)")
         if plan.remove:  # announced once the workers this change starts are known in the store
-            self._notify(self._removal_kind())
+            self.store.announce(self._removal_kind())
 
     def _removal_kind(self) -> str:
         """How to announce a removal: "added" when the re-formation it triggers takes in new
         workers too (Horovod's added|removed), as a worker told of a removal only skips the
         state's sync, which a new worker waits in; else "removed"."""
-        try:
-            return "added" if self._world()[1] else "removed"
-        except RendezvousError:  # as in _reformations: only a store that went away is expected
-            if not self.store.closed:
-                raise
-            return "removed"
+        return "added" if self._world()[1] else "removed"
 
     def _world(self) -> tuple[list[int], list[int]]:
         """The workers the next re-formation will hold, in the rank order it will give them, as
         :meth:`accord.torch.elastic.reform.Membership._lead` orders them: ``staying``, the
         members of the last re-formation (before any: the first workers, by rank) that still run
         and are not leaving, in their order; then ``waiting``, the workers added since, by id."""
-        order = self._latest_members()
+        order = self.store.latest_members()
         if order is None:
             order = sorted(i for i, w in self.workers.items() if not w.joining)
         alive = {i for i, w in self._running() if w.leaving_since is None}
@@ -266,36 +303,10 @@ class ElasticDriver:
     def _count_reset(self) -> None:
         """Count a change of the workers as a reset, unless the workers have not re-formed
         since the last one counted: they will take both changes in one re-formation."""
-        formed = self._reformations()
+        formed = self.store.reformations()
         if self._reset_at is None or formed > self._reset_at:
             self.resets += 1
             self._reset_at = formed
-
-    def _reformations(self) -> int:
-        """How often the workers have re-formed so far (the count they publish in the store;
-        0 before the first re-formation, or once the store has gone away).
-
-        Raises:
-            RendezvousError: the store refused the request (a bug: the connection still works).
-        """
-        try:  # add(0) would create the key, which tells joiners a re-formation was published
-            return int(self.store.add(ELASTIC_LATEST_KEY, 0)) if self.store.check([ELASTIC_LATEST_KEY]) else 0
-        except RendezvousError:
-            # The store client raises this, and closes its connection, when the store has gone
-            # away (the job is shutting down): nothing re-forms any more. A store that answered
-            # with an error (the connection still open) means a bug: that, and anything else,
-            # propagates.
-            if not self.store.closed:
-                raise
-            return 0
-
-    def _notify(self, kind: str) -> None:
-        """Tell the running workers that hosts changed (they look at their next commit)."""
-        try:
-            n = int(self.store.add(ELASTIC_UPDATES_KEY, 1))
-            self.store.set(ELASTIC_UPDATE_KEY.format(n=n), kind)
-        except Exception as exc:  # the store is in this process: only a bug gets here
-            self._say(f"warning: could not tell the workers about the host change: {exc}")
 
     def _stop_overdue(self, now: float) -> None:
         for _, w in self._running():
@@ -337,28 +348,3 @@ class ElasticDriver:
                 + ", lower --min-np, or raise --elastic-timeout")
             return True
         return False
-
-    # --- the store ------------------------------------------------------------------------------
-    def _store_set(self, key: str, value: str) -> None:
-        try:
-            self.store.set(key, value)
-        except Exception as exc:
-            self._say(f"warning: could not write {key} to the job's store: {exc}")
-
-    def _latest_members(self) -> list[int] | None:
-        """The member ids of the last re-formation, in rank order; None before the first."""
-        if not self.store.check([ELASTIC_LATEST_KEY]):
-            return None
-        epoch = int(self.store.add(ELASTIC_LATEST_KEY, 0))
-        if epoch < 1:  # the leader creates the counter, then raises it to its epoch
-            return None
-        record = json.loads(self.store.get(ELASTIC_MEMBERS_KEY.format(epoch=epoch), timeout=5.0))
-        return [int(m) for m in record["members"]]
-
-    def _admitted(self, member_id: int) -> bool:
-        """True when the last re-formation took this member in."""
-        try:
-            members = self._latest_members()
-        except Exception:
-            return False
-        return members is not None and member_id in members

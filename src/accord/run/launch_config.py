@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from accord import config
@@ -146,18 +146,22 @@ def _command(ns: argparse.Namespace, environ: Mapping[str, str], all_local: bool
 
 
 def _elastic(ns: argparse.Namespace, num_proc: int, hosts: list[HostSlots],
-             elastic: elastic_config.ElasticConfig | None) -> int | None:
-    """--min-np, validated with -np and --max-np (elastic: default -np, within the first slots;
-    ``num_proc`` is then -np, the fewest workers the job needs, not the number started)."""
+             elastic: elastic_config.ElasticConfig | None
+             ) -> tuple[int | None, elastic_config.ElasticConfig | None]:
+    """--min-np, validated with -np and --max-np (elastic: default -np; ``num_proc`` is then
+    the number started, not -np, the fewest workers the job needs), and the elastic settings
+    with -np as the slots to wait for at the start."""
     min_np = ns.min_np
     if elastic is None:
         elastic_config.check_counts(num_proc, min_np, ns.max_np)
-        return min_np
+        return min_np, None
     requested = ns.num_proc if ns.num_proc is not None else num_proc
-    source = "the discovery script printed" if elastic.discovery_script else "the hosts have"
-    elastic_config.check_counts(requested, min_np if min_np is not None else requested, ns.max_np,
-                                sum(h.slots for h in hosts), source)
-    return min_np if min_np is not None else requested  # Horovod's default
+    # Fixed hosts never gain slots: -np above theirs can never start. A discovery script may
+    # print more hosts later: the driver waits for them.
+    fixed = None if elastic.discovery_script else sum(h.slots for h in hosts)
+    elastic_config.check_counts(requested, min_np if min_np is not None else requested, ns.max_np, fixed)
+    min_np = min_np if min_np is not None else requested  # Horovod's default
+    return min_np, replace(elastic, start_np=requested)
 
 
 def _server_hosts(ns: argparse.Namespace, num_servers: int, slots: tuple[Slot, ...]) -> tuple[str, ...]:
@@ -284,8 +288,10 @@ def config_from_args(ns: argparse.Namespace, environ: Mapping[str, str], cwd: st
     given = _hosts(ns)
     elastic = elastic_config.elastic_from_args(ns, given)
     hosts, num_proc, slots = _workers(ns, given, elastic, cwd)
+    min_np, elastic = _elastic(ns, num_proc, hosts, elastic)
     devices = _devices(ns, slots)
-    ranks_filter = _ranks_filter(ns, num_proc)
+    # an elastic job that waits for -np slots starts with that many workers at least
+    ranks_filter = _ranks_filter(ns, max(num_proc, elastic.start_np or 0) if elastic else num_proc)
     _positive(ns.grace_period, "--grace-period", allow_zero=True)
     ssh = _ssh(ns)
     interface, interface_ip = _interface(ns, environ)
@@ -313,7 +319,7 @@ def config_from_args(ns: argparse.Namespace, environ: Mapping[str, str], cwd: st
         verbose=tuning.verbose > 0,
         num_servers=num_servers,
         server_hosts=server_hosts,
-        min_np=_elastic(ns, num_proc, hosts, elastic),
+        min_np=min_np,
         elastic=elastic,
         ps=ps,
         sync_dst_dir=_sync_dir(ns),
