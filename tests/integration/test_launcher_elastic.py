@@ -4,6 +4,7 @@ while enough remain; below --min-np the first failure stops the job as usual. Wi
 about and the job keeps its hosts; a job below --min-np fails after --elastic-timeout."""
 import importlib.util
 import json
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -194,3 +195,25 @@ def test_too_few_slots_until_the_elastic_timeout_fails_the_job():
         "--elastic-timeout" in proc.stderr
     assert "WORKER RAN" not in proc.stdout
     assert 3 <= elapsed < 20
+
+
+@pytest.mark.timeout(30)
+def test_a_signal_while_waiting_for_slots_exits_130_saying_nothing_had_started(tmp_path):
+    err_path = tmp_path / "stderr.txt"
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen(
+            [lib.PYTHON, "-m", "accord.run", "-np", "2", "--host-discovery-script", "echo localhost:1",
+             "--discovery-interval", "0.2", "--elastic-timeout", "60", lib.PYTHON, "-c", "print('WORKER RAN')"],
+            stdout=subprocess.PIPE, stderr=err, text=True, env=lib.cli_env())
+    try:
+        _wait_text(err_path, "fewer than -np 2; waiting up to", proc, 15)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    stderr = err_path.read_text()
+    assert proc.returncode == 130, stderr[-3000:]
+    assert "accordrun: received SIGINT before any worker started" in stderr, stderr[-3000:]
+    assert "WORKER RAN" not in out

@@ -259,7 +259,10 @@ class _Job:
             return exit_status(root.returncode) or 1  # a server that ended with 0 still failed
         if self._signals:
             sig = self._signals[0]
-            self._say(f"received {signal_name(sig)}; stopped ranks {stopped or 'none (all had ended)'}")
+            if not self._workers:  # an elastic job still waiting for its first slots
+                self._say(f"received {signal_name(sig)} before any worker started")
+            else:
+                self._say(f"received {signal_name(sig)}; stopped ranks {stopped or 'none (all had ended)'}")
             return 128 + sig
         if failed:
             return 1
