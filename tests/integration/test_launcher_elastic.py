@@ -53,6 +53,7 @@ def test_below_min_np_the_failure_stops_the_job():
     (["-np", "2", "--min-np", "0"], "--min-np must be between 1 and -np (2)"),
     (["-np", "3", "--max-np", "2"], "--max-np 2 is below -np 3"),
     (["-np", "2", "--host-discovery-script", "exit 5"], "failed with exit code 5"),
+    (["--host-discovery-script", "true"], "printed no host on its first run, and -np is not given"),
     (["--host-discovery-script", "echo localhost:2", "-H", "localhost:2"], "both name hosts"),
 ])
 def test_bad_elastic_flags_exit_2_with_hint(argv, fragment):
@@ -140,14 +141,24 @@ def test_below_min_np_the_job_fails_after_the_elastic_timeout(tmp_path):
 PARITY = lib.script("elastic_parity.py")
 
 
+_WAITING = {  # what the script prints before the marker, and what the launcher then says
+    "one-slot": ("echo localhost:1", "printed 1 usable slot (localhost:1), fewer than -np 2; waiting up to "
+                                     "--elastic-timeout 60s for more, running it every 0.2s"),
+    "no-host": ("true", "printed no host; waiting up to --elastic-timeout 60s for 2 slots (-np 2), running "
+                        "it every 0.2s"),
+}
+
+
 @pytest.mark.timeout(40)
-def test_too_few_slots_at_the_start_waits_for_them_then_runs(tmp_path):
+@pytest.mark.parametrize("before", sorted(_WAITING))
+def test_too_few_slots_at_the_start_waits_for_them_then_runs(tmp_path, before):
     """horovodrun waits for -np slots before it starts (wait_for_available_slots): the script
-    prints 1 slot for -np 2, then 2 once the test writes the marker; the job then runs to the
-    end on 2 workers."""
+    prints 1 slot for -np 2 (or no host at all: an autoscaling cluster without a node yet), then
+    2 once the test writes the marker; the job then runs to the end on 2 workers."""
+    script, waiting = _WAITING[before]
     marker = tmp_path / "second-slot"
     discover = tmp_path / "discover.sh"
-    discover.write_text(f"if [ -e {marker} ]; then echo localhost:2; else echo localhost:1; fi\n")
+    discover.write_text(f"if [ -e {marker} ]; then echo localhost:2; else {script}; fi\n")
     err_path = tmp_path / "stderr.txt"
     started = time.monotonic()
     with open(err_path, "w") as err:
@@ -157,8 +168,7 @@ def test_too_few_slots_at_the_start_waits_for_them_then_runs(tmp_path):
              lib.PYTHON, PARITY, "--steps", "2"], stdout=subprocess.PIPE, stderr=err, text=True,
             env=lib.cli_env(ACCORD_CPU_BACKEND="gloo"))
     try:
-        _wait_text(err_path, "elastic: the discovery script printed 1 usable slot (localhost:1), fewer than "
-                             "-np 2; waiting up to --elastic-timeout 60s for more, running it every 0.2s", proc, 15)
+        _wait_text(err_path, f"elastic: the discovery script {waiting}", proc, 15)
         time.sleep(2.0)
         assert proc.poll() is None, err_path.read_text()[-3000:]
         assert "to start after waiting" not in err_path.read_text()  # no worker yet
@@ -180,18 +190,22 @@ def test_too_few_slots_at_the_start_waits_for_them_then_runs(tmp_path):
 
 
 @pytest.mark.timeout(30)
-def test_too_few_slots_until_the_elastic_timeout_fails_the_job():
+@pytest.mark.parametrize("script, waiting, printed", [
+    ("echo localhost:1", "1 usable slot (localhost:1), fewer than -np 2; waiting up to --elastic-timeout 3s "
+                         "for more", "1 usable slot: localhost:1"),
+    ("true", "no host; waiting up to --elastic-timeout 3s for 2 slots (-np 2)", "no host"),
+], ids=["one-slot", "no-host"])
+def test_too_few_slots_until_the_elastic_timeout_fails_the_job(script, waiting, printed):
     started = time.monotonic()
-    proc = lib.accordrun("-np", "2", "--host-discovery-script", "echo localhost:1", "--elastic-timeout", "3",
+    proc = lib.accordrun("-np", "2", "--host-discovery-script", script, "--elastic-timeout", "3",
                          "--discovery-interval", "0.5", lib.PYTHON, "-c", "print('WORKER RAN')", timeout=25)
     elapsed = time.monotonic() - started
     assert proc.returncode == 1, proc.stderr[-3000:]  # as when the job stays below --min-np
     lines = proc.stderr.splitlines()
-    assert lines[0] == ("accordrun: elastic: the discovery script printed 1 usable slot (localhost:1), fewer "
-                        "than -np 2; waiting up to --elastic-timeout 3s for more, running it every 0.5s")
+    assert lines[0] == f"accordrun: elastic: the discovery script printed {waiting}, running it every 0.5s"
     assert ("accordrun: error: timed out after --elastic-timeout 3s waiting for the 2 slots the job needs to "
-            "start (-np 2); the discovery script printed 1 usable slot: localhost:1") in lines
-    assert "HINT: make 'echo localhost:1' print hosts with at least 2 slots in all, lower -np, or raise " \
+            f"start (-np 2); the discovery script printed {printed}") in lines
+    assert f"HINT: make '{script}' print hosts with at least 2 slots in all, lower -np, or raise " \
         "--elastic-timeout" in proc.stderr
     assert "WORKER RAN" not in proc.stdout
     assert 3 <= elapsed < 20

@@ -208,7 +208,7 @@ def test_elastic_workers_are_marked_as_horovodrun_marks_them():
     (["--host-discovery-script", "echo h1:2", "-H", "h1:2"], "both name hosts"),
     (["--host-discovery-script", "exit 4"], "failed with exit code 4"),
     (["--host-discovery-script", "echo 'h1:??'"], "slots must be a positive integer"),
-    (["--host-discovery-script", "true"], "printed no host on its first run"),
+    (["--host-discovery-script", "true"], "printed no host on its first run, and -np is not given"),
     (["--host-discovery-script", "echo h1:2", "--blacklist-cooldown-range", "9", "3"], "MAX is below MIN"),
     (["--host-discovery-script", "echo h1:2", "--discovery-interval", "0"], "--discovery-interval must be > 0"),
     (["--host-discovery-script", "echo h1:2", "--min-np", "3"], "--min-np must be between 1 and -np (2)"),
@@ -282,8 +282,9 @@ class FakePoller:
         return out
 
 
-def _driver(tmp_path, hosts="echo h1:2", min_np=2, **elastic):
-    cfg = _cfg(["--host-discovery-script", hosts, "--min-np", str(min_np), "python3", "t.py"], tmp_path)
+def _driver(tmp_path, hosts="echo h1:2", min_np=2, np=None, **elastic):
+    cfg = _cfg(([] if np is None else ["-np", str(np)])
+               + ["--host-discovery-script", hosts, "--min-np", str(min_np), "python3", "t.py"], tmp_path)
     clock = [0.0]
     said: list[str] = []
     started: list[tuple[int, str, bool]] = []
@@ -517,6 +518,45 @@ def test_driver_gives_up_waiting_after_the_elastic_timeout(tmp_path):
         "(-np 2); the discovery script printed 1 usable slot: h1:1")
     assert "HINT: make 'echo h1:1' print hosts with at least 2 slots in all, lower -np, or raise " \
         "--elastic-timeout" in error
+
+
+def test_a_first_discovery_without_hosts_waits_given_np_and_exits_2_without(tmp_path, capsys):
+    """An autoscaling cluster without a node yet: horovodrun (whose -np is required) waits for
+    -np slots; accordrun too, and without -np says to pass it (exit 2)."""
+    cfg = _cfg(["-np", "2", "--host-discovery-script", "true", "--gpus", "0", "--ranks-filter", "1",
+                "no-such-program", "t.py"], tmp_path)
+    assert (cfg.num_proc, cfg.hosts, cfg.slots, cfg.min_np, cfg.elastic.start_np) == (0, (), (), 2, 2)
+    # the store listens beyond loopback, as for every discovery job: a host printed later may be
+    # another machine; the command is not looked up here, as for remote first hosts
+    assert cfg.remote and cfg.command == ("no-such-program", "t.py")
+    assert main(["--host-discovery-script", "true", "python3", "t.py"]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        "accordrun: error: host discovery script 'true' printed no host on its first run, and -np is not "
+        "given: there is no number of workers to wait for",
+        "HINT: pass -np N, the fewest workers the job needs to start (horovodrun requires it): the job then "
+        "waits up to --elastic-timeout for the script to print N slots"]
+
+
+def test_driver_without_hosts_at_first_waits_then_starts_or_gives_up(tmp_path):
+    driver, sup, store, members, started, said, clock = _driver(
+        tmp_path, hosts="true", min_np=1, np=2, start_np=2, elastic_timeout=30.0, discovery_interval=0.5)
+    assert started == [] and said == [
+        "elastic: the discovery script printed no host; waiting up to --elastic-timeout 30s for 2 slots "
+        "(-np 2), running it every 0.5s"]
+    clock[0] = 3.0
+    _discover(driver, clock, "h1:1\n")
+    assert not driver.poll() and started == []
+    _discover(driver, clock, "h1:2\n")
+    assert not driver.poll() and started == [(0, "h1", False), (1, "h1", False)]
+    assert said[-1] == "elastic: 2 workers to start after waiting 3.0s for hosts (h1:2)"
+    driver, sup, store, members, started, said, clock = _driver(
+        tmp_path, hosts="true", min_np=1, np=2, start_np=2, elastic_timeout=30.0)
+    clock[0] = 30.5
+    assert driver.poll() and started == []
+    assert driver.outcome.error.splitlines()[0] == (
+        "error: timed out after --elastic-timeout 30s waiting for the 2 slots the job needs to start "
+        "(-np 2); the discovery script printed no host")
 
 
 def test_blacklisted_hosts_do_not_count_towards_the_slots_to_start_on(tmp_path):

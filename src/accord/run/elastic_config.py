@@ -12,7 +12,8 @@ hosts never change but a failing host is blacklisted (:class:`ElasticConfig` wit
 Either way the job starts on every slot of those hosts, up to ``--max-np``; ``-np`` is the
 fewest it needs (horovodrun: "the number of processes required before training can start").
 Fixed hosts with fewer slots than ``-np`` can never start (exit 2); a script may print more
-hosts later, so with fewer slots at first the driver waits for them, as horovodrun does
+hosts later, so with fewer slots at first, or no host at all (then ``-np`` must be given, as
+horovodrun always requires it), the driver waits for them, as horovodrun does
 (:attr:`ElasticConfig.start_np`).
 """
 from __future__ import annotations
@@ -172,11 +173,14 @@ def check_cooldown_range(low: float, high: float) -> tuple[float, float]:
     return float(low), float(high)
 
 
-def first_hosts(elastic: ElasticConfig, cwd: str | None = None) -> list[HostSlots]:
-    """Run the script once for the hosts to start on.
+def first_hosts(elastic: ElasticConfig, num_proc: int | None, cwd: str | None = None) -> list[HostSlots]:
+    """Run the script once for the hosts to start on (``num_proc``: -np as given, or None).
+    It may print no host yet (an autoscaling cluster without a node so far): given -np, the
+    job then waits for -np slots, as horovodrun does, and the list returned is empty.
 
     Raises:
-        ConfigError: the script fails, hangs or prints garbage, or prints no host.
+        ConfigError: the script fails, hangs or prints garbage, or prints no host while -np is
+            not given (the job would not know how many workers to wait for).
     """
     assert elastic.discovery_script is not None
     try:
@@ -184,10 +188,13 @@ def first_hosts(elastic: ElasticConfig, cwd: str | None = None) -> list[HostSlot
                               elastic.script_timeout, cwd=cwd or os.getcwd())
     except DiscoveryError as exc:
         raise ConfigError(f"{exc} (on its first run, before anything was started)") from None
-    if not hosts:
+    if not hosts and num_proc is None:
+        # -np defaults to the first hosts' slots; with none, horovodrun's rule (-np is required)
         raise ConfigError(with_hint(
-            f"host discovery script {elastic.discovery_script!r} printed no host on its first run",
-            "the script must print at least the hosts to start on, one 'host:slots' line each"))
+            f"host discovery script {elastic.discovery_script!r} printed no host on its first run, "
+            "and -np is not given: there is no number of workers to wait for",
+            "pass -np N, the fewest workers the job needs to start (horovodrun requires it): the job "
+            "then waits up to --elastic-timeout for the script to print N slots"))
     return hosts
 
 

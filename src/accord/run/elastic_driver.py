@@ -5,7 +5,8 @@ While the job runs, :class:`ElasticDriver` runs the discovery script every
 hosts it prints (:func:`accord.run.elastic_plan.plan_changes`):
 
 - **start**: the first workers start on every usable slot, up to ``--max-np``. When the hosts
-  have fewer than ``-np`` slots (``ElasticConfig.start_np``), none start yet: the driver says
+  have fewer than ``-np`` slots (``ElasticConfig.start_np``; the script's first run may even
+  have printed no host, then ``cfg.slots`` is empty), none start yet: the driver says
   so once, runs the script every interval and starts them once enough slots are usable, or
   fails the job after ``--elastic-timeout`` (:mod:`accord.run.elastic_start`; horovodrun's
   ``wait_for_available_slots(num_proc)``).

@@ -1,5 +1,5 @@
-"""An elastic job's start when its discovery script prints fewer slots than ``-np``: the wait
-for enough usable slots, up to ``--elastic-timeout`` (horovodrun's
+"""An elastic job's start when its discovery script prints fewer slots than ``-np``, or no host
+at all: the wait for enough usable slots, up to ``--elastic-timeout`` (horovodrun's
 ``ElasticDriver.wait_for_available_slots(num_proc)``), and what the launcher says about it.
 
 Pure: :class:`accord.run.elastic_driver.ElasticDriver` feeds it the usable hosts (discovered,
@@ -46,9 +46,11 @@ class StartWait:
 
     def waiting(self, usable: Sequence[HostSlots], discovered: Sequence[HostSlots]) -> str:
         """The one line said when the wait begins."""
-        return (f"elastic: the discovery script printed {_count(_slots(usable), 'usable slot')} "
-                f"({_hosts(discovered)}), fewer than -np {self.needed}; waiting up to --elastic-timeout "
-                f"{self.elastic.elastic_timeout:g}s for more, running it every "
+        timeout = f"waiting up to --elastic-timeout {self.elastic.elastic_timeout:g}s"
+        seen = (f"no host; {timeout} for {_count(self.needed, 'slot')} (-np {self.needed})" if not discovered
+                else f"{_count(_slots(usable), 'usable slot')} ({_hosts(discovered)}), fewer than -np "
+                     f"{self.needed}; {timeout} for more")
+        return (f"elastic: the discovery script printed {seen}, running it every "
                 f"{self.elastic.discovery_interval:g}s")
 
     def starting(self, now: float, slots: Sequence[Slot], discovered: Sequence[HostSlots]) -> str:
@@ -61,7 +63,7 @@ class StartWait:
         return with_hint(
             f"error: timed out after --elastic-timeout {self.elastic.elastic_timeout:g}s waiting for the "
             f"{self.needed} slots the job needs to start (-np {self.needed}); the discovery script printed "
-            f"{_count(_slots(usable), 'usable slot')}: {_hosts(discovered)}",
+            + (f"{_count(_slots(usable), 'usable slot')}: {_hosts(discovered)}" if discovered else "no host"),
             f"make {self.elastic.discovery_script!r} print hosts with at least {self.needed} slots in all, "
             "lower -np, or raise --elastic-timeout")
 

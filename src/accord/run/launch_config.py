@@ -40,9 +40,9 @@ class LaunchConfig:
     """Everything the launcher needs, validated."""
 
     command: tuple[str, ...]
-    num_proc: int
+    num_proc: int  # workers started at once (elastic: 0 while the discovery script printed no host)
     hosts: tuple[HostSlots, ...]
-    slots: tuple[Slot, ...]
+    slots: tuple[Slot, ...]  # empty only for an elastic job whose script printed no host yet
     cwd: str
     devices: tuple[str, ...] | None = None
     start_timeout: float | None = None  # enforced check-in deadline (explicit flag only)
@@ -190,10 +190,16 @@ def _workers(ns: argparse.Namespace, given: list[HostSlots] | None,
              ) -> tuple[list[HostSlots], int, tuple[Slot, ...]]:
     """Hosts, worker count and every worker's slot, from -np and the ``given`` hosts (-H,
     --hostfile, --ips) or, with a discovery script, its first answer. An elastic job starts on
-    every slot up to --max-np, as horovodrun's (-np is then only the fewest it needs)."""
-    hosts = given if elastic is None or elastic.discovery_script is None else elastic_config.first_hosts(elastic, cwd)
+    every slot up to --max-np, as horovodrun's (-np is then only the fewest it needs); a script
+    that printed no host yet gives no host and no slot (the driver waits for -np slots)."""
+    hosts = given
+    if elastic is not None and elastic.discovery_script is not None:
+        hosts = elastic_config.first_hosts(elastic, ns.num_proc, cwd)
     num_proc = ns.num_proc
     if elastic is not None:
+        assert hosts is not None  # fixed elastic hosts are given ones
+        if not hosts:
+            return [], 0, ()
         total = sum(h.slots for h in hosts)
         num_proc = min(total, ns.max_np) if ns.max_np is not None else total
     if hosts is None:
@@ -211,7 +217,7 @@ def _workers(ns: argparse.Namespace, given: list[HostSlots] | None,
 def _devices(ns: argparse.Namespace, slots: tuple[Slot, ...]) -> tuple[str, ...] | None:
     devices = parse_devices(ns.devices) if ns.devices is not None else None
     if devices is not None:
-        most = max(s.local_size for s in slots)
+        most = max((s.local_size for s in slots), default=0)  # no slot yet: an elastic job that waits
         if most > len(devices):
             raise ConfigError(with_hint(
                 f"--gpus/--devices lists {len(devices)} device(s) but a host runs {most} workers",
@@ -298,7 +304,9 @@ def config_from_args(ns: argparse.Namespace, environ: Mapping[str, str], cwd: st
     tuning = _tuning(ns, environ, interface)
     ps, num_servers, server_hosts = _servers(ns, num_proc, slots)
     return LaunchConfig(
-        command=_command(ns, environ, all(is_local(s.hostname) for s in slots)),
+        # no slot yet (a discovery script that printed no host): the hosts to come may be remote,
+        # where the command need not be on this host's PATH
+        command=_command(ns, environ, bool(slots) and all(is_local(s.hostname) for s in slots)),
         num_proc=num_proc,
         hosts=tuple(hosts),
         slots=slots,

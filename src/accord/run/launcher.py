@@ -154,12 +154,17 @@ class _Job:
     def _prepare(self, job_id: str, secret: bytes) -> JobEnv:
         cfg = self.cfg
         address = _advertised_address(cfg)
+        # an elastic job is remote (cfg.remote) even before its script prints a host: a host
+        # printed later, maybe another machine, must reach the store
         bind = "127.0.0.1" if not cfg.remote else (cfg.interface_ip or "0.0.0.0")
-        rank0_local = is_local(cfg.slots[0].hostname)
+        # No slot yet (a discovery script that printed no host): rank 0's host is not known, so
+        # MASTER_ADDR (for env:// scripts; accord's workers meet at the store) names this host.
+        rank0 = cfg.slots[0].hostname if cfg.slots else "localhost"
+        rank0_local = is_local(rank0)
         if cfg.master_port and rank0_local:
             job_store.check_port_free(cfg.master_port, "--master-port")
         master_port = cfg.master_port or job_store.free_port()
-        master_addr = cfg.master_addr or (address if rank0_local else cfg.slots[0].hostname)
+        master_addr = cfg.master_addr or (address if rank0_local else rank0)
         self._store = job_store.start_store(bind, cfg.store_port, secret)
         if self._store is None and cfg.verbose:
             self._say("accord's rendezvous store is not available; workers get MASTER_ADDR/PORT only")
