@@ -38,6 +38,7 @@ from typing import Any, BinaryIO, TextIO
 from accord import config, worker_contract
 from accord.errors import with_hint
 from accord.run import job_store
+from accord.run.advertise import advertised_address, is_loopback
 from accord.run.elastic_driver import ElasticDriver
 from accord.run.failures import (
     Failure,
@@ -72,23 +73,10 @@ def launch(cfg: LaunchConfig, console_out: BinaryIO | None = None, console_err: 
 
 
 def _advertised_address(cfg: LaunchConfig) -> str:
-    """The address remote workers use to reach this host."""
+    """The address remote workers use to reach this host (:mod:`accord.run.advertise`)."""
     if not cfg.remote:
         return "127.0.0.1"
-    if cfg.interface_ip:
-        return cfg.interface_ip
-    remote = next((h for h in cfg.job_hosts if not is_local(h)), None)
-    if remote is None:  # an elastic job on this host only, so far: the address of our name
-        try:
-            return socket.gethostbyname(socket.gethostname())
-        except OSError:
-            return socket.gethostname()
-    try:  # the source address of the route towards a remote host; UDP connect sends nothing
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-            sock.connect((remote, 9))
-            return sock.getsockname()[0]
-    except OSError:
-        return socket.gethostname()
+    return advertised_address(cfg.job_hosts, cfg.interface_ip)
 
 
 class _Job:
@@ -154,6 +142,10 @@ class _Job:
     def _prepare(self, job_id: str, secret: bytes) -> JobEnv:
         cfg = self.cfg
         address = _advertised_address(cfg)
+        if cfg.remote and is_loopback(address) and cfg.elastic is not None and cfg.elastic.discovery_script:
+            self._say(f"warning: workers on hosts the discovery script prints later would be told to reach this "
+                      f"host at {address}, a loopback address; HINT: pass --network-interface NAME (the "
+                      "interface the other hosts reach this one on)")
         # an elastic job is remote (cfg.remote) even before its script prints a host: a host
         # printed later, maybe another machine, must reach the store
         bind = "127.0.0.1" if not cfg.remote else (cfg.interface_ip or "0.0.0.0")
