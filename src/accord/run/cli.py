@@ -59,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--help-env", action="store_true", help="list every environment variable accord reads")
 
     g = p.add_argument_group("workers and hosts")
-    g.add_argument("-np", "--num-proc", type=int, help="number of workers (default: all slots)")
+    g.add_argument("-np", "--num-proc", type=int,
+                   help="number of workers (default: all slots); elastic jobs: the fewest they start with")
     g.add_argument("-H", "--hosts", help="hosts and slots, e.g. node1:4,node2:4 (default localhost:NP)")
     g.add_argument("-hostfile", "--hostfile", help="file with 'host slots=N', 'host:N' or 'host' lines")
     g.add_argument("--ips", help="comma-separated host addresses (use with --nproc-per-node)")
