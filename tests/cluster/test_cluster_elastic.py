@@ -5,19 +5,22 @@ elastic_check.py: the world size after each event, identical weights on every ra
 sample once per epoch, and final weights equal to a one-process replay of the same steps.
 
 One job goes through every event (sharing the session's cluster, plus h3): h1 x 2, + h2 x 2,
-- h2, + h3 x 1, h3's worker killed."""
+- h2, + h3 x 1, h3's worker killed. Another grows onto h2 with --sync-dst-dir: h2 gets the copy
+of the working folder before its worker starts there."""
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 from elastic_check import check_same_weights, check_samples, committed, first_step_after, load, replay, size_changes
-from helpers.cluster_jobs import PYTHON, script, start_accordrun
+from helpers.cluster_jobs import PYTHON, script, start_accordrun, wait_for_files
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -145,3 +148,38 @@ def test_model_fit_grows_and_shrinks(cluster, shared_dir):
         _kill(proc)
     _check_history(shared_dir, out, [2, 4, 2])
     assert err.count("leaves the job (its host was removed)") == 2, err[-5000:]
+
+
+@pytest.mark.timeout(120)
+def test_a_host_the_job_grows_onto_gets_the_sync_dst_dir_copy(cluster, shared_dir):
+    """--sync-dst-dir: the job starts on h1 (copied at the launch); h2, printed later, gets the copy
+    in its own /tmp before its worker starts there, and that worker runs from it."""
+    project = shared_dir / "project"
+    (project / "data").mkdir(parents=True)
+    shutil.copy(script("elastic_in_dir.py"), project)
+    (project / "data" / "payload.txt").write_text("copied")
+    dest = f"/tmp/job-{uuid.uuid4().hex[:8]}"
+    assert cluster.run("h2", ["test", "-e", dest]).returncode == 1  # nothing there before the job
+    _set_hosts(shared_dir, "h1:1\n")
+    proc = start_accordrun(cluster, "--host-discovery-script", f"cat {shared_dir}/hosts", "--discovery-interval",
+                           "0.5", "--min-np", "1", "--max-np", "2", "--sync-dst-dir", dest, "--verbose",
+                           PYTHON, "elastic_in_dir.py", str(shared_dir), cwd=project)
+    try:
+        wait_for_files([shared_dir / "report.0.json"], 45, proc)
+        _set_hosts(shared_dir, "h1:1\nh2:1\n")
+        try:
+            wait_for_files([shared_dir / "report.1.json"], 45, proc)
+        except pytest.fail.Exception:  # show the launcher's account (a failed worker on h2 is a warning)
+            proc.kill()
+            _, err = proc.communicate()
+            pytest.fail(f"no report from the worker on h2 within 45 s:\n{err[-5000:]}")
+        (shared_dir / "stop").touch()
+        out, err = proc.communicate(timeout=30)
+    finally:
+        _kill(proc)
+    assert proc.returncode == 0, err[-5000:]
+    got = [json.loads((shared_dir / f"report.{m}.json").read_text()) for m in (0, 1)]
+    assert [(g["hostname"], g["cwd"], g["payload"]) for g in got] == [("h1", dest, "copied"), ("h2", dest, "copied")]
+    assert cluster.run("h2", ["ls", f"{dest}/data"]).stdout.split() == ["payload.txt"]  # h2's own /tmp
+    assert "elastic: copying the working folder to h2 (--sync-dst-dir) before starting workers there" in err, err
+    assert err.index("copying the working folder to h2") < err.index("started worker 1 on h2"), err

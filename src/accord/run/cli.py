@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--num-servers", metavar="N",
                    help="also start N parameter servers (default 0; -np counts workers); "
                         "workers and servers get DMLC_ROLE, DMLC_NUM_SERVER, DMLC_NUM_WORKER, "
-                        "DMLC_PS_ROOT_URI/PORT")
+                        "DMLC_PS_ROOT_URI/PORT; not in elastic jobs, whose workers come and go)")
     g.add_argument("--ps", choices=("accord", "mxnet"), default="accord",
                    help="whose parameter servers: accord's (default) or MXNet's own ps-lite "
                         "scheduler and servers, which run the same command with DMLC_ROLE="

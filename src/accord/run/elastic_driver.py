@@ -29,6 +29,11 @@ hosts it prints (:func:`accord.run.elastic_plan.plan_changes`):
   marked dead too). The job goes on while ``--min-np`` workers remain; below that it waits up
   to ``--elastic-timeout`` for discovery to bring hosts, then fails.
 
+With ``--sync-dst-dir`` a host gets its first worker only once the working folder has been
+copied there (:mod:`accord.run.elastic_sync`; the first hosts were copied at the launch): the
+copy runs in the background while the driver keeps watching; a failed one is handled as a
+worker that could not be started there (while waiting for the first slots: the job fails).
+
 A discovery script that fails, hangs or prints garbage is warned about (naming the script and
 what it did) and the job keeps its hosts. Without a script (``-H`` naming two or more hosts, with
 ``--min-np``: horovodrun's elastic job on fixed hosts) the hosts never change; failures still
@@ -53,6 +58,7 @@ from accord.run.elastic_config import ElasticConfig
 from accord.run.elastic_plan import plan_changes, planned_slots, usable_hosts
 from accord.run.elastic_start import StartWait
 from accord.run.elastic_store import ElasticStore
+from accord.run.elastic_sync import HostCopies
 from accord.run.failures import describe_returncode
 from accord.run.hosts import HostSlots
 from accord.run.supervisor import Member, Supervisor
@@ -93,11 +99,14 @@ class ElasticDriver:
         failure: turns an ended member into a :class:`~accord.run.failures.Failure`.
         store: a connection to the job's store (``set``/``add``/``get``/``check``/``closed``,
             :class:`~accord.store.connection.StoreConnection`).
+        copies: with ``--sync-dst-dir``, the hosts holding the copy of the working folder and
+            the copies running; None without.
     """
 
     def __init__(self, cfg: Any, elastic: ElasticConfig, supervisor: Supervisor, store: Any,
                  start_worker: Callable[[int, Slot, bool], Member], failure: Callable[[Member], Any],
-                 say: Callable[[str], None], clock: Callable[[], float] = time.monotonic) -> None:
+                 say: Callable[[str], None], clock: Callable[[], float] = time.monotonic,
+                 copies: HostCopies | None = None) -> None:
         self.cfg = cfg
         self.elastic = elastic
         self.supervisor = supervisor
@@ -106,6 +115,7 @@ class ElasticDriver:
         self._failure = failure
         self._say = say
         self._clock = clock
+        self.copies = copies
         self.blacklist = Blacklist(elastic.cooldown_range)
         self.discovered: list[HostSlots] = list(cfg.hosts)
         self.workers: dict[int, Worker] = {}
@@ -143,9 +153,11 @@ class ElasticDriver:
             self._poller.start()
 
     def close(self) -> None:
-        """Stop the discovery thread."""
+        """Stop the discovery thread and the copies still running."""
         if self._poller is not None:
             self._poller.stop()
+        if self.copies is not None:
+            self.copies.close()
 
     def _add(self, slot: Slot, joining: bool) -> None:
         member_id = self.next_id
@@ -172,6 +184,8 @@ class ElasticDriver:
         usable = usable_hosts(self.discovered, self.blacklist.blocked(now))
         slots = self._wait.slots(usable)
         if slots is not None:
+            if not self._first_hosts_copied([s.hostname for s in slots]):
+                return False  # the wait is over: no timeout while the copies run
             self._say(self._wait.starting(now, slots, self.discovered))
             self._wait = None
             for slot in slots:
@@ -181,6 +195,51 @@ class ElasticDriver:
             self.outcome.error = self._wait.error(usable, self.discovered)
             return True
         return False
+
+    # --- --sync-dst-dir: a host's first worker waits for the copy of the working folder ------------
+    def _begin_copies(self, hosts: list[str]) -> None:
+        assert self.copies is not None
+        begun = self.copies.begin(hosts)
+        if begun and self.cfg.verbose:
+            self._say(f"elastic: copying the working folder to {', '.join(begun)} (--sync-dst-dir) "
+                      "before starting workers there")
+
+    def _first_hosts_copied(self, hosts: list[str]) -> bool:
+        """True once every one of ``hosts`` (the first workers') holds the copy; the copies the
+        others need begin.
+
+        Raises:
+            LaunchError: a copy to one of them failed (the job fails to start, as when a copy at
+                the launch fails).
+        """
+        if self.copies is None:
+            return True
+        self._begin_copies(hosts)
+        for host, error in self.copies.finished():
+            if error is not None and host in hosts:  # another host's is tried again when it is needed
+                raise error
+        return all(self.copies.copied(h) for h in hosts)
+
+    def _copied_hosts(self, usable: list[HostSlots], active: list[tuple[int, str]], now: float
+                      ) -> list[HostSlots]:
+        """The ``usable`` hosts that may get workers now: those holding the copy (or already
+        running workers). Copies begin for the others the plan would give workers; a failed
+        one blacklists its host, as a worker that cannot be started does."""
+        assert self.copies is not None
+        for host, error in self.copies.finished():
+            if error is not None:
+                self._cannot_start(host, error, now)
+        blocked = self.blacklist.blocked(now)
+        usable = [h for h in usable if h.hostname not in blocked]
+        self._begin_copies(plan_changes(usable, active, self.elastic.max_np).start)
+        running = {host for _, host in active}
+        return [h for h in usable if h.hostname in running or self.copies.copied(h.hostname)]
+
+    def _cannot_start(self, host: str, exc: LaunchError, now: float) -> None:
+        """A worker could not be started on ``host`` (or the copy there failed): warn, blacklist it."""
+        until = self.blacklist.add(host, now)
+        self._say(f"warning: could not start a worker on {host}: {exc}; blacklisting it"
+                  + ("" if until is None else f" for {until - now:.0f}s"))
 
     # --- one turn of the watch loop -------------------------------------------------------------
     def poll(self) -> bool:
@@ -258,6 +317,8 @@ class ElasticDriver:
     def _replan(self, now: float) -> None:
         usable = usable_hosts(self.discovered, self.blacklist.blocked(now))
         active = [(i, w.member.host) for i, w in self._running() if w.leaving_since is None]
+        if self.copies is not None:
+            usable = self._copied_hosts(usable, active, now)
         plan = plan_changes(usable, active, self.elastic.max_np)
         if plan.empty:
             return
@@ -274,9 +335,7 @@ class ElasticDriver:
             try:
                 self._add(slot, joining=True)
             except LaunchError as exc:
-                until = self.blacklist.add(host, now)
-                self._say(f"warning: could not start a worker on {host}: {exc}; blacklisting it"
-                          + ("" if until is None else f" for {until - now:.0f}s"))
+                self._cannot_start(host, exc, now)
                 continue
             self._say(f"elastic: started worker {self.next_id - 1} on {host} (rank {slot.rank} of "
                       f"{slot.size} once admitted)")

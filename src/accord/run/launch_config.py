@@ -266,6 +266,25 @@ def _servers(ns: argparse.Namespace, num_proc: int, slots: tuple[Slot, ...]) -> 
     return ps, num_servers, _server_hosts(ns, num_servers, slots)
 
 
+def _no_servers_when_elastic(ns: argparse.Namespace, elastic: elastic_config.ElasticConfig | None) -> None:
+    """Refuse parameter servers in an elastic job run by the elastic driver: its workers come and
+    go, while accord's servers and MXNet's ps-lite count a fixed number of workers (and the
+    driver's workers are not told about servers at all)."""
+    if elastic is None:
+        return
+    servers = [flag for flag, given in (("--ps mxnet", getattr(ns, "ps", None) == "mxnet"),
+                                        (f"--num-servers {ns.num_servers}",
+                                         _count(ns.num_servers, "--num-servers") > 0)) if given]
+    if servers:
+        kind = ("--host-discovery-script" if elastic.discovery_script else
+                "--min-np with -H/--hostfile/--ips naming two or more hosts")
+        raise ConfigError(with_hint(
+            f"{' and '.join(servers)} cannot be used in an elastic job ({kind}): parameter servers "
+            "serve a fixed number of workers, and an elastic job's workers change",
+            f"drop {' and '.join(servers)} (hvd.elastic keeps the training state without servers), "
+            "or run a fixed-size job (no --host-discovery-script, no --min-np)"))
+
+
 def _tuning(ns: argparse.Namespace, environ: Mapping[str, str], interface: str | None) -> Any:
     """The tuning table's options (:mod:`accord.run.tuning`) from the flags."""
     log_level = ns.log_level.lower() if ns.log_level is not None else None
@@ -293,6 +312,7 @@ def config_from_args(ns: argparse.Namespace, environ: Mapping[str, str], cwd: st
     """
     given = _hosts(ns)
     elastic = elastic_config.elastic_from_args(ns, given)
+    _no_servers_when_elastic(ns, elastic)  # before the discovery script's first run
     hosts, num_proc, slots = _workers(ns, given, elastic, cwd)
     min_np, elastic = _elastic(ns, num_proc, hosts, elastic)
     devices = _devices(ns, slots)

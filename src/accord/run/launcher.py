@@ -16,7 +16,8 @@ With ``--num-servers N`` the launcher also starts N parameter servers before the
 or spread over the worker hosts (:mod:`accord.run.servers`): same session handling, guardian,
 ssh path and output multiplexing (``[serverN]``). With ``--sync-dst-dir DIR`` the working
 directory is first copied to DIR on every host, and everything runs from there
-(:mod:`accord.run.sync`). A server that ends while workers still run is a failure and the root cause;
+(:mod:`accord.run.sync`; a host an elastic job grows onto is copied to before its first worker,
+:mod:`accord.run.elastic_sync`). A server that ends while workers still run is a failure and the root cause;
 once every worker has succeeded the servers get SIGTERM (a clean stop, not a failure) and the
 exit code is the workers'. With ``--ps mxnet`` they are MXNet's own scheduler and servers
 instead (:mod:`accord.run.mxnet_ps`), which ps-lite may end with status 0 as the workers finish.
@@ -40,6 +41,7 @@ from accord.errors import with_hint
 from accord.run import job_store
 from accord.run.advertise import advertised_address, is_loopback
 from accord.run.elastic_driver import ElasticDriver
+from accord.run.elastic_sync import HostCopies
 from accord.run.failures import (
     Failure,
     describe_returncode,
@@ -54,7 +56,7 @@ from accord.run.launch_config import LaunchConfig, describe
 from accord.run.output import OutputMux
 from accord.run.runners import StartOptions
 from accord.run.supervisor import Member, Supervisor
-from accord.run.sync import sync_dirs
+from accord.run.sync import FolderCopy
 from accord.run.worker_env import JobEnv
 
 _POLL = 0.05
@@ -172,23 +174,31 @@ class _Job:
                       store_addr=address if self._store else None,
                       store_port=self._store.port if self._store else None)
 
+    def _copier(self, environ: dict[str, str]) -> FolderCopy:
+        assert self.cfg.sync_dst_dir is not None
+        return FolderCopy(self.cfg.cwd, self.cfg.sync_dst_dir, self.cfg.ssh, environ)
+
     def _sync(self, environ: dict[str, str]) -> None:
         cfg = self.cfg
-        assert cfg.sync_dst_dir is not None
-        hosts = [None if is_local(h) else h for h in cfg.job_hosts]
+        hosts = list(dict.fromkeys(None if is_local(h) else h for h in cfg.job_hosts))
+        if not hosts:  # an elastic job whose script printed no host yet: copied as hosts come
+            return
         if cfg.verbose:
             self._say(f"--sync-dst-dir: copying {cfg.cwd} to {cfg.sync_dst_dir} on "
-                      f"{', '.join(h or 'this host' for h in dict.fromkeys(hosts))}")
-        sync_dirs(cfg.cwd, list(dict.fromkeys(hosts)), cfg.sync_dst_dir, cfg.ssh, environ)
+                      f"{', '.join(h or 'this host' for h in hosts)}")
+        self._copier(environ).run(hosts)
 
     def _run_elastic(self, job: JobEnv, environ: dict[str, str]) -> int:
         """Start the first workers and watch the job with the elastic driver (discovery)."""
         assert self._supervisor is not None and self._store is not None and self._mux is not None
         assert self.cfg.elastic is not None and self._starter is not None
         starter = self._starter
+        # hosts printed later get the --sync-dst-dir copy before their first worker; the first
+        # ones got it in run()
+        copies = HostCopies(self._copier(environ), self.cfg.job_hosts) if self.cfg.sync_dst_dir else None
         driver = ElasticDriver(self.cfg, self.cfg.elastic, self._supervisor, self._store.connection(),
                                lambda i, slot, joining: starter.elastic_worker(job, environ, i, slot, joining),
-                               self._failure, self._say)
+                               self._failure, self._say, copies=copies)
         try:
             driver.start()
             self._mux.start()
