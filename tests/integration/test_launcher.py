@@ -1,8 +1,11 @@
 """accordrun through the real CLI (`python -m accord.run`): jobs on localhost, output, env."""
 import importlib.util
 import os
+import signal
 import socket
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -164,3 +167,22 @@ def test_check_build_lists_frameworks_and_backends():
     assert "[X] Gloo" in proc.stdout
     for name in ("NCCL", "MPI", "CUDA", "MXNet"):
         assert name in proc.stdout
+
+
+@pytest.mark.timeout(60)
+def test_a_signal_during_the_launch_copy_stops_it_and_starts_nothing(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "rsync").write_text("#!/bin/sh\nexec sleep 60\n")
+    (bin_dir / "rsync").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    proc = subprocess.Popen([sys.executable, "-m", "accord.run", "-np", "1", "--sync-dst-dir",
+                             str(tmp_path / "copy"), sys.executable, "-c", "print('WORKER RAN')"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(2.0)  # the launcher is in the copy (the fake rsync sleeps a minute)
+    started = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err[-2000:]
+    assert "accordrun: received SIGINT while copying --sync-dst-dir; nothing was started" in err
+    assert "WORKER RAN" not in out and time.monotonic() - started < 10

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 
 import pytest
 from test_run_elastic import FakeMember, FakePoller, FakeStore, FakeSupervisor, _cfg, _discover
@@ -268,3 +269,19 @@ def test_no_server_is_still_fine_in_an_elastic_job_and_servers_on_one_host_with_
                 tmp_path).num_servers == 0
     cfg = _cfg(["-np", "2", "--min-np", "1", "--num-servers", "1", "python3", "t.py"], tmp_path)
     assert cfg.elastic is None and cfg.num_servers == 1  # one host: no elastic driver, servers as before
+
+
+def test_folder_copy_stops_its_copies_when_asked(tmp_path):
+    env = _fake_rsync(tmp_path, "exec sleep 30\n")
+    asked = []
+
+    def stop_when():
+        asked.append(1)
+        return len(asked) >= 3
+
+    started = time.monotonic()
+    assert FolderCopy("/w", "/tmp/job", SshOptions(), env, timeout=60).run(["h2", "h3"], stop_when) is False
+    assert time.monotonic() - started < 10 and len(asked) == 3
+    env = _fake_rsync(tmp_path, "exit 0\n")
+    assert FolderCopy("/w", "/tmp/job", SshOptions(), env, timeout=60).run(["h2"], lambda: False) is True
+

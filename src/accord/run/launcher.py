@@ -125,8 +125,10 @@ class _Job:
             self._previous[sig] = signal.signal(sig, self._on_signal)
         try:
             job = self._prepare(job_id, secret)
-            if cfg.sync_dst_dir is not None:
-                self._sync(environ)
+            if cfg.sync_dst_dir is not None and not self._sync(environ):
+                sig = self._signals[0]
+                self._say(f"received {signal_name(sig)} while copying --sync-dst-dir; nothing was started")
+                return 128 + sig
             self._mux = OutputMux(self._out, self._err, prefix=cfg.prefix, timestamps=cfg.prefix_timestamp,
                                   ranks_filter=cfg.ranks_filter, output_dir=cfg.output_dir,
                                   size=cfg.num_proc)
@@ -178,15 +180,16 @@ class _Job:
         assert self.cfg.sync_dst_dir is not None
         return FolderCopy(self.cfg.cwd, self.cfg.sync_dst_dir, self.cfg.ssh, environ)
 
-    def _sync(self, environ: dict[str, str]) -> None:
+    def _sync(self, environ: dict[str, str]) -> bool:
+        """Copy the working folder to the first hosts; False when a signal cut the copies short."""
         cfg = self.cfg
         hosts = list(dict.fromkeys(None if is_local(h) else h for h in cfg.job_hosts))
         if not hosts:  # an elastic job whose script printed no host yet: copied as hosts come
-            return
+            return True
         if cfg.verbose:
             self._say(f"--sync-dst-dir: copying {cfg.cwd} to {cfg.sync_dst_dir} on "
                       f"{', '.join(h or 'this host' for h in hosts)}")
-        self._copier(environ).run(hosts)
+        return self._copier(environ).run(hosts, stop_when=lambda: bool(self._signals))
 
     def _run_elastic(self, job: JobEnv, environ: dict[str, str]) -> int:
         """Start the first workers and watch the job with the elastic driver (discovery)."""

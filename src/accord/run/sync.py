@@ -14,11 +14,14 @@ import os
 import shlex
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass, field
-from typing import IO, Mapping, Sequence
+from typing import IO, Callable, Mapping, Sequence
 
 from accord.errors import LaunchError, with_hint
 from accord.run.ssh import SshOptions, ssh_argv
+
+_POLL = 0.1  # seconds between looks at the copies (and at stop_when) while they run
 
 
 def rsync_argv(source: str, host: str | None, dest: str, ssh: SshOptions) -> list[str]:
@@ -111,8 +114,10 @@ class FolderCopy:
             "check that rsync is installed on every host, that ssh to it works "
             "(ssh -o BatchMode=yes HOST true), and that the folder can be created there"))
 
-    def run(self, hosts: Sequence[str | None]) -> None:
-        """Copy to each of ``hosts`` (None: this host), side by side, and wait for every copy.
+    def run(self, hosts: Sequence[str | None], stop_when: Callable[[], bool] = lambda: False) -> bool:
+        """Copy to each of ``hosts`` (None: this host), side by side, and wait for every copy;
+        ``stop_when()`` is asked a few times a second (the launcher: a signal arrived), and when
+        it answers True the copies are killed and False is returned. True: every copy is done.
 
         Raises:
             LaunchError: rsync is missing or a copy failed (naming every failed host and rsync's message).
@@ -128,12 +133,21 @@ class FolderCopy:
                 started.stop()
                 started.failure()  # closes its message file
             raise
+        deadline = time.monotonic() + self.timeout
+        while not all(copy.done() for copy in copies) and time.monotonic() < deadline:
+            if stop_when():
+                for copy in copies:
+                    copy.stop()
+                    copy.failure()  # closes its message file
+                return False
+            time.sleep(_POLL)
         failed = []
         for copy in copies:
-            copy.wait(self.timeout)
+            copy.wait(max(0.0, deadline - time.monotonic()))
             failure = copy.failure()
             if failure is not None:
                 failed.append(failure)
         if failed:
             raise self.error(failed)
+        return True
 
