@@ -123,19 +123,35 @@ def test_a_bad_discovery_script_is_warned_about_and_the_job_keeps_its_hosts(tmp_
 
 @pytest.mark.timeout(120)
 def test_below_min_np_the_job_fails_after_the_elastic_timeout(tmp_path):
-    """Worker 1 fails: localhost is blacklisted (for good), so worker 0 leaves too, and nothing
-    comes back within --elastic-timeout."""
+    """Worker 1 (on 127.0.0.1) fails: that host is blacklisted (for good); worker 0 on localhost
+    goes on alone, below --min-np 2, and nothing comes back within --elastic-timeout."""
     started = time.monotonic()
-    proc = lib.accordrun("--host-discovery-script", "echo localhost:2", "--min-np", "2",
+    proc = lib.accordrun("--host-discovery-script", "echo localhost:1; echo 127.0.0.1:1", "--min-np", "2",
                          "--elastic-timeout", "3", "--discovery-interval", "0.5", "--grace-period", "1",
                          lib.PYTHON, TRAIN, "--steps", "500", "--die-rank", "1", "--die-step", "2", timeout=110)
     assert proc.returncode == 1, proc.stderr[-3000:]
-    assert "elastic: worker 1 on localhost ended (exit code 3); blacklisting localhost for the rest of the job" \
+    assert "elastic: worker 1 on 127.0.0.1 ended (exit code 3); blacklisting 127.0.0.1 for the rest of the job" \
         in proc.stderr
-    assert "error: the job stayed below --min-np 2 (0 workers) for --elastic-timeout 3s; discovered " \
-        "hosts: localhost:2; blacklisted: ['localhost']" in proc.stderr
-    assert "HINT: make 'echo localhost:2' print more hosts" in proc.stderr
+    assert "error: the job stayed below --min-np 2 (1 workers) for --elastic-timeout 3s; discovered " \
+        "hosts: localhost:1, 127.0.0.1:1; blacklisted: ['127.0.0.1']" in proc.stderr
+    assert "HINT: make 'echo localhost:1; echo 127.0.0.1:1' print more hosts" in proc.stderr
     assert time.monotonic() - started < 100
+
+
+@pytest.mark.timeout(120)
+def test_a_failure_that_blacklists_every_host_fails_the_job_at_once(tmp_path):
+    """As horovodrun: worker 1 fails on localhost, the only host, which is blacklisted; worker 0
+    could not go on there, so the job fails now with worker 1's failure (no --elastic-timeout
+    wait, no leave grace)."""
+    started = time.monotonic()
+    proc = lib.accordrun("--host-discovery-script", "echo localhost:2", "-np", "2", "--min-np", "1",
+                         "--discovery-interval", "0.5", "--grace-period", "1",
+                         lib.PYTHON, TRAIN, "--steps", "500", "--die-rank", "1", "--die-step", "2", timeout=110)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert "elastic: every host of the job is blacklisted after failures; stopping it" in proc.stderr
+    assert "Root Cause (first observed failure):" in proc.stderr and "rank       : 1 " in proc.stderr
+    assert "waiting up to --elastic-timeout" not in proc.stderr
+    assert time.monotonic() - started < 25
 
 
 PARITY = lib.script("elastic_parity.py")

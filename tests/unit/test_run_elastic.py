@@ -803,3 +803,23 @@ def test_joiners_come_after_the_staying_members_in_the_published_order(tmp_path)
     _discover(driver, clock, "h1:1\nh3:1\nh5:1\n")  # h4 leaves before its worker 3 was admitted
     driver.poll()
     assert store[ELASTIC_UPDATE_KEY.format(n=updates + 2)] == "added"  # worker 4 still waits to join
+
+
+def test_driver_stops_at_once_when_failures_blacklisted_every_host(tmp_path):
+    """horovodrun stops the job once every host is blacklisted; a host left usable keeps it going."""
+    driver, sup, store, members, started, said, clock = _driver(tmp_path, hosts="echo h1:2", min_np=1,
+                                                                cooldown_range=(5.0, 10.0))
+    members[1].returncode = 3
+    sup.ended.append(members[1])
+    assert driver.poll()  # h1, the only host, is blacklisted: worker 0 cannot go on
+    assert driver.outcome.failures == [("failure", 1)] and not driver.outcome.lost
+    assert any("every host of the job is blacklisted after failures" in s for s in said)
+    driver, sup, store, members, started, said, clock = _driver(tmp_path, hosts="echo h1:1; echo h2:1", min_np=1)
+    members[1].returncode = 3
+    sup.ended.append(members[1])
+    assert not driver.poll() and driver.outcome.lost == [("failure", 1)]  # h1's worker goes on
+    _discover(driver, clock, "h1:1\nh2:1\nh3:1\n")
+    members[0].returncode = 3
+    sup.ended.append(members[0])
+    assert not driver.poll()  # h3 is usable: a worker starts there instead
+    assert started[-1] == (2, "h3", True)

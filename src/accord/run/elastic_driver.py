@@ -27,7 +27,8 @@ hosts it prints (:func:`accord.run.elastic_plan.plan_changes`):
   ``--blacklist-cooldown-range``) and is marked dead in the store, so the survivors re-form
   without waiting for its heartbeat to stop (a worker added later that could not be started is
   marked dead too). The job goes on while ``--min-np`` workers remain; below that it waits up
-  to ``--elastic-timeout`` for discovery to bring hosts, then fails.
+  to ``--elastic-timeout`` for discovery to bring hosts, then fails. Once failures have
+  blacklisted every host discovered, the job fails at once with them (as horovodrun).
 
 With ``--sync-dst-dir`` a host gets its first worker only once the working folder has been
 copied there (:mod:`accord.run.elastic_sync`; the first hosts were copied at the launch): the
@@ -270,6 +271,14 @@ class ElasticDriver:
                 w.leaving_since = now
         return False
 
+    def _every_host_blacklisted(self, now: float) -> bool:
+        """True when every discovered host is blacklisted and no worker that stays runs on a
+        host that is not (a failed host's workers are leaving)."""
+        blocked = self.blacklist.blocked(now)
+        if any(h.hostname not in blocked for h in self.discovered):
+            return False
+        return not any(w.leaving_since is None and w.member.host not in blocked for _, w in self._running())
+
     def _running(self) -> list[tuple[int, Worker]]:
         return [(i, w) for i, w in self.workers.items() if w.member.returncode is None]
 
@@ -386,6 +395,12 @@ class ElasticDriver:
             self.outcome.error = with_hint(
                 f"error: the job's workers changed {self.resets} times (re-formations), more than "
                 f"--reset-limit {limit}", "raise --reset-limit, or look at why hosts keep changing or failing")
+            return True
+        if self.outcome.lost and not self._finishing and self._every_host_blacklisted(now):
+            # horovodrun stops the job once failures have blacklisted every host it has: no
+            # worker can go on and nothing could be started instead
+            self._say("elastic: every host of the job is blacklisted after failures; stopping it")
+            self.outcome.failures, self.outcome.lost = list(self.outcome.lost), []
             return True
         alive = len([1 for _, w in self._running() if w.leaving_since is None])
         min_np = self.cfg.min_np or 1
