@@ -162,3 +162,49 @@ def test_every_reformation_bootstraps_a_new_generation_whatever_the_sizes():
     assert used == sorted(set(used)), used  # strictly increasing: no generation twice
     # the sequence that met an old generation's keys before: 2, 4, 2, then 3 ranks
     assert next_bootstrap_count(10, 3, 4) == 15 and next_bootstrap_count(10, 3, 4) // 3 == 5
+
+
+class _Progress:
+    """A user's object held by the state (and by the rest of the script)."""
+
+    def __init__(self):
+        self.seen = 0
+
+
+def test_object_state_keeps_objects_by_reference_and_snapshots_plain_data():
+    import pickle
+
+    progress, history = _Progress(), [1]
+    state = hvd.elastic.ObjectState(lambda obj: obj, lambda: 0, progress=progress, history=history)
+    assert state.progress is progress and state.history is history  # as Horovod: the script's objects
+    state.commit()
+    progress.seen = 5
+    state.history.append(2)
+    state.restore()
+    assert state.progress is progress and progress.seen == 5  # an object: by reference (Horovod)
+    assert state.history == [1]  # plain data: the commit's snapshot
+    # sync on rank 0 keeps its objects; elsewhere the attributes become rank 0's copies
+    state.sync()
+    assert state.progress is progress
+    copies = hvd.elastic.ObjectState(lambda obj: pickle.loads(pickle.dumps(obj)), lambda: 1, progress=progress)
+    copies.sync()
+    assert copies.progress is not progress and copies.progress.seen == 5
+
+
+def test_torch_state_keeps_a_learning_rate_scheduler_and_restores_its_state(monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    state = hvd.elastic.TorchState(model, opt, scheduler=sched, epoch=0)
+    assert state.scheduler is sched
+    state.commit()
+    opt.step()  # no gradients: changes nothing, but keeps the scheduler's order check quiet
+    state.scheduler.step()  # reaches the real optimizer
+    assert opt.param_groups[0]["lr"] == 0.5 and sched.last_epoch == 1
+    state.restore()
+    assert state.scheduler is sched and sched.last_epoch == 0 and sched.get_last_lr() == [1.0]
+    assert opt.param_groups[0]["lr"] == 1.0  # the optimizer's own state, restored beside it
+    opt.step()
+    sched.step()
+    assert opt.param_groups[0]["lr"] == 0.5  # still drives the optimizer after the restore

@@ -2,9 +2,9 @@
 
 A state is what training needs to resume after a failure: ``commit()`` keeps an in-memory copy,
 ``restore()`` goes back to it, ``sync()`` makes every rank's copy rank 0's (after a reset, new
-or restarted ranks catch up). Model and optimizer are saved with ``state_dict``; an
-``ElasticSampler`` keeps which samples were processed; anything else passed as a keyword
-(epoch, batch, ...) is an attribute broadcast as an object.
+or restarted ranks catch up). Model, optimizer and learning-rate scheduler are saved with
+``state_dict``; an ``ElasticSampler`` keeps which samples were processed; anything else passed
+as a keyword (epoch, batch, ...) is an attribute broadcast as an object.
 """
 from __future__ import annotations
 
@@ -92,29 +92,54 @@ class State:
         """Hook for subclasses: called on every reset before the callbacks."""
 
 
+# Values of these types are snapshotted at each commit (a deep copy), so ``restore()`` also
+# undoes changes made in place (``state.seen.append(x)``); copying them is cheap.
+_SNAPSHOT_TYPES = (type(None), bool, int, float, complex, str, bytes, tuple, list, dict, set, frozenset)
+
+
+def _is_snapshotted(value: Any) -> bool:
+    return isinstance(value, _SNAPSHOT_TYPES)
+
+
+def _kept(value: Any) -> Any:
+    """What a commit keeps of an attribute: a deep copy of plain data, the object itself otherwise."""
+    return copy.deepcopy(value) if _is_snapshotted(value) else value
+
+
 class ObjectState(State):
-    """State made of plain attributes given as keywords (they must be picklable)."""
+    """State made of plain attributes given as keywords (they must be picklable).
+
+    Plain data (numbers, strings, and lists, dicts, sets and tuples of them) is snapshotted at
+    each commit, so ``restore()`` also undoes changes made in place. Any other object (a torch
+    ``DistributedSampler``, a user's class) is kept by reference, as Horovod keeps every
+    attribute: the state's attribute stays the object the rest of the script holds (the one a
+    DataLoader uses, say), ``restore()`` puts that same object back, and only ``sync()`` on
+    ranks other than 0 replaces it with rank 0's copy.
+    """
 
     def __init__(self, bcast_object: Callable[[Any], Any], get_rank: Callable[[], int],
                  **kwargs: Any) -> None:
-        self._saved_state = kwargs
-        self._set_attrs()
+        self._saved_state = {attr: _kept(value) for attr, value in kwargs.items()}
+        for attr, value in kwargs.items():
+            setattr(self, attr, value)
         super().__init__(bcast_object=bcast_object, get_rank=get_rank)
 
     def save(self) -> None:
-        self._saved_state = {attr: copy.deepcopy(getattr(self, attr)) for attr in self._saved_state}
+        self._saved_state = {attr: _kept(getattr(self, attr)) for attr in self._saved_state}
 
     def restore(self) -> None:
         self._set_attrs()
 
     def sync(self) -> None:
         if self._saved_state:
-            self._saved_state = self._bcast_object(self._saved_state)
-            self._set_attrs()
+            received = self._bcast_object(self._saved_state)
+            if received is not self._saved_state:  # rank 0 keeps its own objects
+                self._saved_state = received
+                self._set_attrs()
 
     def _set_attrs(self) -> None:
         for attr, value in self._saved_state.items():
-            setattr(self, attr, copy.deepcopy(value))
+            setattr(self, attr, _kept(value))
 
 
 class _Handler:
@@ -159,6 +184,14 @@ class _OptimizerHandler(_Handler):
         functions.broadcast_optimizer_state(self.value, root_rank=0)
 
 
+class _SchedulerHandler(_Handler):
+    """A learning-rate scheduler (Horovod's LRSchedulerStateHandler): its ``state_dict`` is saved,
+    restored and broadcast from rank 0, the scheduler object itself stays the script's."""
+
+    def sync(self) -> None:
+        self.value.load_state_dict(functions.broadcast_object(self.value.state_dict(), root_rank=0))
+
+
 class _SamplerHandler(_Handler):
     def reset(self) -> None:
         self.value.reset()  # re-split what is left of the epoch over the new ranks
@@ -173,6 +206,13 @@ class _SamplerHandler(_Handler):
         self.value.load_state_dict(functions.broadcast_object(state, root_rank=0))
 
 
+# torch >= 2.0 names the base LRScheduler (ReduceLROnPlateau derives from it since 2.2); older
+# releases only _LRScheduler, and ReduceLROnPlateau on its own.
+_SCHEDULER_TYPES = tuple({getattr(torch.optim.lr_scheduler, name) for name in
+                          ("LRScheduler", "_LRScheduler", "ReduceLROnPlateau")
+                          if hasattr(torch.optim.lr_scheduler, name)})
+
+
 def _handler_for(value: Any) -> _Handler | None:
     if isinstance(value, torch.nn.Module):
         return _ModelHandler(value)
@@ -180,14 +220,17 @@ def _handler_for(value: Any) -> _Handler | None:
         return _OptimizerHandler(value)
     if isinstance(value, ElasticSampler):
         return _SamplerHandler(value)
+    if isinstance(value, _SCHEDULER_TYPES):
+        return _SchedulerHandler(value)
     return None
 
 
 class TorchState(ObjectState):
     """Elastic state of a PyTorch job: ``TorchState(model, optimizer, epoch=0, batch=0, ...)``.
 
-    Models, optimizers and ElasticSamplers (given under any keyword) are saved with their
-    ``state_dict``; other keywords become plain attributes (``state.epoch``).
+    Models, optimizers, learning-rate schedulers and ElasticSamplers (given under any keyword)
+    are saved with their ``state_dict``; other keywords become attributes (``state.epoch``; see
+    :class:`ObjectState` for what a commit keeps of them).
     """
 
     def __init__(self, model: torch.nn.Module | None = None,
