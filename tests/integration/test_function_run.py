@@ -46,8 +46,9 @@ def test_runs_the_function_on_every_rank_and_returns_results_in_rank_order(tmp_p
         folder = tmp_path / "out" / f"rank.{rank}"
         assert f"rank {rank} says hello" in (folder / "stdout").read_text()
         assert f"rank {rank} warns" in (folder / "stderr").read_text()
-    captured = capfd.readouterr()
-    assert "rank 2 says hello" in captured.out and "rank 1 warns" in captured.err
+    captured = capfd.readouterr()  # the console: whole lines, prefixed as horovod.run's
+    assert "[2]<stdout>:rank 2 says hello\n" in captured.out and "[1]<stderr>:rank 1 warns\n" in captured.err
+    assert "[0]<stdout>:" not in (tmp_path / "out" / "rank.0" / "stdout").read_text()  # files: raw
 
 
 @pytest.mark.timeout(60)
@@ -130,3 +131,21 @@ def test_a_failing_rank_raises_runtime_error_naming_it_and_stops_the_others():
     with pytest.raises(RuntimeError, match="(?s)rank 1 of 2 failed: KeyError.*missing 42"):
         accord.run(fail_on_rank_1, num_proc=2)
     assert time.monotonic() - start < 40  # rank 0's 60 s sleep was cut short
+
+
+def many_lines():
+    for i in range(200):
+        print(f"rank {os.environ['ACCORD_RANK']} line {i}", flush=True)
+
+
+@pytest.mark.timeout(60)
+def test_ranks_lines_are_never_cut_into_each_other(capfd):
+    accord.run(many_lines, num_proc=2)
+    lines = [line for line in capfd.readouterr().out.splitlines() if "line" in line]
+    assert len(lines) == 400
+    for line in lines:  # each line whole, under its own rank's prefix
+        rank = line[1]
+        assert line.startswith(f"[{rank}]<stdout>:rank {rank} line "), line
+        assert line.split(" line ")[1].isdigit(), line
+    assert accord.spawn(many_lines, nprocs=1) == [None]  # spawn: no prefix unless asked
+    assert capfd.readouterr().out.startswith("rank 0 line 0\n")

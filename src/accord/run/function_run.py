@@ -6,7 +6,9 @@ Same signature and meaning as horovod.run (Horovod 0.28): ``func(*args, **kwargs
 and ``max_np`` are the deprecated spellings; ``hosts`` and ``hostfile`` together, or
 ``use_gloo`` and ``use_mpi`` together, raise ValueError. The workers are :func:`accord.spawn`'s:
 a function they cannot import (a notebook's, a lambda) is sent by value with cloudpickle, as
-horovod.run sends every function. ``output_filename`` writes ``rank.N/stdout`` and ``stderr`` as accordrun's flag does.
+horovod.run sends every function. Worker lines reach the console prefixed ``[rank]<stdout>:``
+as horovod.run forwards them; ``output_filename`` also writes ``rank.N/stdout`` and ``stderr``
+as accordrun's flag does.
 
 Only this host: ``hosts``/``hostfile`` may name it (``localhost:4``) and bound the workers to
 its slots. Another host, elastic settings (``min_num_proc``, ``max_num_proc``, ``reset_limit``,
@@ -85,7 +87,7 @@ def run(
     if num_proc < 1:
         raise ConfigError(with_hint(f"accord.run needs num_proc >= 1, got {num_proc}", "pass num_proc=2"))
     _check_hosts(_host_list(hosts, hostfile), num_proc)
-    options: dict[str, Any] = {}
+    options: dict[str, Any] = {"prefix_output": True}  # horovod.run's [rank]<stdout>: lines
     if output_filename is not None:
         options["output_filename"] = output_filename
     from accord.run.spawn import spawn

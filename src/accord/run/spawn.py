@@ -32,26 +32,30 @@ from accord import config
 from accord.errors import ConfigError, WorkerFailedError, with_hint
 from accord.run import job_store
 from accord.run.assignment import assign_slots
+from accord.run.console_tee import ConsoleTee
 from accord.run.failures import describe_returncode, exit_status
 from accord.run.function_payload import function_payload
 from accord.run.hosts import HostSlots
-from accord.run.rank_files import ConsoleTee, rank_dirname
+from accord.run.rank_files import rank_dirname
 from accord.run.supervisor import Member, ProcessHandle, Supervisor
 from accord.run.tuning import BY_NAME as TUNING_OPTIONS
 from accord.run.tuning import make_tuning
 from accord.run.worker_env import SECRET_VAR, JobEnv, worker_env
 
-_OTHER_OPTIONS = ("grace_period", "env", "devices", "output_filename")
+_OTHER_OPTIONS = ("grace_period", "env", "devices", "output_filename", "prefix_output")
 
 
-def _worker_main(rank: int, conn: Any, payload: bytes, env: dict[str, str], output_folder: str | None) -> None:
+def _worker_main(rank: int, conn: Any, payload: bytes, env: dict[str, str], output_folder: str | None,
+                 prefix_output: bool) -> None:
     """Entry point of one worker process."""
     try:
         os.setsid()  # one process group per worker: the parent stops its whole tree at once
     except OSError:
         pass
     config.set_variables(env)  # again here: a forkserver child did not inherit the parent's env
-    tee = ConsoleTee(output_folder) if output_folder is not None else None
+    tee = None
+    if output_folder is not None or prefix_output:
+        tee = ConsoleTee(output_folder, rank if prefix_output else None)
     code = 0
     try:
         fn, args = pickle.loads(payload)
@@ -231,7 +235,8 @@ def spawn(
             (:mod:`accord.run.function_payload`).
         options: ``grace_period`` (s), ``env`` (extra variables), ``devices`` (one per worker),
             ``output_filename`` (a folder: each worker's stdout and stderr are also written to
-            ``rank.N/stdout`` and ``rank.N/stderr`` there, as accordrun's flag), and the tuning
+            ``rank.N/stdout`` and ``rank.N/stderr`` there, as accordrun's flag), ``prefix_output``
+            (True: each worker's console lines start ``[rank]<stdout>:``), and the tuning
             flags of accordrun with underscores (``fusion_threshold_mb``, ...).
 
     Raises:
@@ -262,7 +267,8 @@ def spawn(
             env[SECRET_VAR] = secret.hex()
             reader, writer = ctx.Pipe(duplex=False)
             folder = None if output_dir is None else os.path.join(output_dir, rank_dirname(slot.rank, n))
-            proc = ctx.Process(target=_worker_main, args=(slot.rank, writer, payload, env, folder),
+            proc = ctx.Process(target=_worker_main, args=(slot.rank, writer, payload, env, folder,
+                                                          bool(options.get("prefix_output"))),
                                name=f"accord-spawn-{slot.rank}", daemon=daemon)
             # set for the start only: a "spawn" child reads its environment before our code runs
             config.set_variables(env)
