@@ -185,7 +185,8 @@ class ElasticDriver:
         usable = usable_hosts(self.discovered, self.blacklist.blocked(now))
         slots = self._wait.slots(usable)
         if slots is not None:
-            if not self._first_hosts_copied([s.hostname for s in slots]):
+            hosts = [s.hostname for s in slots]
+            if self.copies is not None and not self.copies.first_hosts_ready(hosts, self._announce_copies):
                 return False  # the wait is over: no timeout while the copies run
             self._say(self._wait.starting(now, slots, self.discovered))
             self._wait = None
@@ -198,43 +199,10 @@ class ElasticDriver:
         return False
 
     # --- --sync-dst-dir: a host's first worker waits for the copy of the working folder ------------
-    def _begin_copies(self, hosts: list[str]) -> None:
-        assert self.copies is not None
-        begun = self.copies.begin(hosts)
+    def _announce_copies(self, begun: list[str]) -> None:
         if begun and self.cfg.verbose:
             self._say(f"elastic: copying the working folder to {', '.join(begun)} (--sync-dst-dir) "
                       "before starting workers there")
-
-    def _first_hosts_copied(self, hosts: list[str]) -> bool:
-        """True once every one of ``hosts`` (the first workers') holds the copy; the copies the
-        others need begin.
-
-        Raises:
-            LaunchError: a copy to one of them failed (the job fails to start, as when a copy at
-                the launch fails).
-        """
-        if self.copies is None:
-            return True
-        self._begin_copies(hosts)
-        for host, error in self.copies.finished():
-            if error is not None and host in hosts:  # another host's is tried again when it is needed
-                raise error
-        return all(self.copies.copied(h) for h in hosts)
-
-    def _copied_hosts(self, usable: list[HostSlots], active: list[tuple[int, str]], now: float
-                      ) -> list[HostSlots]:
-        """The ``usable`` hosts that may get workers now: those holding the copy (or already
-        running workers). Copies begin for the others the plan would give workers; a failed
-        one blacklists its host, as a worker that cannot be started does."""
-        assert self.copies is not None
-        for host, error in self.copies.finished():
-            if error is not None:
-                self._cannot_start(host, error, now)
-        blocked = self.blacklist.blocked(now)
-        usable = [h for h in usable if h.hostname not in blocked]
-        self._begin_copies(plan_changes(usable, active, self.elastic.max_np).start)
-        running = {host for _, host in active}
-        return [h for h in usable if h.hostname in running or self.copies.copied(h.hostname)]
 
     def _cannot_start(self, host: str, exc: LaunchError, now: float) -> None:
         """A worker could not be started on ``host`` (or the copy there failed): warn, blacklist it."""
@@ -327,7 +295,10 @@ class ElasticDriver:
         usable = usable_hosts(self.discovered, self.blacklist.blocked(now))
         active = [(i, w.member.host) for i, w in self._running() if w.leaving_since is None]
         if self.copies is not None:
-            usable = self._copied_hosts(usable, active, now)
+            usable = self.copies.hosts_ready(usable, active, self.elastic.max_np,
+                                             failed=lambda host, exc: self._cannot_start(host, exc, now),
+                                             blocked=lambda: self.blacklist.blocked(now),
+                                             announce=self._announce_copies)
         plan = plan_changes(usable, active, self.elastic.max_np)
         if plan.empty:
             return

@@ -21,7 +21,8 @@ import time
 from typing import Callable, Iterable, Protocol, Sequence
 
 from accord.errors import LaunchError
-from accord.run.hosts import is_local
+from accord.run.elastic_plan import plan_changes
+from accord.run.hosts import HostSlots, is_local
 from accord.run.sync import Copy
 
 
@@ -102,6 +103,38 @@ class HostCopies:
             else:
                 ended.append((host, self._copier.error([failure])))
         return ended
+
+    # --- what the elastic driver asks --------------------------------------------------------
+    def first_hosts_ready(self, hosts: Sequence[str], announce: Callable[[list[str]], None]) -> bool:
+        """True once every one of ``hosts`` (the first workers') holds the copy; the copies they
+        still need begin (``announce`` gets the hosts a copy began for).
+
+        Raises:
+            LaunchError: a copy to one of them failed (the job fails to start, as when a copy at
+                the launch fails).
+        """
+        announce(self.begin(hosts))
+        for host, error in self.finished():
+            if error is not None and host in hosts:  # another host's is tried again when it is needed
+                raise error
+        return all(self.copied(h) for h in hosts)
+
+    def hosts_ready(self, usable: Sequence[HostSlots], active: Sequence[tuple[int, str]], max_np: int | None,
+                    failed: Callable[[str, LaunchError], None], blocked: Callable[[], set[str]],
+                    announce: Callable[[list[str]], None]) -> list[HostSlots]:
+        """The ``usable`` hosts that may get workers now: those holding the copy or already
+        running workers (``active``: ``(id, host)`` of the running ones). Copies begin for the
+        others the plan would give workers; a failed copy goes to ``failed`` (the driver
+        blacklists the host, as for a worker that cannot be started), and ``blocked()`` then
+        names the hosts left out."""
+        for host, error in self.finished():
+            if error is not None:
+                failed(host, error)
+        left_out = blocked()
+        usable = [h for h in usable if h.hostname not in left_out]
+        announce(self.begin(plan_changes(usable, list(active), max_np).start))
+        running = {host for _, host in active}
+        return [h for h in usable if h.hostname in running or self.copied(h.hostname)]
 
     def close(self) -> None:
         """Stop the copies still running (the job is over)."""
