@@ -22,7 +22,7 @@ from accord.run.elastic_plan import Plan, plan_changes, planned_slots, usable_ho
 from accord.run.elastic_store import ElasticStore
 from accord.run.hosts import HostSlots
 from accord.run.job_store import JobStore
-from accord.run.launch_config import config_from_args
+from accord.run.launch_config import config_from_args, describe
 from accord.run.worker_env import elastic_env
 from accord.runtime.topology import topology_from_hostnames
 from accord.worker_contract import (
@@ -529,6 +529,7 @@ def test_a_first_discovery_without_hosts_waits_given_np_and_exits_2_without(tmp_
     # the store listens beyond loopback, as for every discovery job: a host printed later may be
     # another machine; the command is not looked up here, as for remote first hosts
     assert cfg.remote and cfg.command == ("no-such-program", "t.py")
+    assert (describe(cfg)["np"], describe(cfg)["start_np"]) == (0, 2)  # --verbose: what it waits for
     assert main(["--host-discovery-script", "true", "python3", "t.py"]) == 2
     err = capsys.readouterr().err
     assert err.splitlines() == [

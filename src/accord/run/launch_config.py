@@ -359,7 +359,10 @@ def describe(cfg: LaunchConfig) -> dict[str, Any]:
     """A loggable summary (never contains the secret: the config does not hold it)."""
     return {
         "command": list(cfg.command),
+        # an elastic job: the workers it starts with, and the -np it needs first (waiting for
+        # slots when its discovery script showed fewer)
         "np": cfg.num_proc,
+        "start_np": cfg.elastic.start_np if cfg.elastic else None,
         "hosts": [f"{h.hostname}:{h.slots}" for h in cfg.hosts],
         "remote": cfg.remote,
         "grace_period": cfg.grace_period,
