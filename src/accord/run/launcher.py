@@ -147,9 +147,9 @@ class _Job:
         cfg = self.cfg
         address = _advertised_address(cfg)
         if cfg.remote and is_loopback(address) and cfg.elastic is not None and cfg.elastic.discovery_script:
-            self._say(f"warning: workers on hosts the discovery script prints later would be told to reach this "
-                      f"host at {address}, a loopback address; HINT: pass --network-interface NAME (the "
-                      "interface the other hosts reach this one on)")
+            self._say(with_hint(f"warning: workers on hosts the discovery script prints later would be told "
+                                f"to reach this host at {address}, a loopback address",
+                                "pass --network-interface NAME (the interface the other hosts reach this one on)"))
         # an elastic job is remote (cfg.remote) even before its script prints a host: a host
         # printed later, maybe another machine, must reach the store
         bind = "127.0.0.1" if not cfg.remote else (cfg.interface_ip or "0.0.0.0")
