@@ -233,6 +233,10 @@ def _perseus_kvstore(rank, size):
 
     kv = hvd.create("dist_sync_perseus")
     assert (kv.rank, kv.num_workers, kv.local_rank, kv.type) == (rank, size, rank, "dist_sync_perseus")
+    # the name kv.type reports creates accord's store too ('dist' in it, for scripts that check)
+    named = mx.kv.create("dist_sync_accord")
+    assert isinstance(named, hvd.AccordKVStore) and named.type == "dist_sync_accord"
+    assert named.num_workers == size
     assert isinstance(mx.kv.create("accord"), hvd.AccordKVStore)
     kv.init("w", mx.nd.ones(3) * (rank + 10))  # rank 0's value wins
     close(kv.pull("w").asnumpy(), np.full(3, 10))

@@ -40,7 +40,11 @@ from accord.mxnet.bridge import (
 
 # type names -> what ``kv.type`` reports (MXNet's trainer and Module treat 'dist' + '_sync'
 # stores as synchronous multi-worker stores: batch sizes count every worker's samples).
-TYPES = {"accord": "dist_sync_accord", "dist_sync_perseus": "dist_sync_perseus"}
+# 'dist_sync_accord' (what kv.type reports) is a name of its own too: scripts that pass the store's
+# name on (``--kv-store``) and test ``'dist' in name`` (MXNet's and Horovod's fit.py resize the
+# ranks' data iterators then) take it for the distributed store it is.
+TYPES = {"accord": "dist_sync_accord", "dist_sync_accord": "dist_sync_accord",
+         "dist_sync_perseus": "dist_sync_perseus"}
 
 
 def _dense(value: Any) -> Any:
