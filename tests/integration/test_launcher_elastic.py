@@ -2,12 +2,14 @@
 while enough remain; below --min-np the first failure stops the job as usual. With
 --host-discovery-script on this host: a script that fails, hangs or prints garbage is warned
 about and the job keeps its hosts; a job below --min-np fails after --elastic-timeout."""
+import contextlib
 import importlib.util
 import json
 import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -72,6 +74,21 @@ def _wait_text(path: Path, text: str, proc: subprocess.Popen, timeout: float = 6
         assert proc.poll() is None, f"the job ended ({proc.returncode}):\n{path.read_text()[-3000:]}"
         assert time.monotonic() < deadline, f"{text!r} did not appear:\n{path.read_text()[-3000:]}"
         time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def _accordrun_logging_stderr(err_path: Path, *args: str, **env: str) -> Iterator[subprocess.Popen]:
+    """accordrun with ``args``, its stderr in ``err_path`` (read while it runs), stdout piped;
+    killed on the way out if it still runs."""
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen([lib.PYTHON, "-m", "accord.run", *args], stdout=subprocess.PIPE, stderr=err,
+                                text=True, env=lib.cli_env(**env))
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
 
 
 def _logged_steps(log_dir: Path) -> int:
@@ -177,23 +194,15 @@ def test_too_few_slots_at_the_start_waits_for_them_then_runs(tmp_path, before):
     discover.write_text(f"if [ -e {marker} ]; then echo localhost:2; else {script}; fi\n")
     err_path = tmp_path / "stderr.txt"
     started = time.monotonic()
-    with open(err_path, "w") as err:
-        proc = subprocess.Popen(
-            [lib.PYTHON, "-m", "accord.run", "-np", "2", "--host-discovery-script", f"sh {discover}",
-             "--discovery-interval", "0.2", "--elastic-timeout", "60", "--grace-period", "1",
-             lib.PYTHON, PARITY, "--steps", "2"], stdout=subprocess.PIPE, stderr=err, text=True,
-            env=lib.cli_env(ACCORD_CPU_BACKEND="gloo"))
-    try:
+    with _accordrun_logging_stderr(err_path, "-np", "2", "--host-discovery-script", f"sh {discover}",
+                                   "--discovery-interval", "0.2", "--elastic-timeout", "60", "--grace-period", "1",
+                                   lib.PYTHON, PARITY, "--steps", "2", ACCORD_CPU_BACKEND="gloo") as proc:
         _wait_text(err_path, f"elastic: the discovery script {waiting}", proc, 15)
         time.sleep(2.0)
         assert proc.poll() is None, err_path.read_text()[-3000:]
         assert "to start after waiting" not in err_path.read_text()  # no worker yet
         marker.touch()
         out, _ = proc.communicate(timeout=25)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     stderr = err_path.read_text()
     assert proc.returncode == 0, stderr[-3000:]
     assert "elastic: 2 workers to start after waiting" in stderr and "(localhost:2)" in stderr
@@ -230,19 +239,12 @@ def test_too_few_slots_until_the_elastic_timeout_fails_the_job(script, waiting, 
 @pytest.mark.timeout(30)
 def test_a_signal_while_waiting_for_slots_exits_130_saying_nothing_had_started(tmp_path):
     err_path = tmp_path / "stderr.txt"
-    with open(err_path, "w") as err:
-        proc = subprocess.Popen(
-            [lib.PYTHON, "-m", "accord.run", "-np", "2", "--host-discovery-script", "echo localhost:1",
-             "--discovery-interval", "0.2", "--elastic-timeout", "60", lib.PYTHON, "-c", "print('WORKER RAN')"],
-            stdout=subprocess.PIPE, stderr=err, text=True, env=lib.cli_env())
-    try:
+    with _accordrun_logging_stderr(err_path, "-np", "2", "--host-discovery-script", "echo localhost:1",
+                                   "--discovery-interval", "0.2", "--elastic-timeout", "60",
+                                   lib.PYTHON, "-c", "print('WORKER RAN')") as proc:
         _wait_text(err_path, "fewer than -np 2; waiting up to", proc, 15)
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=15)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     stderr = err_path.read_text()
     assert proc.returncode == 130, stderr[-3000:]
     assert "accordrun: received SIGINT before any worker started" in stderr, stderr[-3000:]

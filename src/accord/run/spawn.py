@@ -26,6 +26,7 @@ import sys
 import time
 import traceback
 import uuid
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from accord import config
@@ -105,19 +106,32 @@ def _default_nprocs() -> int:
     return os.cpu_count() or 1
 
 
-def _split_options(options: Mapping[str, Any]) -> tuple[Any, float, dict[str, str], tuple[str, ...] | None,
-                                                       str | None]:
+@dataclass(frozen=True)
+class _Options:
+    """spawn's keyword options, read and checked once."""
+
+    tuning: Any
+    grace: float
+    extra_env: dict[str, str]
+    devices: tuple[str, ...] | None
+    output_dir: str | None  # absolute
+    prefix_output: bool
+
+
+def _split_options(options: Mapping[str, Any]) -> _Options:
     unknown = sorted(set(options) - set(TUNING_OPTIONS) - set(_OTHER_OPTIONS))
     if unknown:
         raise ConfigError(with_hint(f"accord.spawn got unknown options {unknown}",
                                     f"use some of {sorted([*TUNING_OPTIONS, *_OTHER_OPTIONS])}"))
-    tuning = make_tuning({k: v for k, v in options.items() if k in TUNING_OPTIONS}, "accord.spawn")
-    grace = float(options.get("grace_period", 5.0))
-    extra = {str(k): str(v) for k, v in dict(options.get("env") or {}).items()}
     devices = options.get("devices")
     output = options.get("output_filename")
-    return (tuning, grace, extra, None if devices is None else tuple(str(d) for d in devices),
-            None if output is None else os.path.abspath(os.fspath(output)))
+    return _Options(
+        tuning=make_tuning({k: v for k, v in options.items() if k in TUNING_OPTIONS}, "accord.spawn"),
+        grace=float(options.get("grace_period", 5.0)),
+        extra_env={str(k): str(v) for k, v in dict(options.get("env") or {}).items()},
+        devices=None if devices is None else tuple(str(d) for d in devices),
+        output_dir=None if output is None else os.path.abspath(os.fspath(output)),
+        prefix_output=bool(options.get("prefix_output", False)))
 
 
 class SpawnContext:
@@ -243,12 +257,12 @@ def spawn(
         WorkerFailedError: a worker raised or died (first failure; the others are stopped).
         ConfigError: an unknown option or an invalid ``nprocs``, or ``fn`` cannot be sent.
     """
-    tuning, grace, extra, devices, output_dir = _split_options(options)
+    opts = _split_options(options)
     n = _default_nprocs() if nprocs == -1 else nprocs
     if n < 1:
         raise ConfigError(with_hint(f"accord.spawn needs nprocs >= 1 (or -1), got {nprocs}", "pass nprocs=2"))
-    if devices is not None and len(devices) < n:
-        raise ConfigError(with_hint(f"accord.spawn got {len(devices)} devices for {n} workers",
+    if opts.devices is not None and len(opts.devices) < n:
+        raise ConfigError(with_hint(f"accord.spawn got {len(opts.devices)} devices for {n} workers",
                                     "pass one device per worker, or fewer workers"))
     ctx = mp.get_context(start_method)
     payload = function_payload(fn, args)
@@ -257,18 +271,18 @@ def spawn(
     job = JobEnv(job_id=uuid.uuid4().hex[:12], master_addr="127.0.0.1", master_port=job_store.free_port(),
                  store_addr="127.0.0.1" if store else None, store_port=store.port if store else None)
     environ = config.snapshot()
-    supervisor = Supervisor(grace)
+    supervisor = Supervisor(opts.grace)
     processes, conns = [], []
     try:
         for slot in assign_slots([HostSlots("localhost", n)], n):
-            env = worker_env(slot, job, tuning=tuning, user_env=environ, cpu_count=os.cpu_count() or 1,
-                             devices=devices)
-            env.update(extra)
+            env = worker_env(slot, job, tuning=opts.tuning, user_env=environ, cpu_count=os.cpu_count() or 1,
+                             devices=opts.devices)
+            env.update(opts.extra_env)
             env[SECRET_VAR] = secret.hex()
             reader, writer = ctx.Pipe(duplex=False)
-            folder = None if output_dir is None else os.path.join(output_dir, rank_dirname(slot.rank, n))
+            folder = None if opts.output_dir is None else os.path.join(opts.output_dir, rank_dirname(slot.rank, n))
             proc = ctx.Process(target=_worker_main, args=(slot.rank, writer, payload, env, folder,
-                                                          bool(options.get("prefix_output"))),
+                                                          opts.prefix_output),
                                name=f"accord-spawn-{slot.rank}", daemon=daemon)
             # set for the start only: a "spawn" child reads its environment before our code runs
             config.set_variables(env)
