@@ -38,9 +38,13 @@ the server sees its first frame, so a peer must first pass ZeroMQ's PLAIN handsh
 password :func:`connect_password` (derived from the secret and the server's token): the server
 answers ZeroMQ's authentication requests (ZAP) itself and refuses every other peer before it
 can send a single message. And no frame may exceed :func:`frame_limit` (ZMQ_MAXMSGSIZE, checked
-on the announced length before the frame is buffered; the peer is dropped). PLAIN sends the
-password in clear: a peer that can read the job's traffic on the wire may learn it and then make
-a server buffer messages (each frame bounded) but still not get one past the MACs.
+on the announced length before the frame is buffered; the peer is dropped). That limit covers
+the PLAIN handshake command too, which ZeroMQ reads before asking the server: a stranger can make
+a server hold up to one frame per connection until the handshake timeout
+(:class:`~accord.kvstore.server_socket.ParameterServer`). PLAIN sends the password in clear: a
+peer that can read the job's traffic on the wire may learn it and then make a server buffer
+messages (each frame bounded) but still not get one past the MACs. After the tags, a header
+nested deeper than :data:`MAX_HEADER_DEPTH` is refused (the JSON codec recurses).
 
 A job on a network it trusts, like the one Gloo and NCCL need for their unauthenticated data
 plane, may set ACCORD_KVSTORE_PAYLOAD_MAC=0 on every process: messages then carry no payload tag
@@ -75,6 +79,10 @@ TO_SERVER = b"W"
 TO_WORKER = b"S"
 REFUSED = b"accord-kvstore-refused"
 MAX_HEADER = 64 * 1024
+# Deepest nesting of lists and objects a header may have (real ones nest 4 deep: entries of
+# set_states). Python's JSON codec recurses, so a deeper header could exhaust the stack when it
+# is decoded or when an answer echoes part of it back.
+MAX_HEADER_DEPTH = 16
 MAX_PAYLOADS = 1 << 16
 MAX_ITEMSIZE = 16  # the widest number type a payload may hold (float128)
 NONCE_BYTES, HEADER_TAG_BYTES, PAYLOAD_TAG_BYTES = 16, 32, 16
@@ -212,7 +220,7 @@ def open_message(secret: bytes, direction: bytes, frames: Sequence[Any],
         AuthenticationError: a tag does not match (wrong secret, tampering, reflection, swapped
             or reordered payloads, a different ACCORD_KVSTORE_PAYLOAD_MAC at the sender).
         ProtocolError: too few/many frames, an oversized header, or a header that is not a JSON
-            object (checked only after the tags).
+            object or nests deeper than MAX_HEADER_DEPTH (checked only after the tags).
         ConfigError: ``payload_mac`` is on and ``cryptography`` is missing.
     """
     if len(frames) < 2 or len(frames) > 2 + MAX_PAYLOADS:
@@ -237,9 +245,32 @@ def open_message(secret: bytes, direction: bytes, frames: Sequence[Any],
         decoded = json.loads(data)
     except ValueError as exc:
         raise ProtocolError(f"kvstore message header is not JSON: {exc}") from None
+    except RecursionError:  # nested too deeply for the decoder itself
+        raise _too_deep(data) from None
+    # The brackets bound the depth from above: only a header with many of them is walked.
+    if data.count(b"[") + data.count(b"{") > MAX_HEADER_DEPTH and _nests_deeper(decoded, MAX_HEADER_DEPTH):
+        raise _too_deep(data)
     if not isinstance(decoded, dict):
         raise ProtocolError(f"kvstore message header is a {type(decoded).__name__}, not an object")
     return decoded, payloads
+
+
+def _too_deep(data: bytes) -> ProtocolError:
+    return ProtocolError(f"a kvstore message header ({len(data)} bytes) nests lists or objects "
+                         f"deeper than {MAX_HEADER_DEPTH} levels")
+
+
+def _nests_deeper(value: Any, limit: int) -> bool:
+    """Whether ``value`` (decoded JSON) nests lists or objects more than ``limit`` levels deep;
+    iterative, so that the check itself cannot exhaust the stack."""
+    stack = [(value, 1)] if isinstance(value, (dict, list)) else []
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False
 
 
 def load_secret() -> bytes:

@@ -54,7 +54,7 @@ from accord.kvstore.discovery import (
     store_address,
     store_bind,
 )
-from accord.kvstore.server_memory import retain_freed_memory
+from accord.kvstore.server_memory import raise_open_file_limit, retain_freed_memory
 from accord.kvstore.server_socket import ParameterServer
 
 log = logging.getLogger("accord.kvstore")
@@ -119,6 +119,7 @@ def _serve(secret: bytes, workers: int, verbose: int) -> int:
     if config.get("ACCORD_KVSTORE_PAYLOAD_MAC"):
         protocol.require_payload_mac()  # fail at start, not at the first message
     retain_freed_memory()  # process wide, so here in the server process, not in ServerCore
+    raise_open_file_limit()  # strangers' connections must not use up the descriptors
     host, port = store_address()
     conn = StoreConnection(host, port, secret, timeout=float(config.get("ACCORD_START_TIMEOUT")))
     server = None

@@ -23,10 +23,11 @@ no push is copied just to be added. A server asks glibc to keep freed message bu
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -134,7 +135,7 @@ class ServerCore:
 
     def handle(self, peer: Any, header: dict, payloads: list) -> None:
         """Handle one authenticated request (answers now, later, or with an error)."""
-        try:
+        with self._answering_errors(peer, header):
             op = header.get("op")
             handler = self._handlers.get(op) if isinstance(op, str) else None
             if handler is None:
@@ -145,6 +146,13 @@ class ServerCore:
                     f"the worker counts {nw} workers but this server was started for "
                     f"{self.num_workers}; check ACCORD_NUM_WORKERS/DMLC_NUM_WORKER")
             handler(peer, header, payloads)
+
+    @contextlib.contextmanager
+    def _answering_errors(self, peer: Any, header: dict) -> Iterator[None]:
+        """Answer the request with an error when the block raises: an authenticated request
+        never ends the server, and each gets exactly one answer (a sync round's backlog too)."""
+        try:
+            yield
         except RequestError as exc:
             self.error(peer, header, str(exc))
         except Exception as exc:  # noqa: BLE001 - an authenticated request never ends the server
@@ -301,6 +309,30 @@ class ServerCore:
             self._complete(space, entry, header["key"])
 
     def _complete(self, space: _Space, entry: _Entry, key: str) -> None:
+        """End a round: store its value, answer its pushes and pulls, then start the next round
+        with the backlog. A round whose value cannot be applied still ends (every request of it
+        gets the error), so that the key is not stuck forever."""
+        acks, pulls, backlog = entry.acks, entry.pulls, entry.backlog
+        entry.contributors, entry.acks, entry.pulls, entry.backlog = set(), [], [], []
+        try:
+            self._apply_round(space, entry, key)
+        except Exception as exc:  # noqa: BLE001 - e.g. an optimizer that cannot update this dtype
+            message = (f"the dist_sync round of key {_show(key)} ({entry.stored.array.dtype}, "
+                       f"{entry.size} elements) could not be applied: {exc!r}")
+            log.warning("server %d: %s", self.server_id, message)
+            for peer, header in acks + pulls:
+                self.error(peer, header, message)
+        else:
+            for peer, header in acks:
+                self.ok(peer, header)
+            for peer, header in pulls:
+                self._send_value(peer, header, entry)
+        for peer, header, payloads in backlog:  # the next round, in arrival order
+            with self._answering_errors(peer, header):
+                self._sync_message(space, entry, peer, header, payloads)
+
+    def _apply_round(self, space: _Space, entry: _Entry, key: str) -> None:
+        """The round's merged value becomes the stored one (mean, or through the optimizer)."""
         merged = entry.merged
         assert merged is not None
         if entry.param_only:
@@ -313,17 +345,6 @@ class ServerCore:
             entry.stored, entry.merged = merged, entry.stored  # the merged value becomes stored
         else:
             space.updater(key, merged.array, entry.stored.writable())
-        acks, pulls, backlog = entry.acks, entry.pulls, entry.backlog
-        entry.contributors, entry.acks, entry.pulls, entry.backlog = set(), [], [], []
-        for peer, header in acks:
-            self.ok(peer, header)
-        for peer, header in pulls:
-            self._send_value(peer, header, entry)
-        for peer, header, payloads in backlog:  # the next round, in arrival order
-            try:
-                self._sync_message(space, entry, peer, header, payloads)
-            except RequestError as exc:
-                self.error(peer, header, str(exc))
 
     def _barrier(self, peer: Any, header: dict, payloads: list) -> None:
         waiting = self._space(header).barriers[int(header["gen"])]

@@ -1,4 +1,5 @@
-"""Process-wide memory tuning for parameter-server processes (glibc's malloc)."""
+"""Process-wide resource tuning for parameter-server processes: glibc's malloc, and the
+open-file limit."""
 from __future__ import annotations
 
 import ctypes
@@ -19,3 +20,27 @@ def retain_freed_memory(keep_bytes: int = 256 << 20) -> bool:
         return False
     # 32 MiB is glibc's largest mmap threshold on 64-bit: smaller blocks come from the heap.
     return bool(mallopt(_M_MMAP_THRESHOLD, 32 << 20)) and bool(mallopt(_M_TRIM_THRESHOLD, keep_bytes))
+
+
+def raise_open_file_limit(ceiling: int = 1 << 20) -> int:
+    """Raise this process's soft limit on open files to its hard limit (at most ``ceiling``);
+    returns the soft limit now in force.
+
+    ZeroMQ accepts every connection and keeps it (a file descriptor) until its handshake
+    passes or times out; the server cannot refuse strangers sooner. With the common soft limit
+    of 1024, about a thousand silent connections would keep the job's workers out meanwhile.
+    Process wide: for parameter-server processes only.
+    """
+    try:
+        import resource
+    except ImportError:  # not a POSIX system
+        return -1
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = ceiling if hard == resource.RLIM_INFINITY else min(hard, ceiling)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+        except (ValueError, OSError):  # the system's own ceiling (nr_open) is lower: keep ours
+            return soft
+        return wanted
+    return soft

@@ -42,10 +42,14 @@ class ParameterServer:
         max_frame: the largest message frame accepted (:func:`protocol.frame_limit`); ZeroMQ
             drops a peer that announces a bigger one before buffering it, so memory stays
             bounded before any MAC is checked.
+        handshake_timeout: seconds a new connection has to pass the PLAIN handshake. ZeroMQ
+            buffers a handshake command of up to ``max_frame`` bytes before asking this server
+            whether the peer may connect, and holds it (and a file descriptor) until then.
     """
 
     def __init__(self, secret: bytes, num_workers: int, server_id: int = 0, verbose: int = 0,
-                 payload_mac: bool = True, max_frame: int = protocol.frame_limit()) -> None:
+                 payload_mac: bool = True, max_frame: int = protocol.frame_limit(),
+                 handshake_timeout: float = 5.0) -> None:
         self._secret = secret
         self._payload_mac = payload_mac
         self.server_id = server_id
@@ -61,6 +65,9 @@ class ParameterServer:
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.MAXMSGSIZE, self.max_frame)
+        # ZeroMQ's default (30 s) lets a stranger hold a partly sent handshake, up to max_frame
+        # bytes, that long; the job's workers pass it within a round trip.
+        self._sock.setsockopt(zmq.HANDSHAKE_IVL, max(1, int(handshake_timeout * 1000)))
         self._sock.setsockopt(zmq.PLAIN_SERVER, 1)
         self._sock.setsockopt(zmq.ZAP_DOMAIN, b"accord-kvstore")
         self._monitor = self._sock.get_monitor_socket(
@@ -144,7 +151,7 @@ class ParameterServer:
                                       b"OK" if ok else b"refused", b"", b""])
 
     def _drain(self) -> None:
-        for _ in range(1000):  # fairness: return to the poll loop now and then
+        for count in range(1, 1001):  # fairness: return to the poll loop now and then
             try:
                 frames = self._sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
             except zmq.Again:
@@ -152,6 +159,10 @@ class ParameterServer:
             self._handle(frames)
             if self.core.stopped:
                 return
+            if count % 16 == 0:
+                # A worker connecting while others keep this loop busy must not wait for the
+                # loop to answer its handshake (the handshake timeout would drop it).
+                self._admit_peers()
 
     def _handle(self, frames: Sequence[Any]) -> None:
         peer, body = frames[0].bytes, frames[1:]

@@ -1,0 +1,222 @@
+"""Parameter servers against hostile input that the older suites did not cover: a key holder's
+deeply nested header, a malformed request waiting in a sync round's backlog, a round whose
+optimizer fails, and a stranger's unfinished ZeroMQ handshake.
+
+The servers run in this process behind their real sockets (or as a bare ServerCore); every test
+takes well under a few seconds."""
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import threading
+import time
+from typing import Any, Iterator
+
+import numpy as np
+import pytest
+import zmq
+
+from accord.kvstore import protocol
+from accord.kvstore.address import Advertised
+from accord.kvstore.connection import ServerConnections
+from accord.kvstore.server_core import ServerCore
+from accord.kvstore.server_socket import ParameterServer
+
+pytestmark = pytest.mark.timeout(30)
+
+SECRET = os.urandom(32)
+SYNC = {"ns": 1, "sync": True, "key": "s:w#0"}
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+@pytest.fixture
+def served() -> Iterator[tuple[ParameterServer, str, threading.Thread]]:
+    """A parameter server for one worker, serving in a thread; stopped and closed afterwards."""
+    server = ParameterServer(SECRET, num_workers=1, handshake_timeout=1.0)
+    endpoint = server.bind("127.0.0.1")
+    thread = threading.Thread(target=server.serve, name="accord-test-hostile-ps", daemon=True)
+    thread.start()
+    yield server, endpoint, thread
+    server.request_stop()
+    thread.join(5)
+    server.close()
+
+
+def _sealed_header(text: bytes) -> list[bytes]:
+    """The frames of a message whose header is ``text``, sealed with the job secret (no payloads)."""
+    nonce = os.urandom(protocol.NONCE_BYTES)
+    ptag = protocol._payload_tag(SECRET, protocol.TO_SERVER, nonce, [])
+    htag = protocol._header_tag(SECRET, protocol.TO_SERVER, True, nonce, ptag, text, [])
+    return [nonce + ptag + htag, text]
+
+
+def _nested(depth: int) -> bytes:
+    return b"[" * depth + b"1" + b"]" * depth
+
+
+def _ping(endpoint: str) -> dict:
+    conns = ServerConnections([endpoint], SECRET, rank=0, num_workers=1, timeout=10)
+    try:
+        ((header, _),) = conns.wait([conns.request(0, "ping", {})[0]], "ping")
+        return header
+    finally:
+        conns.close()
+
+
+class _Answers:
+    """A ServerCore's reply function that records (peer, seq, answer fields)."""
+
+    def __init__(self) -> None:
+        self.got: list[tuple[Any, Any, dict]] = []
+
+    def __call__(self, peer, request, fields, payloads, seal, buf) -> None:
+        self.got.append((peer, request.get("seq"), fields))
+
+    def by_seq(self) -> dict[Any, list[dict]]:
+        out: dict[Any, list[dict]] = {}
+        for _, seq, fields in self.got:
+            out.setdefault(seq, []).append(fields)
+        return out
+
+
+# --- a key holder's deeply nested header ------------------------------------------------------
+
+@pytest.mark.parametrize("header", [
+    _nested(20000),                                        # too deep for the JSON decoder
+    b'{"op":"ping","sid":' + _nested(980) + b'}',          # decodes, but not re-encodable
+    b'{"op":"ping","x":' + _nested(protocol.MAX_HEADER_DEPTH) + b'}',  # one level over the limit
+], ids=["decoder-depth", "echo-depth", "limit+1"])
+def test_a_deeply_nested_header_is_a_protocol_error(header):
+    with pytest.raises(protocol.ProtocolError, match="deeper than 16 levels"):
+        protocol.open_message(SECRET, protocol.TO_SERVER, _sealed_header(header))
+
+
+def test_a_header_as_deep_as_the_limit_still_opens():
+    header = b'{"op":"ping","x":' + _nested(protocol.MAX_HEADER_DEPTH - 1) + b'}'
+    decoded, _ = protocol.open_message(SECRET, protocol.TO_SERVER, _sealed_header(header))
+    assert decoded["op"] == "ping"
+
+
+def test_deeply_nested_headers_do_not_stop_the_parameter_server(served):
+    server, endpoint, thread = served
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.PLAIN_USERNAME, protocol.CONNECT_USER)
+    sock.setsockopt(zmq.PLAIN_PASSWORD, protocol.connect_password(SECRET, Advertised.parse(endpoint).to))
+    try:
+        sock.connect(endpoint.split("|")[0])
+        to = Advertised.parse(endpoint).to.encode()
+        # A sid that decodes but whose echo in the answer would exhaust the encoder's stack.
+        sock.send_multipart(_sealed_header(b'{"op":"nope","to":"' + to + b'","seq":1,"sid":'
+                                           + _nested(980) + b'}'))
+        sock.send_multipart(_sealed_header(_nested(20000)))
+        # A ping on the same socket is handled after both (one connection keeps the order).
+        ping = {"op": "ping", "sid": "s", "seq": 1, "nw": 1, "to": to.decode()}
+        sock.send_multipart(protocol.seal(SECRET, protocol.TO_SERVER, ping))
+        assert sock.poll(10_000), "no answer to a ping sent after the nested headers"
+        answer, _ = protocol.open_message(SECRET, protocol.TO_WORKER, sock.recv_multipart())
+        assert answer["ok"] and answer["seq"] == 1
+        assert thread.is_alive()
+    finally:
+        sock.close(linger=0)
+        ctx.term()
+
+
+# --- sync rounds: every request gets exactly one answer -----------------------------------------
+
+def _sync_core(dtype: str, optimizer: dict | None = None) -> tuple[ServerCore, _Answers]:
+    answers = _Answers()
+    core = ServerCore(2, 0, answers)
+    core.handle("w0", {"op": "init", **SYNC, "dtype": dtype, "n": 4, "seq": "init"},
+                [np.zeros(4, np.dtype(dtype))])
+    if optimizer is not None:
+        core.handle("w0", {"op": "set_optimizer", **SYNC, "optimizer": optimizer, "seq": "opt"}, [])
+    return core, answers
+
+
+def test_a_malformed_push_waiting_for_the_next_round_gets_its_own_error_and_nothing_else():
+    core, answers = _sync_core("<f4")
+    ones = np.ones(4, np.float32)
+    core.handle("w0", {"op": "push", **SYNC, "dtype": "<f4", "rank": 0, "seq": 1}, [ones])
+    # rank 0 again: both wait for the next round, the malformed push first
+    core.handle("w0", {"op": "push", **SYNC, "dtype": "<f4", "rank": 0, "seq": 2}, [b"1234567"])
+    core.handle("w0", {"op": "pull", **SYNC, "rank": 0, "seq": 3}, [])
+    core.handle("w1", {"op": "push", **SYNC, "dtype": "<f4", "rank": 1, "seq": 4}, [ones])
+    got = answers.by_seq()
+    assert [a.get("ok") for a in got[1]] == [True]
+    assert [a.get("ok") for a in got[4]] == [True], got[4]  # once, and not another one's error
+    assert len(got[2]) == 1 and "multiple of element size" in got[2][0]["error"], got.get(2)
+    assert [a.get("ok") for a in got[3]] == [True], got.get(3)  # the pull behind it is answered
+
+
+def test_a_round_whose_optimizer_fails_ends_with_one_error_per_request_and_frees_the_key():
+    # SGD cannot update an integer array in place: the round cannot be applied.
+    core, answers = _sync_core("<i4", {"name": "sgd", "params": {"learning_rate": 0.5}})
+    ones = np.ones(4, np.int32)
+    core.handle("w0", {"op": "push", **SYNC, "dtype": "<i4", "rank": 0, "seq": 1}, [ones])
+    core.handle("w0", {"op": "pull", **SYNC, "rank": 0, "seq": 2}, [])
+    core.handle("w1", {"op": "push", **SYNC, "dtype": "<i4", "rank": 1, "seq": 3}, [ones])
+    got = answers.by_seq()
+    for seq in (1, 2, 3):
+        assert len(got.get(seq, [])) == 1, (seq, got.get(seq))
+        assert "round of key 'w' (int32, 4 elements) could not be applied" in got[seq][0]["error"]
+    # The key is not stuck: the next round collects pushes again and ends (with the same error).
+    core.handle("w0", {"op": "push", **SYNC, "dtype": "<i4", "rank": 0, "seq": 4}, [ones])
+    core.handle("w1", {"op": "push", **SYNC, "dtype": "<i4", "rank": 1, "seq": 5}, [ones])
+    got = answers.by_seq()
+    assert [len(got.get(seq, [])) for seq in (4, 5)] == [1, 1], got
+
+
+# --- a stranger's unfinished handshake ---------------------------------------------------------
+
+# A ZMTP 3.0 greeting asking for PLAIN (signature, version, mechanism, as-server flag, filler).
+_GREETING = b"\xff" + bytes(8) + b"\x7f" + bytes([3, 0]) + b"PLAIN".ljust(20, b"\0") + bytes(32)
+
+
+def _unfinished_hello(host: str, port: int, announced: int, sent: int) -> socket.socket:
+    """A connection that announces a PLAIN HELLO command of ``announced`` bytes, sends
+    ``sent`` of them, and stays open."""
+    sock = socket.create_connection((host, port), timeout=5)
+    sock.sendall(_GREETING + b"\x06" + struct.pack("!Q", announced) + b"\x05HELLO"
+                 + bytes(sent - 6))
+    return sock
+
+
+def _seconds_until_closed(sock: socket.socket, limit: float) -> float:
+    started = time.monotonic()
+    sock.settimeout(limit)
+    try:
+        while sock.recv(65536):  # the server's greeting, then nothing until it closes
+            pass
+    except socket.timeout:
+        return float("inf")
+    except ConnectionResetError:
+        pass
+    return time.monotonic() - started
+
+
+def test_a_strangers_unfinished_handshake_is_dropped_after_the_handshake_timeout(served):
+    server, endpoint, thread = served
+    host, port = endpoint.split("|")[0][len("tcp://"):].rsplit(":", 1)
+    strangers = [_unfinished_hello(host, int(port), 4 << 20, 1 << 20) for _ in range(3)]
+    strangers.append(socket.create_connection((host, int(port)), timeout=5))  # silent
+    try:
+        assert _ping(endpoint)["ok"]  # the job's worker meanwhile
+        # handshake_timeout=1.0 here (ZeroMQ's own default would hold them for 30 s)
+        waited = [_seconds_until_closed(s, 6.0) for s in strangers]
+        assert max(waited) < 6.0, f"unauthenticated connections still open: {waited}"
+    finally:
+        for s in strangers:
+            s.close()
+    assert thread.is_alive()
+
+
+def test_the_default_handshake_timeout_is_five_seconds():
+    server = ParameterServer(SECRET, num_workers=1)
+    try:
+        assert server._sock.getsockopt(zmq.HANDSHAKE_IVL) == 5000
+    finally:
+        server.close()
