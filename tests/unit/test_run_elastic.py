@@ -35,6 +35,7 @@ from accord.worker_contract import (
     ELASTIC_UPDATE_KEY,
     ELASTIC_UPDATES_KEY,
 )
+from tests.helpers.elastic_fakes import FakePoller, FakeStore, FakeSupervisor
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -231,57 +232,6 @@ class FakeMember:
     slot: Slot | None = None  # the coordinates it was started with
 
 
-class FakeSupervisor:
-    grace = 1.0
-
-    def __init__(self):
-        self.ended: list[FakeMember] = []
-        self.asked: list[int] = []
-
-    def reap(self):
-        out, self.ended = self.ended, []
-        return out
-
-    def ask_to_stop(self, m):
-        m.stopped = True
-        self.asked.append(m.index)
-
-    def kill_one(self, m):
-        pass
-
-
-class FakeStore(dict):
-    closed = False
-
-    def set(self, key, value):
-        self[key] = value
-
-    def get(self, key, default=None, timeout=None):
-        return self[key] if key in self else default
-
-    def add(self, key, delta):
-        self[key] = int(self.get(key, 0)) + delta
-        return self[key]
-
-    def check(self, keys):
-        return all(k in self for k in keys)
-
-
-class FakePoller:
-    def __init__(self):
-        self.queue = []
-
-    def start(self):
-        return self
-
-    def stop(self):
-        pass
-
-    def results(self):
-        out, self.queue = self.queue, []
-        return out
-
-
 def _driver(tmp_path, hosts="echo h1:2", min_np=2, np=None, **elastic):
     cfg = _cfg(([] if np is None else ["-np", str(np)])
                + ["--host-discovery-script", hosts, "--min-np", str(min_np), "python3", "t.py"], tmp_path)
@@ -417,14 +367,14 @@ def test_changes_before_the_workers_re_form_are_one_reset(tmp_path):
     sup.ended.append(members[3])
     assert not driver.poll()
     assert store[ELASTIC_LEAVING_KEY.format(member=2)] == "1"  # h2's other worker leaves too
-    assert driver.resets == 1 and driver.outcome.error is None
+    assert driver.limits.resets == 1 and driver.outcome.error is None
     _publish(store, 1, [0, 1])  # they re-formed, as workers 0 and 1
     members[2].returncode = 0
     sup.ended.append(members[2])
     assert not driver.poll() and driver.outcome.removed == [2]
     members[1].returncode = 1  # a second failure needs a second re-formation: over the limit
     sup.ended.append(members[1])
-    assert driver.poll() and driver.resets == 2 and "--reset-limit 1" in driver.outcome.error
+    assert driver.poll() and driver.limits.resets == 2 and "--reset-limit 1" in driver.outcome.error
 
 
 def test_driver_on_fixed_hosts_blacklists_a_failing_host_and_never_polls(tmp_path):

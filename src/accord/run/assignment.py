@@ -12,6 +12,11 @@ from typing import Sequence
 from accord.errors import ConfigError, with_hint
 from accord.run.hosts import HostSlots
 
+# The most workers (or servers) one job may have: far above any real job (the largest Horovod
+# jobs had tens of thousands of ranks), low enough that a mistyped count such as -np 10000000000
+# is refused at once instead of filling the memory with slots or starting millions of processes.
+MAX_WORKERS = 1 << 20
+
 
 @dataclass(frozen=True)
 class Slot:
@@ -33,11 +38,12 @@ def assign_slots(hosts: Sequence[HostSlots], num_proc: int) -> list[Slot]:
     Example: hosts a:2, b:2 and 3 ranks -> rank 0 a/local 0, rank 1 a/local 1, rank 2 b/local 0.
 
     Raises:
-        ConfigError: ``num_proc`` < 1, no hosts, or more ranks than slots.
+        ConfigError: ``num_proc`` < 1 or above :data:`MAX_WORKERS`, no hosts, or more ranks than slots.
     """
     total = sum(h.slots for h in hosts)
     if num_proc < 1:
         raise ConfigError(with_hint(f"-np must be at least 1, got {num_proc}", "pass -np N with N >= 1"))
+    check_count(num_proc, "the number of workers (-np, or the slots of the hosts)")
     if not hosts:
         raise ConfigError(with_hint("no hosts to run on", "pass -H host:slots or --hostfile FILE"))
     if num_proc > total:
@@ -79,3 +85,14 @@ def assign_slots(hosts: Sequence[HostSlots], num_proc: int) -> list[Slot]:
 def hosts_of(slots: Sequence[Slot]) -> list[str]:
     """The distinct host names of a job, in host order."""
     return list(dict.fromkeys(s.hostname for s in slots))
+
+
+def check_count(count: int, what: str) -> None:
+    """Refuse a worker or server count above :data:`MAX_WORKERS` (``what`` names it).
+
+    Raises:
+        ConfigError: naming ``what``, the count and the limit, with a HINT.
+    """
+    if count > MAX_WORKERS:
+        raise ConfigError(with_hint(f"{what} is {count}, more than the {MAX_WORKERS} accordrun starts",
+                                    "check the count for a typo (a few extra digits?)"))

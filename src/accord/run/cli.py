@@ -155,6 +155,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         return launch(cfg)
+    except ConfigError as exc:  # found once the job began, before any worker started
+        sys.stderr.write(f"accordrun: error: {exc}\n")
+        return 2
     except LaunchError as exc:
         sys.stderr.write(f"accordrun: error: {exc}\n")
         return 1

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from accord.errors import ConfigError, LaunchError, with_hint
+from accord.run.assignment import MAX_WORKERS
 from accord.run.hosts import HostSlots, _check_name
 
 _STDERR_TAIL = 400  # characters of the script's stderr quoted in a warning
@@ -61,8 +62,8 @@ def parse_discovery_output(text: str, default_slots: int | None, script: str) ->
             slots = int(slots_text.strip())
         except ValueError:
             slots = 0
-        if slots <= 0:
-            raise DiscoveryError(_garbage(script, where, "slots must be a positive integer"))
+        if not 0 < slots <= MAX_WORKERS:  # a huge count would be planned as that many workers
+            raise DiscoveryError(_garbage(script, where, f"slots must be a positive integer (at most {MAX_WORKERS})"))
         found[host] = slots
     return [HostSlots(h, s) for h, s in found.items()]
 

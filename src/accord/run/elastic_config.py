@@ -102,7 +102,9 @@ def elastic_from_args(ns: argparse.Namespace, hosts: Sequence[HostSlots] | None 
     if script is None:
         fixed = ns.min_np is not None and hosts is not None and len({h.hostname for h in hosts}) >= 2
         discovery_only = (("--slots-per-host", ns.slots_per_host), ("--discovery-interval", ns.discovery_interval))
-        limits = (("--reset-limit", ns.reset_limit), ("--blacklist-cooldown-range", ns.blacklist_cooldown_range))
+        # only the elastic driver uses these (on one host --min-np just leaves failed workers out)
+        limits = (("--elastic-timeout", ns.elastic_timeout), ("--reset-limit", ns.reset_limit),
+                  ("--blacklist-cooldown-range", ns.blacklist_cooldown_range))
         extra = [flag for flag, value in discovery_only + (() if fixed else limits) if value is not None]
         if extra:
             raise ConfigError(with_hint(

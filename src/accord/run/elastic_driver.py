@@ -9,8 +9,10 @@ hosts it prints (:func:`accord.run.elastic_plan.plan_changes`):
   have printed no host, then ``cfg.slots`` is empty), none start yet: the driver says
   so once, runs the script every interval and starts them once enough slots are usable, or
   fails the job after ``--elastic-timeout`` (:mod:`accord.run.elastic_start`; horovodrun's
-  ``wait_for_available_slots(num_proc)``).
-- **growth**: free slots on usable hosts get new workers (up to ``--max-np``). A new worker
+  ``wait_for_available_slots(num_proc)``). Those slots get the command line's ``--gpus`` check
+  before any worker starts (too few devices for a host's workers: ConfigError, exit 2).
+- **growth**: free slots on usable hosts get new workers (up to ``--max-np``; with ``--gpus``,
+  at most one worker per device listed on each host, said once for a host with more slots). A new worker
   starts with ``ACCORD_ELASTIC_JOIN=1``; its ``init()`` registers it in the store and tells the
   running workers (:mod:`accord.runtime.admission`), who see ``HostsUpdatedInterrupt`` at their
   next ``state.commit()`` and re-form with it (:mod:`accord.torch.elastic.reform`). Its
@@ -56,6 +58,7 @@ from accord.run.assignment import Slot
 from accord.run.blacklist import Blacklist
 from accord.run.discovery import DiscoveryPoller, run_discovery
 from accord.run.elastic_config import ElasticConfig
+from accord.run.elastic_limits import JobLimits
 from accord.run.elastic_plan import plan_changes, planned_slots, usable_hosts
 from accord.run.elastic_start import StartWait
 from accord.run.elastic_store import ElasticStore
@@ -63,6 +66,7 @@ from accord.run.elastic_sync import HostCopies
 from accord.run.failures import describe_returncode
 from accord.run.hosts import HostSlots
 from accord.run.supervisor import Member, Supervisor
+from accord.run.worker_env import check_devices
 
 _LEAVE_GRACE = 30.0  # seconds a leaving worker has to reach its next commit and exit
 _WARN_EVERY = 30.0  # the same discovery error is repeated at most this often
@@ -121,13 +125,12 @@ class ElasticDriver:
         self.discovered: list[HostSlots] = list(cfg.hosts)
         self.workers: dict[int, Worker] = {}
         self.next_id = 0
-        self.resets = 0
-        self._reset_at: int | None = None  # the workers' re-formation count when resets last grew
+        self.limits = JobLimits(elastic, cfg.min_np or 1, say)
         self.outcome = Outcome()
         self._finishing = False
-        self._below_since: float | None = None
         self._wait: StartWait | None = None  # while waiting for -np slots to start on
         self._warned: dict[str, float] = {}
+        self._capped: set[str] = set()  # hosts said to have more slots than --gpus devices
         script = elastic.discovery_script
         self._poller = None if script is None else DiscoveryPoller(
             lambda: run_discovery(script, elastic.slots_per_host, elastic.script_timeout, cwd=cfg.cwd),
@@ -185,6 +188,9 @@ class ElasticDriver:
         usable = usable_hosts(self.discovered, self.blacklist.blocked(now))
         slots = self._wait.slots(usable)
         if slots is not None:
+            # The command line's check of --gpus against the first workers' hosts, which the
+            # script's first run did not print: nothing has started, so it is still exit 2.
+            check_devices(self.cfg.devices, slots)
             hosts = [s.hostname for s in slots]
             if self.copies is not None and not self.copies.first_hosts_ready(hosts, self._announce_copies):
                 return False  # the wait is over: no timeout while the copies run
@@ -263,7 +269,7 @@ class ElasticDriver:
             return
         failure = self._failure(m)
         until = self.blacklist.add(m.host, now)
-        self._count_reset()
+        self.limits.count_reset(self.store.reformations())
         alive = len([1 for _, x in self._running() if x.leaving_since is None])
         self._say(f"elastic: worker {m.index} on {m.host} ended ({describe_returncode(m.returncode)}); "
                   f"blacklisting {m.host} " + ("for the rest of the job" if until is None else
@@ -292,7 +298,7 @@ class ElasticDriver:
                       f"({', '.join(f'{h.hostname}:{h.slots}' for h in self.discovered) or 'none'})")
 
     def _replan(self, now: float) -> None:
-        usable = usable_hosts(self.discovered, self.blacklist.blocked(now))
+        usable = self._within_devices(usable_hosts(self.discovered, self.blacklist.blocked(now)))
         active = [(i, w.member.host) for i, w in self._running() if w.leaving_since is None]
         if self.copies is not None:
             usable = self.copies.hosts_ready(usable, active, self.elastic.max_np,
@@ -302,7 +308,7 @@ class ElasticDriver:
         plan = plan_changes(usable, active, self.elastic.max_np)
         if plan.empty:
             return
-        self._count_reset()
+        self.limits.count_reset(self.store.reformations())
         if plan.remove:
             self._say(f"elastic: hosts left the job: stopping workers {plan.remove} on "
                       f"{sorted({self.workers[i].member.host for i in plan.remove})}")
@@ -322,6 +328,22 @@ class ElasticDriver:
         if plan.remove:  # announced once the workers this change starts are known in the store
             self.store.announce(self._removal_kind())
 
+    def _within_devices(self, usable: list[HostSlots]) -> list[HostSlots]:
+        """With --gpus, a host runs at most one worker per device listed: a host that shows more
+        slots once the job runs is used up to that (said once per host), where a worker without
+        a device could not be started."""
+        devices = self.cfg.devices
+        if devices is None:
+            return usable
+        for h in usable:
+            if h.slots > len(devices) and h.hostname not in self._capped:
+                self._capped.add(h.hostname)
+                self._say(with_hint(
+                    f"warning: {h.hostname} has {h.slots} slots but --gpus/--devices lists "
+                    f"{len(devices)} device(s): using {len(devices)} of them",
+                    "list a device for every slot with --gpus, or print fewer slots for that host"))
+        return [HostSlots(h.hostname, min(h.slots, len(devices))) for h in usable]
+
     def _removal_kind(self) -> str:
         """How to announce a removal: "added" when the re-formation it triggers takes in new
         workers too (Horovod's added|removed), as a worker told of a removal only skips the
@@ -340,14 +362,6 @@ class ElasticDriver:
         waiting = sorted(i for i in alive - set(order) if self.workers[i].joining)
         return [m for m in order if m in alive], waiting
 
-    def _count_reset(self) -> None:
-        """Count a change of the workers as a reset, unless the workers have not re-formed
-        since the last one counted: they will take both changes in one re-formation."""
-        formed = self.store.reformations()
-        if self._reset_at is None or formed > self._reset_at:
-            self.resets += 1
-            self._reset_at = formed
-
     def _stop_overdue(self, now: float) -> None:
         for _, w in self._running():
             if w.leaving_since is None:
@@ -361,11 +375,8 @@ class ElasticDriver:
                 self.supervisor.kill_one(w.member)
 
     def _check_limits(self, now: float) -> bool:
-        limit = self.elastic.reset_limit
-        if limit is not None and self.resets > limit:
-            self.outcome.error = with_hint(
-                f"error: the job's workers changed {self.resets} times (re-formations), more than "
-                f"--reset-limit {limit}", "raise --reset-limit, or look at why hosts keep changing or failing")
+        self.outcome.error = self.limits.reset_error()
+        if self.outcome.error is not None:
             return True
         if self.outcome.lost and not self._finishing and self._every_host_blacklisted(now):
             # horovodrun stops the job once failures have blacklisted every host it has: no
@@ -373,24 +384,9 @@ class ElasticDriver:
             self._say("elastic: every host of the job is blacklisted after failures; stopping it")
             self.outcome.failures, self.outcome.lost = list(self.outcome.lost), []
             return True
-        alive = len([1 for _, w in self._running() if w.leaving_since is None])
-        min_np = self.cfg.min_np or 1
-        if alive >= min_np or self._finishing:
-            self._below_since = None
+        if self._finishing:
             return False
-        if self._below_since is None:
-            self._below_since = now
-            self._say(f"elastic: {alive} workers, below --min-np {min_np}; waiting up to "
-                      f"--elastic-timeout {self.elastic.elastic_timeout:g}s for hosts")
-        elif now - self._below_since > self.elastic.elastic_timeout:
-            hosts = ", ".join(f"{h.hostname}:{h.slots}" for h in self.discovered) or "none"
-            blocked = sorted(self.blacklist.blocked(now))
-            self.outcome.error = with_hint(
-                f"error: the job stayed below --min-np {min_np} ({alive} workers) for "
-                f"--elastic-timeout {self.elastic.elastic_timeout:g}s; discovered hosts: {hosts}; "
-                f"blacklisted: {blocked or 'none'}",
-                (f"make {self.elastic.discovery_script!r} print more hosts" if self.elastic.discovery_script
-                 else "let blacklisted hosts come back (--blacklist-cooldown-range MIN MAX)")
-                + ", lower --min-np, or raise --elastic-timeout")
-            return True
-        return False
+        alive = len([1 for _, w in self._running() if w.leaving_since is None])
+        self.outcome.error = self.limits.size_error(alive, now, self.discovered,
+                                                    sorted(self.blacklist.blocked(now)))
+        return self.outcome.error is not None

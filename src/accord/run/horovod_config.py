@@ -53,6 +53,9 @@ def _load(path: str) -> dict[str, Any]:
     except OSError as exc:
         raise ConfigError(with_hint(f"--config-file {path!r} cannot be read: {exc.strerror}",
                                     "pass the path of horovodrun's YAML config file")) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(with_hint(f"--config-file {path!r} is not UTF-8 text (byte {exc.start}: {exc.reason})",
+                                    "pass horovodrun's YAML config file")) from None
     except yaml.YAMLError as exc:
         raise ConfigError(with_hint(f"--config-file {path!r} is not valid YAML: {exc}",
                                     "fix the file (horovodrun's format: sections such as params, timeline)")) from None
@@ -69,10 +72,22 @@ def _unset(ns: argparse.Namespace, dest: str | None) -> bool:
     return dest is None or getattr(ns, dest, None) in (None, False)
 
 
+def _quietly_changed(value: Any, kind: Callable[[Any], Any]) -> bool:
+    """True for the values int() and float() would read without an error but wrongly: true as
+    1, 1.5 as 1."""
+    if kind not in (int, float):
+        return False
+    return isinstance(value, bool) or (kind is int and isinstance(value, float) and not value.is_integer())
+
+
 def _read(value: Any, kind: Callable[[Any], Any], where: str) -> Any:
     if kind is bool and not isinstance(value, bool):
         raise ConfigError(with_hint(f"--config-file: {where} must be true or false, got {value!r}",
                                     f"write {where.split('.')[-1]}: true"))
+    if _quietly_changed(value, kind):
+        noun = "whole number" if kind is int else "number"
+        raise ConfigError(with_hint(f"--config-file: {where} must be a {noun}, got {value!r}",
+                                    f"write {where.split('.')[-1]} with a {noun}"))
     try:
         return kind(value)
     except (TypeError, ValueError):
@@ -88,7 +103,7 @@ def apply(ns: argparse.Namespace) -> list[str]:
             the MPI controller (accordrun does not start mpirun).
     """
     path = getattr(ns, "hvd_config_file", None)
-    if not path:
+    if path is None:  # an empty path is refused by _load, as a missing file
         return []
     unknown = []
     for section, settings in _load(path).items():

@@ -155,6 +155,9 @@ def parse_hostfile(path: str) -> list[HostSlots]:
     except OSError as exc:
         raise ConfigError(with_hint(f"--hostfile: cannot read {path!r}: {exc.strerror}",
                                     "pass the path of an existing, readable hostfile")) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(with_hint(f"--hostfile: {path!r} is not UTF-8 text (byte {exc.start}: {exc.reason})",
+                                    "pass a text file with one host per line, e.g. 'node1 slots=4'")) from None
     return parse_hostfile_text(text, source=path)
 
 

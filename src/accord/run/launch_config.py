@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from accord import config
 from accord.errors import ConfigError, LaunchError, with_hint
-from accord.run import elastic_config, exit_release
+from accord.run import elastic_config, exit_release, flag_values, program
 from accord.run import tuning as tuning_table
 from accord.run.assignment import Slot, assign_slots
 from accord.run.hosts import (
@@ -29,7 +28,8 @@ from accord.run.hosts import (
 )
 from accord.run.servers import server_placement
 from accord.run.ssh import SshOptions
-from accord.run.tuning import Tuning, check_number
+from accord.run.tuning import Tuning
+from accord.run.worker_env import check_devices
 
 LOG_LEVELS = tuple(config.LOG_LEVELS)
 DEFAULT_GRACE = 5.0
@@ -84,36 +84,21 @@ class LaunchConfig:
         return exit_release.wrap(self.command) if self.exit_release else self.command
 
     @property
+    def rank_dir_size(self) -> int:
+        """The job size that --output-filename's ``rank.N`` folders are padded for
+        (:func:`accord.run.rank_files.rank_dirname`): the workers, or in an elastic job the most
+        it may grow to, so that its folders keep one width: --max-np, else the most known at
+        the start (the first workers, or -np while it waits for hosts)."""
+        if self.elastic is None:
+            return self.num_proc
+        if self.elastic.max_np is not None:
+            return self.elastic.max_np
+        return max(self.num_proc, self.elastic.start_np or 0)
+
+    @property
     def worker_cwd(self) -> str:
         """Where workers and servers run: the --sync-dst-dir copy, else the launcher's folder."""
         return self.sync_dst_dir or self.cwd
-
-
-def _positive(value: float | None, flag: str, allow_zero: bool = False) -> None:
-    check_number(value, flag, ">=0" if allow_zero else ">0")
-
-
-def _port(value: int | None, flag: str) -> int:
-    if value is None:
-        return 0
-    if not 0 <= value <= 65535:
-        raise ConfigError(with_hint(f"{flag} must be between 0 and 65535, got {value}",
-                                    f"pass {flag} 0 (or leave it out) for a free port"))
-    return value
-
-
-def _count(text: str | None, flag: str) -> int:
-    """A non-negative integer flag given as text (so that "two" and "-1" get a precise HINT)."""
-    if text is None:
-        return 0
-    try:
-        value = int(text.strip())
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ConfigError(with_hint(f"{flag} must be a whole number >= 0, got {text!r}",
-                                    f"pass {flag} 0 (no servers, the default) or a count, e.g. {flag} 2"))
-    return value
 
 
 def _hosts(ns: argparse.Namespace) -> list[HostSlots] | None:
@@ -121,6 +106,7 @@ def _hosts(ns: argparse.Namespace) -> list[HostSlots] | None:
              if value is not None]
     if len(given) > 1:
         raise ConfigError(with_hint(f"{' and '.join(given)} both name hosts", "use only one way of naming hosts"))
+    _check_nproc_per_node(ns, given)
     if ns.hosts is not None:
         return parse_hosts(ns.hosts)
     if ns.hostfile is not None:
@@ -129,20 +115,28 @@ def _hosts(ns: argparse.Namespace) -> list[HostSlots] | None:
         if ns.nproc_per_node is None:
             raise ConfigError(with_hint("--ips needs --nproc-per-node", "pass --ips a,b --nproc-per-node K"))
         return parse_ips(ns.ips, ns.nproc_per_node)
+    if ns.nproc_per_node is not None:  # alone: this host's slots, as --ips gives each address
+        return [HostSlots("localhost", ns.nproc_per_node)]
     return None
 
 
-def _command(ns: argparse.Namespace, environ: Mapping[str, str], all_local: bool) -> tuple[str, ...]:
-    command = list(ns.command)
-    if command and command[0] == "--":
-        command = command[1:]
-    if not command:
-        raise ConfigError(with_hint("no command to run", "append the command, e.g. accordrun -np 2 python train.py"))
-    exe = command[0]
-    if all_local and os.sep not in exe and shutil.which(exe, path=environ.get("PATH")) is None:
-        raise ConfigError(with_hint(f"command {exe!r} not found on PATH",
-                                    "check the spelling, or give the program's full path"))
-    return tuple(command)
+def _check_nproc_per_node(ns: argparse.Namespace, given: list[str]) -> None:
+    """--nproc-per-node is the slots of each --ips address, or alone of this host; -H, --hostfile
+    and a discovery script give every host's slots themselves, so there it would be ignored."""
+    if ns.nproc_per_node is None:
+        return
+    if ns.nproc_per_node < 1:
+        raise ConfigError(with_hint(f"--nproc-per-node must be at least 1, got {ns.nproc_per_node}",
+                                    "pass --nproc-per-node K with K >= 1"))
+    others = [flag for flag in given if flag != "--ips"]
+    if ns.host_discovery_script is not None:
+        others.append("--host-discovery-script")
+    if others:
+        raise ConfigError(with_hint(
+            f"--nproc-per-node {ns.nproc_per_node} cannot be used with {' and '.join(others)}, which give "
+            "every host's slots themselves",
+            f"drop --nproc-per-node and give the slots there (e.g. -H node1:{ns.nproc_per_node}), or "
+            "use --ips a,b --nproc-per-node K"))
 
 
 def _elastic(ns: argparse.Namespace, num_proc: int, hosts: list[HostSlots],
@@ -203,8 +197,6 @@ def _workers(ns: argparse.Namespace, given: list[HostSlots] | None,
         total = sum(h.slots for h in hosts)
         num_proc = min(total, ns.max_np) if ns.max_np is not None else total
     if hosts is None:
-        if num_proc is None and ns.nproc_per_node is not None:
-            num_proc = ns.nproc_per_node
         if num_proc is None:
             raise ConfigError(with_hint("the number of workers is not given",
                                         "pass -np N (and -H host:slots,... for several hosts)"))
@@ -216,13 +208,9 @@ def _workers(ns: argparse.Namespace, given: list[HostSlots] | None,
 
 def _devices(ns: argparse.Namespace, slots: tuple[Slot, ...]) -> tuple[str, ...] | None:
     devices = parse_devices(ns.devices) if ns.devices is not None else None
-    if devices is not None:
-        most = max((s.local_size for s in slots), default=0)  # no slot yet: an elastic job that waits
-        if most > len(devices):
-            raise ConfigError(with_hint(
-                f"--gpus/--devices lists {len(devices)} device(s) but a host runs {most} workers",
-                f"list at least {most} devices, or lower the workers per host",
-            ))
+    # No slot yet (an elastic job waiting for hosts): the elastic driver checks the first
+    # workers' slots once the discovery script printed them, before it starts any.
+    check_devices(devices, slots)
     return devices
 
 
@@ -238,7 +226,7 @@ def _ssh(ns: argparse.Namespace) -> SshOptions:
     if ns.ssh_identity_file is not None and not os.path.isfile(ns.ssh_identity_file):
         raise ConfigError(with_hint(f"-i/--ssh-identity-file {ns.ssh_identity_file!r} does not exist",
                                     "pass the path of your private key, e.g. ~/.ssh/id_ed25519"))
-    return SshOptions(port=_port(ns.ssh_port, "-p/--ssh-port") or None, identity_file=ns.ssh_identity_file,
+    return SshOptions(port=flag_values.port(ns.ssh_port, "-p/--ssh-port") or None, identity_file=ns.ssh_identity_file,
                       strict_host_key_checking=ns.ssh_strict_host_key_checking)
 
 
@@ -256,7 +244,7 @@ def _interface(ns: argparse.Namespace, environ: Mapping[str, str]) -> tuple[str 
 def _servers(ns: argparse.Namespace, num_proc: int, slots: tuple[Slot, ...]) -> tuple[str, int, tuple[str, ...]]:
     """Whose servers (--ps), how many and on which hosts."""
     ps = getattr(ns, "ps", None) or "accord"
-    num_servers = _count(ns.num_servers, "--num-servers")
+    num_servers = flag_values.count(ns.num_servers, "--num-servers")
     if ps == "mxnet":
         if ns.num_servers is None:
             num_servers = num_proc  # as MXNet's tools/launch.py: -s defaults to -n
@@ -274,7 +262,7 @@ def _no_servers_when_elastic(ns: argparse.Namespace, elastic: elastic_config.Ela
         return
     servers = [flag for flag, given in (("--ps mxnet", getattr(ns, "ps", None) == "mxnet"),
                                         (f"--num-servers {ns.num_servers}",
-                                         _count(ns.num_servers, "--num-servers") > 0)) if given]
+                                         flag_values.count(ns.num_servers, "--num-servers") > 0)) if given]
     if servers:
         kind = ("--host-discovery-script" if elastic.discovery_script else
                 "--min-np with -H/--hostfile/--ips naming two or more hosts")
@@ -310,6 +298,8 @@ def config_from_args(ns: argparse.Namespace, environ: Mapping[str, str], cwd: st
     Raises:
         ConfigError: anything unusable, with a HINT.
     """
+    flag_values.no_empty_values(ns)
+    workdir = cwd or os.getcwd()
     given = _hosts(ns)
     elastic = elastic_config.elastic_from_args(ns, given)
     _no_servers_when_elastic(ns, elastic)  # before the discovery script's first run
@@ -318,7 +308,7 @@ def config_from_args(ns: argparse.Namespace, environ: Mapping[str, str], cwd: st
     devices = _devices(ns, slots)
     # an elastic job that waits for -np slots starts with that many workers at least
     ranks_filter = _ranks_filter(ns, max(num_proc, elastic.start_np or 0) if elastic else num_proc)
-    _positive(ns.grace_period, "--grace-period", allow_zero=True)
+    flag_values.positive(ns.grace_period, "--grace-period", allow_zero=True)
     ssh = _ssh(ns)
     interface, interface_ip = _interface(ns, environ)
     tuning = _tuning(ns, environ, interface)
@@ -326,11 +316,11 @@ def config_from_args(ns: argparse.Namespace, environ: Mapping[str, str], cwd: st
     return LaunchConfig(
         # no slot yet (a discovery script that printed no host): the hosts to come may be remote,
         # where the command need not be on this host's PATH
-        command=_command(ns, environ, bool(slots) and all(is_local(s.hostname) for s in slots)),
+        command=program.worker_command(ns, environ, bool(slots) and all(is_local(s.hostname) for s in slots), workdir),
         num_proc=num_proc,
         hosts=tuple(hosts),
         slots=slots,
-        cwd=cwd or os.getcwd(),
+        cwd=workdir,
         devices=devices,
         start_timeout=ns.start_timeout,
         grace_period=DEFAULT_GRACE if ns.grace_period is None else ns.grace_period,
@@ -340,9 +330,9 @@ def config_from_args(ns: argparse.Namespace, environ: Mapping[str, str], cwd: st
         prefix_timestamp=ns.prefix_timestamp,
         ranks_filter=ranks_filter,
         tuning=tuning,
-        store_port=_port(ns.store_port, "--store-port"),
+        store_port=flag_values.port(ns.store_port, "--store-port"),
         master_addr=ns.master_addr,
-        master_port=_port(ns.master_port, "--master-port"),
+        master_port=flag_values.port(ns.master_port, "--master-port"),
         interface_ip=interface_ip,
         verbose=tuning.verbose > 0,
         num_servers=num_servers,

@@ -37,7 +37,7 @@ from types import FrameType
 from typing import Any, BinaryIO, TextIO
 
 from accord import config, worker_contract
-from accord.errors import with_hint
+from accord.errors import ConfigError, with_hint
 from accord.run import job_store
 from accord.run.advertise import advertised_address, is_loopback
 from accord.run.elastic_driver import ElasticDriver
@@ -69,9 +69,21 @@ def launch(cfg: LaunchConfig, console_out: BinaryIO | None = None, console_err: 
 
     Raises:
         LaunchError: the store or a worker could not be started (nothing is left running).
+        ConfigError: the command line proved unusable before any worker started: the output
+            folder cannot be made, or the hosts an elastic job waited for do not fit --gpus.
     """
     return _Job(cfg, console_out or sys.stdout.buffer, console_err or sys.stderr.buffer,
                 log or sys.stderr).run()
+
+
+def _make_output_dir(path: str) -> None:
+    """Create --output-filename's folder, first of all: a path that cannot be one is the command
+    line's error (exit 2, nothing started)."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        problem = f"--output-filename {path!r} cannot be created as a folder: {exc.strerror}"
+        raise ConfigError(with_hint(problem, "pass a folder you can write to (made if missing), not a file")) from None
 
 
 def _advertised_address(cfg: LaunchConfig) -> str:
@@ -117,7 +129,7 @@ class _Job:
     def run(self) -> int:
         cfg = self.cfg
         if cfg.output_dir is not None:
-            os.makedirs(cfg.output_dir, exist_ok=True)
+            _make_output_dir(cfg.output_dir)
         environ = config.snapshot()
         secret = secrets.token_bytes(32)
         job_id = uuid.uuid4().hex[:12]
@@ -131,7 +143,7 @@ class _Job:
                 return 128 + sig
             self._mux = OutputMux(self._out, self._err, prefix=cfg.prefix, timestamps=cfg.prefix_timestamp,
                                   ranks_filter=cfg.ranks_filter, output_dir=cfg.output_dir,
-                                  size=cfg.num_proc)
+                                  size=cfg.rank_dir_size)
             assert self._supervisor is not None and self._options is not None and self._jobdir is not None
             self._starter = JobStarter(cfg, self._supervisor, self._options, self._mux, self._jobdir, self._say)
             self._starter.servers(job, environ)  # first: they register while workers start

@@ -18,13 +18,16 @@ Exit codes are accordrun's; bad flags exit 2 with a HINT.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from typing import NoReturn, Sequence
 
 from accord import config
 from accord.errors import with_hint
+from accord.run.assignment import check_count
 
 LAUNCHERS = ("local", "ssh")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 UNSUPPORTED_LAUNCHERS = ("mpi", "sge", "yarn")
 
 
@@ -63,9 +66,9 @@ def read_hostfile(path: str) -> list[tuple[str, int | None]]:
     try:
         with open(path, encoding="utf-8") as fh:
             lines = fh.read().splitlines()
-    except OSError as exc:
+    except (OSError, UnicodeDecodeError) as exc:  # a binary file: not UTF-8
         raise ValueError(with_hint(f"-H/--hostfile {path!r} cannot be read: {exc}",
-                                   "pass a file with one host per line")) from None
+                                   "pass a text file with one host per line")) from None
     hosts = []
     for line in lines:
         text = line.split("#", 1)[0].strip()
@@ -103,6 +106,7 @@ def accordrun_argv(ns: argparse.Namespace, has_sync_flag: bool) -> list[str]:
     """
     if ns.num_workers < 1:
         raise ValueError(with_hint(f"-n/--num-workers must be >= 1, got {ns.num_workers}", "pass -n 2 or more"))
+    check_count(ns.num_workers, "-n/--num-workers")  # before round_robin deals them one by one
     if ns.num_servers is not None and ns.num_servers < 1:
         raise ValueError(with_hint(f"-s/--num-servers must be >= 1 for MXNet's dist types, got {ns.num_servers}",
                                    "pass -s 1 or more, or leave it out for one server per worker"))
@@ -147,8 +151,9 @@ def env_pairs(values: Sequence[str]) -> dict[str, str]:
         seps = [i for i in (item.find(":"), item.find("=")) if i >= 0]
         sep = item[min(seps)] if seps else ":"
         name, found, value = item.partition(sep)
-        if not found or not name.strip():
-            raise ValueError(with_hint(f"--env {item!r} is not NAME:VALUE", "pass e.g. --env PS_VERBOSE:1"))
+        if not found or not _ENV_NAME.match(name.strip()):
+            raise ValueError(with_hint(f"--env {item!r} is not NAME:VALUE with NAME a variable name "
+                                       "(letters, digits, _)", "pass e.g. --env PS_VERBOSE:1"))
         out[name.strip()] = value
     return out
 

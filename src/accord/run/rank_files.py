@@ -2,7 +2,9 @@
 
 The folder of rank ``r`` in a job of ``size`` ranks is ``rank.<r>`` with ``r`` zero-padded to
 the width of the largest rank (``rank.03`` of 16 ranks), as horovodrun names them, so the
-folders sort in rank order.
+folders sort in rank order. An elastic job's folders (one per worker id) are padded for the
+most workers it may have, ``--max-np`` (horovodrun pads to ``-np``, so a job that grows past
+it gets folders of two widths): :attr:`accord.run.launch_config.LaunchConfig.rank_dir_size`.
 """
 from __future__ import annotations
 

@@ -72,8 +72,9 @@ own environment.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
+from accord.errors import ConfigError, with_hint
 from accord.run.assignment import Slot
 from accord.run.tuning import Tuning, render_number, tuning_env
 
@@ -203,3 +204,20 @@ def forwarded_env(base: Mapping[str, str], added: Mapping[str, str]) -> dict[str
     }
     env.update({k: v for k, v in added.items() if k not in (SECRET_VAR, "ACCORD_ERROR_FILE")})
     return env
+
+
+def check_devices(devices: tuple[str, ...] | None, slots: Sequence[Slot]) -> None:
+    """Refuse a ``--gpus`` list shorter than the workers some host runs in ``slots`` (local
+    rank i gets ``devices[i]``); no slot (an elastic job still waiting for hosts) passes.
+
+    Raises:
+        ConfigError: naming the device count, the host and its workers, with a HINT.
+    """
+    if devices is None or not slots:
+        return
+    busiest = max(slots, key=lambda s: s.local_size)
+    if busiest.local_size > len(devices):
+        raise ConfigError(with_hint(
+            f"--gpus/--devices lists {len(devices)} device(s) but host {busiest.hostname} runs "
+            f"{busiest.local_size} workers",
+            f"list at least {busiest.local_size} devices, or lower the workers per host"))

@@ -1,0 +1,207 @@
+"""Bad command-line input to accordrun (and accord-mxnet-launch) found by an audit of every flag:
+each case exits 2 with a HINT, starts nothing, and never raises a traceback, hangs or fills the
+memory. Also the elastic launcher's --gpus check when the first discovery printed no host, and
+the padding of an elastic job's --output-filename folders."""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from accord.errors import ConfigError
+from accord.run import elastic_driver, mxnet_launch
+from accord.run.assignment import MAX_WORKERS
+from accord.run.cli import build_parser, main
+from accord.run.discovery import DiscoveryError, DiscoveryResult, parse_discovery_output
+from accord.run.elastic_config import ElasticConfig
+from accord.run.launch_config import config_from_args
+from tests.helpers.elastic_fakes import FakePoller, FakeStore, FakeSupervisor
+
+pytestmark = pytest.mark.timeout(60)
+
+ENV = {"PATH": "/usr/bin:/bin"}
+# what main() runs where a case is accepted by mistake: ends at once, reads no stdin
+HARMLESS = [sys.executable, "-c", "pass"]
+TOO_MANY = str(MAX_WORKERS + 1)  # small enough that building that many slots without the check is quick
+
+
+def _cfg(*argv, cwd="/work"):
+    return config_from_args(build_parser().parse_args(list(argv)), ENV, cwd=cwd)
+
+
+def _refused(capsys, argv, fragment):
+    assert main(list(argv)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("accordrun: error:") and fragment in err and "HINT:" in err, err
+
+
+# --- counts, files, paths and empty values refused by the command line ---------------------------
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["-np", TOO_MANY, "python3"], f"is {TOO_MANY}, more than the {MAX_WORKERS} accordrun starts"),
+    (["-H", f"localhost:{TOO_MANY}", "python3"], f"is {TOO_MANY}, more than"),  # -np: every slot
+    (["-np", "2", "--num-servers", TOO_MANY, "python3"], f"--num-servers is {TOO_MANY}"),
+    (["-np", "2", "--master-addr", "", "python3"], "--master-addr is empty"),
+    (["-np", "2", "--network-interface", " ", "python3"], "--network-interface is empty"),
+    (["-np", "2", "--output-filename", "", "python3"], "--output-filename is empty"),
+    (["-np", "2", "--timeline-filename", "", "python3"], "--timeline-filename is empty"),
+    (["-H", "localhost:2", "--nproc-per-node", "2", "python3"], "cannot be used with -H/--hosts"),
+    (["--host-discovery-script", "echo localhost:2", "--nproc-per-node", "2", "python3"],
+     "cannot be used with --host-discovery-script"),
+    (["-np", "4", "--nproc-per-node", "2", "python3"], "-np 4 is more than the 2 slots"),
+    (["-np", "2", "--elastic-timeout", "5", "python3"], "--elastic-timeout need --host-discovery-script"),
+    (["-np", "2", "--elastic-timeout", "-1", "python3"], "--elastic-timeout need --host-discovery-script"),
+])
+def test_bad_values_are_refused_with_a_hint(argv, fragment):
+    with pytest.raises(ConfigError) as info:
+        _cfg(*argv)
+    assert fragment in str(info.value) and "\nHINT: " in str(info.value)
+
+
+def test_nproc_per_node_alone_is_this_hosts_slots():
+    assert _cfg("--nproc-per-node", "3", "python3").num_proc == 3
+    assert _cfg("-np", "2", "--nproc-per-node", "3", "python3").num_proc == 2  # as -H localhost:3
+
+
+@pytest.mark.parametrize("name, fragment", [
+    ("missing.sh", "does not exist"),
+    ("folder", "is a folder"),
+    ("plain.sh", "is not executable"),
+])
+def test_a_command_given_by_path_must_be_an_executable_file(tmp_path, name, fragment):
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "plain.sh").write_text("echo hi\n")
+    with pytest.raises(ConfigError, match=f"(?s)command '.*{name}' {fragment}.*HINT"):
+        _cfg("-np", "2", str(tmp_path / name))
+    with pytest.raises(ConfigError, match=fragment):  # a relative path: from the launcher's folder
+        _cfg("-np", "2", f"./{name}", cwd=str(tmp_path))
+
+
+def test_a_command_path_is_not_checked_where_it_runs_from_a_sync_copy(tmp_path):
+    cfg = _cfg("-np", "2", "--sync-dst-dir", str(tmp_path / "copy"), "./train.sh", cwd=str(tmp_path))
+    assert cfg.command == ("./train.sh",)
+
+
+def test_an_undecodable_hostfile_or_config_file(tmp_path, capsys):
+    binary = tmp_path / "binary"
+    binary.write_bytes(b"\xff\xfe\x00node1 slots=2\n")
+    _refused(capsys, ["--hostfile", str(binary), *HARMLESS], "is not UTF-8 text")
+    _refused(capsys, ["-np", "1", "--config-file", str(binary), *HARMLESS], "is not UTF-8 text")
+    assert mxnet_launch.main(["-n", "2", "-H", str(binary), *HARMLESS]) == 2
+    err = capsys.readouterr().err
+    assert "-H/--hostfile" in err and "HINT:" in err
+
+
+def test_an_empty_config_file_path_is_refused(capsys):
+    _refused(capsys, ["-np", "1", "--config-file", "", *HARMLESS], "--config-file '' cannot be read")
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("params:\n  cache_capacity: 1.5\n", "params.cache_capacity must be a whole number, got 1.5"),
+    ("params:\n  cache_capacity: true\n", "params.cache_capacity must be a whole number, got True"),
+    ("params:\n  cycle_time_ms: true\n", "params.cycle_time_ms must be a number, got True"),
+])
+def test_config_file_numbers_are_not_quietly_truncated(tmp_path, capsys, text, fragment):
+    pytest.importorskip("yaml")
+    path = tmp_path / "hvd.yaml"
+    path.write_text(text)
+    _refused(capsys, ["-np", "1", "--config-file", str(path), *HARMLESS], fragment)
+
+
+def test_an_output_folder_that_cannot_be_made_exits_2_before_anything_starts(tmp_path, capsys):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    for path in (a_file, a_file / "below"):
+        _refused(capsys, ["-np", "1", "--output-filename", str(path), *HARMLESS], "cannot be created as a folder")
+    assert sorted(os.listdir(tmp_path)) == ["a_file"]
+
+
+def test_a_discovered_host_with_too_many_slots_is_a_discovery_error():
+    with pytest.raises(DiscoveryError, match=f"slots must be a positive integer \\(at most {MAX_WORKERS}\\)"):
+        parse_discovery_output(f"h1:{TOO_MANY}\n", None, "d.sh")
+
+
+def test_mxnet_launch_refuses_a_huge_worker_count_and_a_bad_env_name(tmp_path, capsys):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("node1\nnode2\n")
+    ns = mxnet_launch.build_parser().parse_args(["-n", TOO_MANY, "-H", str(hosts), "python3"])
+    with pytest.raises(ValueError, match=f"(?s)-n/--num-workers is {TOO_MANY}.*HINT"):
+        mxnet_launch.accordrun_argv(ns, True)  # not main(): it would run what it accepted
+    assert mxnet_launch.main(["-n", "1", "--env", "A B:1", *HARMLESS]) == 2
+    err = capsys.readouterr().err
+    assert "--env 'A B:1' is not NAME:VALUE" in err and "HINT:" in err
+
+
+# --- elastic: --gpus when the first discovery printed no host, and rank folder padding -----------
+
+class _Member:
+    def __init__(self, index, host):
+        self.index, self.host, self.returncode, self.stopped, self.kind = index, host, None, False, "worker"
+
+
+def _driver(tmp_path, *argv):
+    """An elastic driver over fakes; returns it, the (id, host, joining) started and what it said."""
+    cfg = _cfg(*argv, "python3", "t.py", cwd=str(tmp_path))
+    started, said = [], []
+
+    def start(i, slot, joining):
+        started.append((i, slot.hostname, joining))
+        return _Member(i, slot.hostname)
+
+    elastic = ElasticConfig(cfg.elastic.discovery_script, start_np=cfg.elastic.start_np,
+                            elastic_timeout=30.0, discovery_interval=0.5)
+    driver = elastic_driver.ElasticDriver(cfg, elastic, FakeSupervisor(), FakeStore(), start, lambda m: m,
+                                          said.append, clock=lambda: 1.0)
+    driver._poller = FakePoller()
+    driver.start()
+    return driver, started, said
+
+
+def _discover(driver, text):
+    driver._poller.queue.append(DiscoveryResult(parse_discovery_output(text, None, "d.sh"), None, 1.0))
+
+
+def test_gpus_are_checked_when_hosts_come_after_an_empty_first_discovery(tmp_path):
+    """The command line cannot check --gpus against hosts not printed yet: the driver does,
+    once they are, before it starts any worker (the launcher then exits 2)."""
+    driver, started, said = _driver(tmp_path, "-np", "2", "--gpus", "0", "--host-discovery-script", "true")
+    assert started == [] and "printed no host" in said[0]
+    _discover(driver, "h1:2\n")
+    with pytest.raises(ConfigError) as info:
+        driver.poll()
+    assert str(info.value).splitlines() == [
+        "--gpus/--devices lists 1 device(s) but host h1 runs 2 workers",
+        "HINT: list at least 2 devices, or lower the workers per host"]
+    assert started == []
+
+
+def test_gpus_that_fit_the_first_hosts_start_the_job_after_the_wait(tmp_path):
+    driver, started, said = _driver(tmp_path, "-np", "2", "--gpus", "0", "--host-discovery-script", "true")
+    _discover(driver, "h1:1\nh2:1\n")
+    assert not driver.poll() and started == [(0, "h1", False), (1, "h2", False)]
+
+
+def test_a_host_that_grows_past_the_gpus_gets_one_worker_per_device(tmp_path):
+    """Later, the job runs: a host with more slots than devices is used up to them (said once),
+    where a worker without a device could not be started."""
+    driver, started, said = _driver(tmp_path, "-np", "1", "--gpus", "0", "--host-discovery-script", "echo h1:1")
+    assert started == [(0, "h1", False)]
+    for _ in range(2):
+        _discover(driver, "h1:2\nh2:3\n")
+        assert not driver.poll()
+    assert started == [(0, "h1", False), (1, "h2", True)]
+    assert [line.splitlines()[0] for line in said if "warning" in line] == [
+        "warning: h1 has 2 slots but --gpus/--devices lists 1 device(s): using 1 of them",
+        "warning: h2 has 3 slots but --gpus/--devices lists 1 device(s): using 1 of them"]
+
+
+@pytest.mark.parametrize("argv, size", [
+    (["-np", "4"], 4),
+    (["-np", "2", "--max-np", "12", "--host-discovery-script", "echo localhost:2"], 12),
+    (["-np", "2", "--host-discovery-script", "echo localhost:3"], 3),  # no --max-np: the first workers
+    (["-np", "5", "--host-discovery-script", "true"], 5),  # waiting for -np slots
+    (["-np", "2", "--min-np", "1", "-H", "a:2,b:2"], 4),  # fixed hosts: every slot
+])
+def test_rank_folders_are_padded_for_the_most_workers_the_job_may_have(argv, size):
+    assert _cfg(*argv, "python3").rank_dir_size == size
