@@ -1,4 +1,5 @@
-"""What a worker and its launcher agree on besides the environment: check-in and error files.
+"""What a worker and its launcher agree on besides the environment: check-in and error files,
+and the program a parameter server runs (:func:`server_command`).
 
 Both sides import this module from below (the launcher in :mod:`accord.run`, the worker side in
 :mod:`accord.runtime`), so neither reaches into the other; the environment variables themselves
@@ -37,6 +38,9 @@ from typing import Any, Callable, TypeVar
 from accord import config
 
 CHECKIN_KEY = "accord/checkin/{rank}"  # the store key a worker sets once it has connected
+# The program of one parameter server (``python -m`` it): the launcher starts it without
+# importing the parameter-server package, which imports the launcher's nothing either.
+SERVER_MODULE = "accord.kvstore.server"
 
 # Elastic jobs (hvd.elastic.run under accordrun): the store keys launcher and workers share.
 # Workers are named by a stable member id (their first rank; later workers get the next ids).
@@ -129,3 +133,8 @@ def record(fn: F) -> F:
             raise
 
     return wrapper  # type: ignore[return-value]
+
+
+def server_command(python: str | None = None) -> list[str]:
+    """The argv of one parameter server (this Python unless ``python`` is given)."""
+    return [python or sys.executable, "-m", SERVER_MODULE]

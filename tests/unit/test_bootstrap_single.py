@@ -7,9 +7,9 @@ import pytest
 
 from accord import config
 from accord.errors import ConfigError, RendezvousError
+from accord.network_interfaces import address_or_interface, interface_address
 from accord.runtime import environments as envs
 from accord.runtime.bootstrap import active_runtime, bootstrap, load_secret
-from accord.runtime.rendezvous import interface_address
 from accord.store.connection import StoreConnection
 from accord.store.server import StoreServer
 from accord.worker_contract import CHECKIN_KEY
@@ -62,10 +62,15 @@ def test_bad_hex_secret_is_refused(text):
 
 def test_interface_address():
     assert interface_address("lo") == "127.0.0.1"
-    assert interface_address("10.1.2.3") == "10.1.2.3"
+    assert address_or_interface("lo") == "127.0.0.1"
+    assert address_or_interface("10.1.2.3") == "10.1.2.3"
     with pytest.raises(ConfigError, match="lo") as info:
         interface_address("nosuchif0")
     assert "HINT:" in str(info.value)
+    with pytest.raises(ConfigError, match="nosuchif0"):
+        address_or_interface("nosuchif0")
+    with pytest.raises(ConfigError, match="not found"):  # a name, never an address, for the launcher
+        interface_address("10.1.2.3")
 
 
 def test_single_process_bootstrap_twice():

@@ -18,7 +18,8 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 # Packages on one line sit side by side: they may not import each other either.
 LAYERS: list[tuple[str, list[str]]] = [
     ("base", ["accord.config", "accord.errors", "accord.logs", "accord.models", "accord.version",
-              "accord.worker_contract", "accord.registry", "accord.group_teardown", "accord.mpi_init"]),
+              "accord.worker_contract", "accord.registry", "accord.group_teardown", "accord.mpi_init",
+              "accord.network_interfaces"]),
     ("store", ["accord.store"]),
     ("launcher", ["accord.run"]),  # no torch
     ("comm | runtime", ["accord.comm", "accord.runtime"]),

@@ -11,16 +11,10 @@ from accord.run.cli import build_parser, main
 from accord.run.failures import Failure, format_root_cause, pick_root_cause
 from accord.run.launch_config import config_from_args
 from accord.run.output import OutputMux, format_line
-from accord.run.servers import (
-    SERVER_MODULE,
-    ps_env,
-    server_command,
-    server_dirname,
-    server_env,
-    server_label,
-)
+from accord.run.servers import ps_env, server_dirname, server_env, server_label
 from accord.run.tuning import Tuning, tuning_env
 from accord.run.worker_env import JobEnv, forwarded_env
+from accord.worker_contract import SERVER_MODULE, server_command
 
 ENV = {"PATH": "/usr/bin:/bin"}
 JOB = JobEnv(job_id="j1", master_addr="127.0.0.1", master_port=29500, store_addr="10.0.0.1", store_port=4000)

@@ -23,7 +23,7 @@ from typing import Any, Mapping
 from accord import config
 from accord.errors import LaunchError, with_hint
 from accord.kvstore.discovery import SERVER_KEY
-from accord.run.servers import server_command
+from accord.worker_contract import server_command
 
 __all__ = ["LocalCluster", "server_environment", "start_servers"]
 

@@ -14,6 +14,7 @@ import socket
 
 from accord import config
 from accord.errors import ConfigError, with_hint
+from accord.network_interfaces import address_or_interface
 
 __all__ = ["PREFIX", "SERVER_COUNTER", "SERVER_KEY", "STOPPED_KEY", "server_addresses", "store_address",
            "store_bind"]
@@ -86,19 +87,5 @@ def _interface_bind() -> str | None:
     Raises:
         ConfigError: the interface does not exist here or has no IPv4 address.
     """
-    import ipaddress
-
-    from accord.errors import LaunchError
-    from accord.run.hosts import interface_address
-
     iface = config.get("ACCORD_INTERFACE")
-    if not iface:
-        return None
-    try:
-        return str(ipaddress.ip_address(iface))
-    except ValueError:
-        pass
-    try:
-        return interface_address(iface)
-    except LaunchError as exc:
-        raise ConfigError(str(exc)) from None
+    return address_or_interface(iface) if iface else None

@@ -12,7 +12,8 @@ import socket
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from accord.errors import ConfigError, LaunchError, with_hint
+from accord.errors import ConfigError, with_hint
+from accord.network_interfaces import interface_address
 
 # Host names and IPv4 addresses; IPv6 literals must be bracketed: "[fe80::1]:2".
 _NAME = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9._-]*[A-Za-z0-9_])?$")
@@ -212,7 +213,7 @@ def this_host_addresses() -> frozenset[ipaddress.IPv4Address | ipaddress.IPv6Add
     for _, name in socket.if_nameindex():
         try:
             found.add(ipaddress.ip_address(interface_address(name)))
-        except LaunchError:
+        except ConfigError:
             pass
     try:  # Linux lists every IPv6 address, one per line: 32 hex digits first
         with open("/proc/net/if_inet6") as table:
@@ -241,24 +242,3 @@ def is_local(hostname: str, local_names: Sequence[str] | frozenset[str] | None =
     return address.is_loopback or address in this_host_addresses()
 
 
-def interface_address(name: str) -> str:
-    """IPv4 address of network interface ``name`` (Linux ioctl; no external tools).
-
-    Raises:
-        LaunchError: the interface does not exist or has no IPv4 address.
-    """
-    import fcntl
-    import struct
-
-    known = [n for _, n in socket.if_nameindex()]
-    if name not in known:
-        raise LaunchError(with_hint(f"network interface {name!r} not found; this host has {known}",
-                                    "pass --network-interface with one of the names listed"))
-    siocgifaddr = 0x8915
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        try:
-            packed = fcntl.ioctl(sock.fileno(), siocgifaddr, struct.pack("256s", name.encode()[:15]))
-        except OSError:
-            raise LaunchError(with_hint(f"network interface {name!r} has no IPv4 address",
-                                        "pick an interface that is up and has an address")) from None
-    return socket.inet_ntoa(packed[20:24])

@@ -13,15 +13,17 @@ import os
 from typing import Callable, Mapping, Sequence
 
 from accord.errors import LaunchError, with_hint
+from accord.network_interfaces import interface_address
 from accord.run import job_store, mxnet_ps
 from accord.run.assignment import Slot
-from accord.run.hosts import interface_address, is_local
+from accord.run.hosts import is_local
 from accord.run.launch_config import LaunchConfig
 from accord.run.output import OutputMux
 from accord.run.runners import StartOptions
-from accord.run.servers import ps_env, server_command, server_dirname, server_env, server_label
+from accord.run.servers import ps_env, server_dirname, server_env, server_label
 from accord.run.supervisor import Member, Supervisor
 from accord.run.worker_env import ELASTIC_FLAG, JobEnv, elastic_env, omp_threads, worker_env
+from accord.worker_contract import server_command
 
 
 class JobStarter:

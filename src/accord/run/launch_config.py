@@ -12,13 +12,13 @@ from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from accord import config
-from accord.errors import ConfigError, LaunchError, with_hint
+from accord.errors import ConfigError, with_hint
+from accord.network_interfaces import interface_address
 from accord.run import elastic_config, exit_release, flag_values, program
 from accord.run import tuning as tuning_table
 from accord.run.assignment import Slot, assign_slots
 from accord.run.hosts import (
     HostSlots,
-    interface_address,
     is_local,
     parse_devices,
     parse_hostfile,
@@ -235,10 +235,7 @@ def _interface(ns: argparse.Namespace, environ: Mapping[str, str]) -> tuple[str 
     interface = ns.network_interface or config.get("ACCORD_INTERFACE", environ)
     if interface is None:
         return None, None
-    try:
-        return interface, interface_address(interface)
-    except LaunchError as exc:
-        raise ConfigError(str(exc)) from None
+    return interface, interface_address(interface)
 
 
 def _servers(ns: argparse.Namespace, num_proc: int, slots: tuple[Slot, ...]) -> tuple[str, int, tuple[str, ...]]:

@@ -33,7 +33,6 @@ nothing here is added: workers get exactly the environment they got before.
 """
 from __future__ import annotations
 
-import sys
 from typing import Any, Mapping, Sequence
 
 from accord import config
@@ -41,7 +40,6 @@ from accord.errors import LaunchError, with_hint
 from accord.run.tuning import Tuning, tuning_env
 from accord.run.worker_env import JobEnv
 
-SERVER_MODULE = "accord.kvstore.server"
 ROLES = ("worker", "server")
 
 
@@ -54,11 +52,6 @@ def server_placement(num_servers: int, server_hosts: Sequence[str], worker_hosts
     hosts = list(server_hosts) or (list(dict.fromkeys(worker_hosts)) if len(set(worker_hosts)) > 1
                                    else ["localhost"])
     return [hosts[i % len(hosts)] for i in range(num_servers)]
-
-
-def server_command(python: str | None = None) -> list[str]:
-    """The argv of one parameter server (this Python unless ``python`` is given)."""
-    return [python or sys.executable, "-m", SERVER_MODULE]
 
 
 def server_label(index: int) -> str:

@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from accord import config
 from accord.errors import ConfigError, RendezvousError, with_hint
+from accord.network_interfaces import address_or_interface, interface_address, is_ip_address
 from accord.runtime import environments as envs
 from accord.runtime.store_client import StoreClient
 from accord.store import wire
@@ -139,7 +140,7 @@ def reach_store(env: envs.JobEnvironment, secret: bytes | None, hostname: str,
     """
     rdv = _reach(env, secret, hostname, _Timeouts(timeout, op_timeout or timeout))
     iface = config.get("ACCORD_INTERFACE")
-    if iface and not _is_ip(iface) and "GLOO_SOCKET_IFNAME" not in config.snapshot():
+    if iface and not is_ip_address(iface) and "GLOO_SOCKET_IFNAME" not in config.snapshot():
         # Gloo reads its interface from this variable; set it for the life of the runtime.
         rdv.restore_env = {"GLOO_SOCKET_IFNAME": None}
         config.set_variables({"GLOO_SOCKET_IFNAME": iface})
@@ -291,7 +292,7 @@ def _need_master(env: envs.JobEnvironment) -> tuple[str, int]:
 def _bind_host() -> str:
     """Where a multi-host store listens: ACCORD_INTERFACE's address, else every interface."""
     iface = config.get("ACCORD_INTERFACE")
-    return interface_address(iface) if iface else "0.0.0.0"
+    return address_or_interface(iface) if iface else "0.0.0.0"
 
 
 def _this_host() -> str:
@@ -299,14 +300,6 @@ def _this_host() -> str:
         return socket.gethostbyname(socket.gethostname())
     except OSError:
         return socket.gethostname()
-
-
-def _is_ip(text: str) -> bool:
-    try:
-        socket.inet_aton(text)
-        return True
-    except OSError:
-        return False
 
 
 def loopback_interface() -> str | None:
@@ -318,28 +311,6 @@ def loopback_interface() -> str | None:
         except ConfigError:
             continue
     return None
-
-
-def interface_address(name: str) -> str:
-    """The IPv4 address of a network interface (or ``name`` itself if it is an address).
-
-    Raises:
-        ConfigError: no such interface, or it has no IPv4 address.
-    """
-    if _is_ip(name):
-        return name
-    try:
-        import fcntl
-
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-            packed = fcntl.ioctl(sock.fileno(), 0x8915,  # SIOCGIFADDR
-                                 struct.pack("256s", name.encode()[:15]))
-        return socket.inet_ntoa(packed[20:24])
-    except (OSError, ImportError) as exc:
-        known = [n for _, n in socket.if_nameindex()]
-        raise ConfigError(with_hint(
-            f"ACCORD_INTERFACE={name!r} has no IPv4 address on this host: {exc}",
-            f"use one of this host's interfaces: {known}")) from None
 
 
 def _mpi4py_available() -> bool:
