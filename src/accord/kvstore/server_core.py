@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections import defaultdict
-from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -34,67 +32,17 @@ import numpy as np
 from accord.kvstore import optimizers as opt
 from accord.kvstore.codec import dequantize_2bit
 from accord.kvstore.protocol import PayloadSeal
+from accord.kvstore.server_state import Buf, Entry, Space
 
 log = logging.getLogger("accord.kvstore")
 
 # reply(peer, request header, answer fields, payloads, their reusable PayloadSeal or None,
 # the buffer they live in, whose writes must wait for zero-copy sends)
-Reply = Callable[[Any, dict, dict, list, "PayloadSeal | None", "_Buf | None"], None]
+Reply = Callable[[Any, dict, dict, list, "PayloadSeal | None", "Buf | None"], None]
 
 
 class RequestError(Exception):
     """A request the server refuses; the message goes back to the worker."""
-
-
-class _Buf:
-    """An array that zero-copy replies may still be reading; wait for them before writing.
-
-    Every write goes through :meth:`writable`, which also drops the array's payload seal (the
-    Poly1305 tag that every pull of this unchanged value reuses; see :mod:`protocol`).
-    """
-
-    __slots__ = ("array", "trackers", "seal")
-
-    def __init__(self, array: np.ndarray) -> None:
-        self.array = array
-        self.trackers: list[Any] = []
-        self.seal = PayloadSeal()
-
-    def writable(self) -> np.ndarray:
-        self.seal.clear()
-        for tracker in self.trackers:
-            tracker.wait()
-        self.trackers.clear()
-        return self.array
-
-    def sent(self, tracker: Any) -> None:
-        self.trackers = [t for t in self.trackers if not t.done]
-        self.trackers.append(tracker)
-
-
-@dataclass
-class _Entry:
-    stored: _Buf
-    param_only: bool
-    merged: _Buf | None = None
-    first: np.ndarray | None = None  # the round's first push, as received, until the second
-    contributors: set[int] = field(default_factory=set)
-    acks: list[tuple[Any, dict]] = field(default_factory=list)
-    pulls: list[tuple[Any, dict]] = field(default_factory=list)
-    backlog: list[tuple[Any, dict, list]] = field(default_factory=list)
-    op: str = "sum"
-
-    @property
-    def size(self) -> int:
-        return int(self.stored.array.size)
-
-
-@dataclass
-class _Space:
-    sync: bool
-    entries: dict[str, _Entry] = field(default_factory=dict)
-    updater: opt.Updater | None = None
-    barriers: dict[int, list[tuple[Any, dict]]] = field(default_factory=lambda: defaultdict(list))
 
 
 def _dtype(name: Any) -> np.dtype:
@@ -123,7 +71,7 @@ class ServerCore:
         self.payload_mac = payload_mac
         self.server_id = server_id
         self._reply = reply
-        self._spaces: dict[int, _Space] = {}
+        self._spaces: dict[int, Space] = {}
         self.stopped = False
         self._handlers = {
             "init": self._init, "push": self._push, "pull": self._pull, "barrier": self._barrier,
@@ -160,7 +108,7 @@ class ServerCore:
             self.error(peer, header, f"malformed {header.get('op')!r} request: {exc!r}")
 
     def ok(self, peer: Any, header: dict, fields: dict | None = None, payloads: list | None = None,
-           reuse: PayloadSeal | None = None, buf: _Buf | None = None) -> None:
+           reuse: PayloadSeal | None = None, buf: Buf | None = None) -> None:
         self._reply(peer, header, {"ok": True, **(fields or {})}, payloads or [], reuse, buf)
 
     def error(self, peer: Any, header: dict, message: str) -> None:
@@ -168,28 +116,28 @@ class ServerCore:
 
     # --- helpers -----------------------------------------------------------------------------
 
-    def _space(self, header: dict) -> _Space:
+    def _space(self, header: dict) -> Space:
         ns = int(header["ns"])
         space = self._spaces.get(ns)
         sync = header.get("sync")
         if space is None:
             if sync is None:
                 raise RequestError(f"store {ns} does not exist on server {self.server_id} yet")
-            space = self._spaces[ns] = _Space(bool(sync))
+            space = self._spaces[ns] = Space(bool(sync))
         elif sync is not None and bool(sync) != space.sync:
             raise RequestError(f"store {ns} is {'dist_sync' if space.sync else 'dist_async'} on "
                                f"the servers but this worker uses it as "
                                f"{'dist_sync' if sync else 'dist_async'}")
         return space
 
-    def _entry(self, space: _Space, header: dict) -> _Entry:
+    def _entry(self, space: Space, header: dict) -> Entry:
         entry = space.entries.get(header["key"])
         if entry is None:
             raise RequestError(f"unknown key {_show(header['key'])}: it was never initialised on "
                                f"server {self.server_id} (did rank 0 call init?)")
         return entry
 
-    def _value(self, entry: _Entry, header: dict, payloads: list) -> np.ndarray:
+    def _value(self, entry: Entry, header: dict, payloads: list) -> np.ndarray:
         if len(payloads) != 1:
             raise RequestError(f"a push carries one payload, got {len(payloads)}")
         comp = header.get("comp")
@@ -226,7 +174,7 @@ class ServerCore:
         if value.size != int(header["n"]):
             raise RequestError(f"init of key {_show(key)}: header says {header['n']} elements, "
                                f"payload holds {value.size}")
-        space.entries[key] = _Entry(_Buf(value), bool(header.get("param_only")))
+        space.entries[key] = Entry(Buf(value), bool(header.get("param_only")))
         self.ok(peer, header)
 
     def _push(self, peer: Any, header: dict, payloads: list) -> None:
@@ -258,12 +206,12 @@ class ServerCore:
         else:
             self._send_value(peer, header, entry)
 
-    def _send_value(self, peer: Any, header: dict, entry: _Entry) -> None:
+    def _send_value(self, peer: Any, header: dict, entry: Entry) -> None:
         stored = entry.stored
         self.ok(peer, header, {"dtype": stored.array.dtype.str, "n": entry.size},
                 [stored.array], stored.seal, stored)
 
-    def _sync_message(self, space: _Space, entry: _Entry, peer: Any, header: dict,
+    def _sync_message(self, space: Space, entry: Entry, peer: Any, header: dict,
                       payloads: list) -> None:
         """Place a push or pull of ``rank`` in the right round (see the module docstring)."""
         rank = int(header["rank"])
@@ -279,7 +227,7 @@ class ServerCore:
         else:
             self._contribute(space, entry, peer, header, payloads)
 
-    def _contribute(self, space: _Space, entry: _Entry, peer: Any, header: dict,
+    def _contribute(self, space: Space, entry: Entry, peer: Any, header: dict,
                     payloads: list) -> None:
         value = self._value(entry, header, payloads)
         rop = header.get("rop", "sum")
@@ -289,7 +237,7 @@ class ServerCore:
             raise RequestError(f"push of key {_show(header['key'])} with op={rop!r} while other "
                                f"workers pushed op={entry.op!r} in this round")
         if entry.merged is None:
-            entry.merged = _Buf(np.empty_like(entry.stored.array))
+            entry.merged = Buf(np.empty_like(entry.stored.array))
         fn = {"sum": np.add, "max": np.maximum, "min": np.minimum}[rop]
         if not entry.contributors:
             entry.op = rop
@@ -308,7 +256,7 @@ class ServerCore:
         if len(entry.contributors) == self.num_workers:
             self._complete(space, entry, header["key"])
 
-    def _complete(self, space: _Space, entry: _Entry, key: str) -> None:
+    def _complete(self, space: Space, entry: Entry, key: str) -> None:
         """End a round: store its value, answer its pushes and pulls, then start the next round
         with the backlog. A round whose value cannot be applied still ends (every request of it
         gets the error), so that the key is not stuck forever."""
@@ -331,7 +279,7 @@ class ServerCore:
             with self._answering_errors(peer, header):
                 self._sync_message(space, entry, peer, header, payloads)
 
-    def _apply_round(self, space: _Space, entry: _Entry, key: str) -> None:
+    def _apply_round(self, space: Space, entry: Entry, key: str) -> None:
         """The round's merged value becomes the stored one (mean, or through the optimizer)."""
         merged = entry.merged
         assert merged is not None

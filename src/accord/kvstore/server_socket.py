@@ -22,7 +22,8 @@ import zmq
 from accord.errors import AuthenticationError
 from accord.kvstore import protocol
 from accord.kvstore.address import Advertised, new_token
-from accord.kvstore.server_core import ServerCore, _Buf
+from accord.kvstore.server_core import ServerCore
+from accord.kvstore.server_state import Buf
 from accord.logs import Refusals
 
 __all__ = ["ParameterServer"]
@@ -198,7 +199,7 @@ class ParameterServer:
         self.core.handle(peer, header, payloads)
 
     def _send(self, peer: Any, request: dict, fields: dict, payloads: list, digests: list,
-              buf: _Buf | None) -> None:
+              buf: Buf | None) -> None:
         answer = {"sid": request.get("sid"), "seq": request.get("seq"), "from": self.token, **fields}
         frames = protocol.seal(self._secret, protocol.TO_WORKER, answer, payloads, digests or None,
                                self._payload_mac)
