@@ -1,15 +1,19 @@
 """The worker environment contract, built without starting anything."""
+from types import SimpleNamespace
+
 import pytest
 
 from accord import config
-from accord.run.assignment import assign_slots
+from accord.run.assignment import Slot, assign_slots
 from accord.run.hosts import HostSlots
+from accord.run.job_start import JobStarter
 from accord.run.tuning import Tuning, tuning_env
 from accord.run.worker_env import (
     JobEnv,
     forwarded_env,
     local_environment,
     omp_threads,
+    pick_device,
     worker_env,
 )
 
@@ -112,3 +116,50 @@ def test_spawn_and_accordrun_take_their_tuning_from_one_table():
         with pytest.raises(ConfigError, match="--cycle-time-ms must be"):
             tuning.make_tuning({"cycle_time_ms": bad}, "spawn")
     assert isinstance(parser, argparse.ArgumentParser)
+
+
+def test_a_joining_worker_gets_a_device_no_survivor_holds():
+    # survivors keep devices "0" and "2" after a re-formation; the joiner's local rank 1 names
+    # "1", free; local rank 0 names "0", busy: the first free one instead
+    devices = ("0", "1", "2", "3")
+    assert pick_device(devices, {"0", "2"}, 1) == "1"
+    assert pick_device(devices, {"0", "2"}, 0) == "1"
+    assert pick_device(devices, {"0", "1", "2"}, 2) == "3"
+    assert pick_device(devices, set(), 3) == "3"  # nothing busy: the fixed job's choice
+    assert pick_device(("0", "1"), {"0", "1"}, 1) == "1"  # none free (leaving workers): its own
+
+
+class _Members:
+    """A supervisor stand-in: members with a host and a returncode, nothing started."""
+
+    def __init__(self):
+        self.started = []
+
+    def start(self, kind, index, label, host, argv, environ, added, options, error_file):
+        pipes = SimpleNamespace(stdout=None, stderr=None)
+        member = SimpleNamespace(index=index, host=host, returncode=None, proc=pipes)
+        self.started.append((member, added))
+        return member
+
+
+def test_elastic_workers_on_one_host_never_share_a_device(tmp_path):
+    cfg = SimpleNamespace(devices=("0", "1"), tuning=Tuning(), min_np=1, worker_command=("python3", "t.py"),
+                          elastic=SimpleNamespace(elastic_timeout=600.0, elastic_timeout_given=False))
+    members = _Members()
+    mux = SimpleNamespace(add=lambda *a, **k: None)
+    starter = JobStarter(cfg, members, None, mux, str(tmp_path), lambda line: None)
+
+    def slot(local_rank, rank, size):
+        return Slot(rank=rank, size=size, local_rank=local_rank, local_size=size, cross_rank=0, cross_size=1,
+                    hostname="h1", host_index=0)
+
+    first = starter.elastic_worker(JOB, {}, 0, slot(0, 0, 2), False)
+    second = starter.elastic_worker(JOB, {}, 1, slot(1, 1, 2), False)
+    first.returncode = 1  # worker 0 (device "0") fails; worker 1 survives as local rank 0
+    starter.elastic_worker(JOB, {}, 2, slot(1, 1, 2), True)  # the joiner is planned local rank 1
+    second.returncode = 1  # then worker 1 ("1") fails; worker 2 ("0") becomes local rank 0
+    starter.elastic_worker(JOB, {}, 3, slot(1, 1, 2), True)
+    devices = [added["CUDA_VISIBLE_DEVICES"] for _, added in members.started]
+    # each joiner takes the device the failed worker freed, not the survivor's, whatever its
+    # planned local rank names
+    assert devices == ["0", "1", "0", "1"]

@@ -22,7 +22,7 @@ from accord.run.output import OutputMux
 from accord.run.runners import StartOptions
 from accord.run.servers import ps_env, server_dirname, server_env, server_label
 from accord.run.supervisor import Member, Supervisor
-from accord.run.worker_env import ELASTIC_FLAG, JobEnv, elastic_env, omp_threads, worker_env
+from accord.run.worker_env import ELASTIC_FLAG, JobEnv, elastic_env, omp_threads, pick_device, worker_env
 from accord.worker_contract import server_command
 
 
@@ -46,6 +46,7 @@ class JobStarter:
         self._say = say
         self._mxnet: mxnet_ps.MXNetJob | None = None
         self.elastic_slots: dict[int, Slot] = {}  # an elastic job's workers, by id (failures name them)
+        self._elastic_devices: dict[int, tuple[Member, str]] = {}  # with --gpus: each one's device
 
     def _start(self, kind: str, index: int, label: str | int, host: str, argv: Sequence[str],
                environ: Mapping[str, str], added: dict[str, str], error_file: str | None = None,
@@ -110,16 +111,28 @@ class JobStarter:
         host = slot.hostname
         self.elastic_slots[member_id] = slot
         err_path = self._error_file(host, member_id)
+        device = None if cfg.devices is None else pick_device(cfg.devices, self._devices_in_use(host),
+                                                              slot.local_rank)
         added = worker_env(slot, job, tuning=cfg.tuning, user_env=environ, cpu_count=os.cpu_count() or 1,
-                           devices=cfg.devices, error_file=err_path)
+                           devices=None if device is None else (device,) * slot.local_size,
+                           error_file=err_path)
         added.update(elastic_env(member_id, joining, cfg.min_np,
                                  cfg.elastic.elastic_timeout if cfg.elastic.elastic_timeout_given else None))
         try:
-            return self._start("worker", member_id, member_id, host, cfg.worker_command, environ, added,
-                               err_path)
+            member = self._start("worker", member_id, member_id, host, cfg.worker_command, environ, added,
+                                 err_path)
         except OSError as exc:
             raise LaunchError(with_hint(f"could not start worker {member_id} on {host}: {exc}",
                                         "check that the program exists and is executable")) from None
+        if device is not None:
+            self._elastic_devices[member_id] = (member, device)
+        return member
+
+    def _devices_in_use(self, host: str) -> set[str]:
+        """The --gpus devices held by running workers of an elastic job on ``host``: survivors
+        keep theirs through re-formations, where local ranks move."""
+        return {device for member, device in self._elastic_devices.values()
+                if member.host == host and member.returncode is None}
 
     def servers(self, job: JobEnv, environ: dict[str, str]) -> None:
         """Start the parameter servers (``--num-servers``), or MXNet's scheduler and servers

@@ -221,3 +221,14 @@ def check_devices(devices: tuple[str, ...] | None, slots: Sequence[Slot]) -> Non
             f"--gpus/--devices lists {len(devices)} device(s) but host {busiest.hostname} runs "
             f"{busiest.local_size} workers",
             f"list at least {busiest.local_size} devices, or lower the workers per host"))
+
+
+def pick_device(devices: Sequence[str], in_use: set[str], local_rank: int) -> str:
+    """The ``--gpus`` device of a worker started into a running elastic job: its local rank's
+    (as a fixed job's) when no running worker on the host holds it, else the first free one.
+    Survivors keep their device through re-formations while local ranks move, so a joiner's
+    local rank may name a busy one. With none free (workers still leaving), its local rank's."""
+    wanted = devices[local_rank % len(devices)]
+    if wanted not in in_use:
+        return wanted
+    return next((d for d in devices if d not in in_use), wanted)
