@@ -68,6 +68,10 @@ class Communicator(ABC):
         """Send ``splits[i]`` rows to rank i (even split when None); return (output, received_splits).
 
         ``received_splits`` is a CPU int64 tensor: rows received from each rank, in rank order.
+        Splits are not checked before this call: bad ones on any rank (wrong count, a negative
+        entry, a sum other than dim 0, or no splits and dim 0 not divisible) must raise the
+        same InvalidArgumentError on every rank, as :func:`accord.comm.agreement.check_headers`
+        does.
         """
 
     @abstractmethod

@@ -34,6 +34,7 @@ from accord.engine.caller_runs import CallerRuns
 from accord.engine.execute import CommunicationFailure, Executor
 from accord.engine.intake import Intake
 from accord.engine.join_control import JoinControl, OnJoined, OnJoinError
+from accord.engine.naming import GroupsInFlight
 from accord.engine.plan import PlannedCycles, Planner
 from accord.engine.request import Request
 from accord.engine.sets import GLOBAL_ID, ProcessSetRegistry
@@ -85,6 +86,7 @@ class Controller(PlannedCycles, CallerRuns, JoinControl):
         self.cond = threading.Condition(threading.Lock())
         self.intake = Intake(self.cond, settings)
         self._inflight: dict[str, Request] = {}  # submitted and not yet completed, by name
+        self._groups = GroupsInFlight()  # the group keys among them (one size per key)
         self._pending: dict[str, Request] = {}  # controller thread only: waiting for agreement
         self._stop_requested = False
         self._stop_cause: BaseException | None = None  # why a forced stop was asked for
@@ -126,7 +128,8 @@ class Controller(PlannedCycles, CallerRuns, JoinControl):
         not woken, so the caller may run the cycle itself (see :mod:`accord.engine.caller_runs`).
 
         Raises:
-            InvalidArgumentError: a name is already in flight on this rank.
+            InvalidArgumentError: a name is already in flight on this rank, or a group of
+                another size under the same name (see :class:`~accord.engine.naming.GroupsInFlight`).
         """
         for request in requests:
             if request.name in self._inflight:
@@ -134,6 +137,11 @@ class Controller(PlannedCycles, CallerRuns, JoinControl):
                     f"a {self._inflight[request.name].op.value} named {request.name!r} is already in "
                     f"flight on rank {self.rank}",
                     "synchronize the first handle before reusing the name, or use distinct names"))
+            group = request.group
+            if group is not None or self._groups:  # (submitting gradients one by one costs nothing more)
+                self._groups.check(request.name, group, group is not None and group[0] in self._inflight,
+                                   request.op.value, self.rank)
+        self._groups.add([r.group for r in requests])
         wake = not (waited and self.planner.plan is not None)
         for request in requests:
             request.handle.owner = self
@@ -166,8 +174,10 @@ class Controller(PlannedCycles, CallerRuns, JoinControl):
             self.thread.join(timeout)
 
     def stopped_error(self) -> BaseException:
-        """The error a request on this stopped controller fails with."""
-        error = self.stop_error
+        """The error a request on this stopped (or stopping) controller fails with."""
+        # While a stop forced by an error elsewhere (a stall in another process set) is still
+        # being negotiated, stop_error is not set yet: name that error, not a plain shutdown.
+        error = self.stop_error or self._stop_cause
         if error is not None:
             return type(error)(with_hint(f"the accord engine stopped after an earlier error: {error}",
                                          "shut down and init() again (elastic training does this)"))
@@ -184,6 +194,8 @@ class Controller(PlannedCycles, CallerRuns, JoinControl):
             for r, _, _ in outcomes:
                 if self._inflight.get(r.name) is r:  # not a joined rank's stand-in
                     del self._inflight[r.name]
+                    if r.group is not None:
+                        self._groups.release(r.group)
         # Last first: a caller usually waits on the first handle, and waking it only once the
         # rest are done spares a GIL ping-pong per handle.
         for r, value, error in reversed(outcomes):
@@ -376,7 +388,7 @@ class Controller(PlannedCycles, CallerRuns, JoinControl):
         self.full_exchanges += 1
         sets = {i: self.sets.members(i) for i in {r.process_set_id for r in pending} if i != GLOBAL_ID}
         payload = neg.encode_pending([(r.name, r.signature, now - r.submitted_at) for r in pending],
-                                     sets, self.joined)
+                                     sets, self.joined, {r.name: r.group for r in pending if r.group})
         try:
             gathered = self.comm.allgather(torch.frombuffer(bytearray(payload), dtype=torch.uint8))
         except Exception as exc:

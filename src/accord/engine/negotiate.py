@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
 from accord.comm.ops import ReduceOp
+from accord.engine.group_sizes import group_size_problem, group_sizes
+from accord.engine.naming import Group
 from accord.engine.request import RAGGED_OPS, ROOTED_OPS, Op, Signature
 from accord.errors import with_hint
 
@@ -138,11 +140,13 @@ Pending = dict[str, tuple[Signature, float]]  # name -> (signature, seconds pend
 
 
 def encode_pending(entries: Iterable[tuple[str, Signature, float]], sets: SetMap | None = None,
-                   joined: bool = False) -> bytes:
-    """This rank's pending (name, signature, seconds pending) and the members of the process
-    sets they use, as compact JSON bytes."""
+                   joined: bool = False, groups: Mapping[str, Group] | None = None) -> bytes:
+    """This rank's pending (name, signature, seconds pending), the members of the process
+    sets they use and, for grouped requests, their group's (key, size), as compact JSON bytes."""
     doc = {"j": int(joined), "p": [[n, s.to_json(), round(a, 3)] for n, s, a in entries],
            "s": {str(k): list(v) for k, v in (sets or {}).items()}}
+    if groups:
+        doc["g"] = {n: [k, size] for n, (k, size) in groups.items()}
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
@@ -162,13 +166,15 @@ class Exchange:
     """Every member's contribution to one full exchange, in communicator order.
 
     ``ranks`` are the members' global ranks (None: positions are global ranks, the global
-    set); ``joined`` holds global ranks.
+    set); ``joined`` holds global ranks. ``groups``: per member, name -> (key, size) of its
+    grouped requests (empty, or missing, where a member has none).
     """
 
     pending: list[Pending]
     sets: list[dict[int, tuple[int, ...]]]
     joined: list[int]
     ranks: tuple[int, ...] | None = None
+    groups: list[dict[str, Group]] = field(default_factory=list)
 
     def global_ranks(self) -> tuple[int, ...]:
         """The global rank of each position."""
@@ -190,6 +196,7 @@ def split_payloads(data: bytes, size: int, ranks: Sequence[int] | None = None) -
         pending, sets, joined = _from_doc(doc)
         out.pending.append(pending)
         out.sets.append(sets)
+        out.groups.append({str(n): (str(k), int(size)) for n, (k, size) in doc.get("g", {}).items()})
         if joined:
             out.joined.append(members[position])
     if pos != len(text):
@@ -234,12 +241,16 @@ def decide(exchange: Exchange, cache: ResponseCache, tick: int) -> Decision:
     joined_set = set(exchange.joined)
     decision = Decision()
     ready: list[tuple[str, Signature, int]] = []
+    groups = exchange.groups + [{}] * (len(per_rank) - len(exchange.groups))
+    keys, sizes = group_sizes(ranks, per_rank, groups)
     for name in sorted(set().union(*per_rank)):
         holders = {ranks[p]: d[name] for p, d in enumerate(per_rank) if name in d}
         sigs = {r: sig for r, (sig, _) in holders.items()}
         sig = next(iter(sigs.values()))
         views = {ranks[p]: s for p, s in enumerate(exchange.sets)}
         group, problem = _members_of_all(sigs, holders, views, len(per_rank))
+        if not problem:
+            problem = group_size_problem({keys[r][name] for r in holders}, sizes, group, joined_set, sig.op)
         if problem:
             decision.errors[name] = problem
             continue
@@ -369,6 +380,8 @@ def mismatch_message(name: str, sigs: dict[int, Signature]) -> str:
     op = next(iter(ops)) if len(ops) == 1 else None
     lines = []
     for fieldname, label in _LABELS:
+        if fieldname == "wire_dtype" and all(s.wire_dtype == s.dtype for s in sigs.values()):
+            continue  # no rank compresses: the data types line says it all
         if len({getattr(s, fieldname) for s in sigs.values()}) > 1:
             if fieldname == "shape" and op is not None and Op(op) in RAGGED_OPS:
                 label = "shapes (after dim 0)"

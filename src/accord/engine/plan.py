@@ -139,13 +139,15 @@ class PlannedCycles:
         an idle tick after the first of it arrived (a name that never comes must reach the
         stall inspector). Nothing pending (the ranks compute between steps): a quarter of the
         collective timeout, so a slow step costs no wasted collective, while peers already
-        inside the plan's collective are released long before that collective times out."""
+        inside the plan's collective are released long before that collective times out; and
+        no later than the stall inspector's horizon, since a peer blocked in that collective
+        can neither warn about nor stop on a name this rank never submits."""
         s = self.settings
         plan = self.planner.plan
         arrived = [self._pending[n].submitted_at for n in plan.names if n in self._pending] if plan else []
         if arrived:
             return min(arrived) + s.tick
-        return self._plan_since + max(s.tick, s.collective_timeout / 4)
+        return self._plan_since + max(s.tick, min(s.collective_timeout / 4, s.stall_horizon))
 
     def _planned(self, stop_local: bool) -> bool:
         """One step of the planned state; returns whether requests completed. Runs the plan

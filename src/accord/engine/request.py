@@ -144,7 +144,8 @@ class Request:
     ``root_rank`` is a global rank. ``splits`` is per-rank rows for alltoall/scatter.
     ``wire_dtype`` (allreduce only): the engine casts ``tensor`` to this dtype for the wire and
     the result back into ``output`` while it moves the data (a deferred cast compression);
-    None when ``tensor`` already is what goes on the wire.
+    None when ``tensor`` already is what goes on the wire. ``group``: (key, size) of the
+    grouped call it belongs to (:mod:`accord.engine.naming`), None for a single request.
     """
 
     name: str
@@ -163,6 +164,7 @@ class Request:
     owned: bool = False
     ready_event: Any = None  # CUDA event recorded at submit (data ready on the producer stream)
     wire_dtype: torch.dtype | None = None
+    group: tuple[str, int] | None = None
     handle: Handle = field(init=False)
     signature: Signature = field(init=False)
     submitted_at: float = field(init=False)
@@ -214,7 +216,8 @@ def build_request(op: Op, tensor: torch.Tensor | None, name: str, *, in_place: b
                   reduce_op: ReduceOp = ReduceOp.SUM, root_rank: int = -1,
                   prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                   process_set_id: int = 0, splits: Sequence[int] | None = None,
-                  wire_buffers: dict[str, torch.Tensor] | None = None) -> Request:
+                  wire_buffers: dict[str, torch.Tensor] | None = None,
+                  group: tuple[str, int] | None = None) -> Request:
     """Make a request the way frontends do: compress now, decide who owns what.
 
     ``in_place`` (allreduce, broadcast): the result is written into ``tensor``. Otherwise the
@@ -242,4 +245,4 @@ def build_request(op: Op, tensor: torch.Tensor | None, name: str, *, in_place: b
         root_rank=root_rank, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
         process_set_id=process_set_id, splits=None if splits is None else tuple(int(s) for s in splits),
         compression=compression, dtype=None if tensor is None else tensor.dtype, ctx=ctx,
-        owned=in_place or (tensor is not None and wire is not tensor), wire_dtype=cast)
+        owned=in_place or (tensor is not None and wire is not tensor), wire_dtype=cast, group=group)

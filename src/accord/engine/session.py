@@ -248,8 +248,10 @@ def submit_group(op: Op | str, tensors: Sequence[torch.Tensor | None], name: str
     session = _current()
     op = Op(op)
     recurs = name is not None  # unnamed requests never recur: no wire buffer kept for them
+    group = None
     if grouped:
-        names = session.names.group(op.value, name, len(tensors), process_set_id)
+        key, names = session.names.keyed_group(op.value, name, len(tensors), process_set_id)
+        group = (key, len(tensors))
     else:
         names = [session.names.name(op.value, name, process_set_id)]
     requests = []
@@ -264,7 +266,7 @@ def submit_group(op: Op | str, tensors: Sequence[torch.Tensor | None], name: str
             op, tensor, request_name, in_place=in_place, compression=compression,
             reduce_op=reduce_op, root_rank=root_rank, prescale_factor=prescale_factor,
             postscale_factor=postscale_factor, process_set_id=process_set_id, splits=splits,
-            wire_buffers=wire_buffers))
+            wire_buffers=wire_buffers, group=group))
     return session.engine.enqueue_many(requests, waited)
 
 

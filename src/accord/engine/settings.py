@@ -1,6 +1,7 @@
 """The engine's settings, read once from accord.config at init."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from accord import config
@@ -91,6 +92,16 @@ class EngineSettings:
         if not self.stall_check_disable and self.stall_check_time > 0:
             tick = min(tick, self.stall_check_time / 4)
         return max(tick, 0.01)
+
+    @property
+    def stall_horizon(self) -> float:
+        """Seconds within which a name that waits on peers must reach the stall inspector: the
+        check time, or the shutdown time where that is shorter; infinite with the inspector off."""
+        if self.stall_check_disable or self.stall_check_time <= 0:
+            return math.inf
+        if self.stall_shutdown_time > 0:
+            return min(self.stall_check_time, self.stall_shutdown_time)
+        return self.stall_check_time
 
     @classmethod
     def from_config(cls, cpu_backend: str | None = None, **overrides) -> "EngineSettings":

@@ -1,8 +1,11 @@
-"""Local checks of a request before it is queued: membership, root, splits, op and dtype.
+"""Local checks of a request before it is queued: membership, root, scatter splits, op and dtype.
 
 They raise :class:`~accord.errors.InvalidArgumentError` (a ValueError and, as in Horovod, a
 RuntimeError) on the submitting rank only (Horovod raises these locally too); problems that need
-the other ranks' view (shape or dtype mismatches) are found by the negotiation.
+the other ranks' view (shape or dtype mismatches) are found by the negotiation. Alltoall splits
+are per-rank data and are not checked here: the communicator checks them when the ranks
+exchange them, and bad splits on one rank then raise on every rank
+(:func:`accord.comm.agreement.alltoall_splits`) instead of leaving the others waiting.
 """
 from __future__ import annotations
 
@@ -48,7 +51,7 @@ def validate(r: Request, sets: ProcessSetRegistry, rank: int) -> None:
         raise InvalidArgumentError(with_hint(f"{r.op.value} {r.name!r}: root rank {r.root_rank} is not in "
                                    f"process set {r.process_set_id} {list(group)}",
                                    "pass a global rank that belongs to the process set"))
-    if r.splits is not None and (r.op is Op.ALLTOALL or (r.op is Op.SCATTER and r.root_rank == rank)):
+    if r.splits is not None and r.op is Op.SCATTER and r.root_rank == rank:
         if len(r.splits) != len(group) or sum(r.splits) != r.tensor.shape[0] or min(r.splits) < 0:
             raise InvalidArgumentError(with_hint(
                 f"{r.op.value} {r.name!r}: splits {list(r.splits)} must have {len(group)} "

@@ -56,7 +56,8 @@ def submit(op: Op, tensors: Sequence[torch.Tensor], name: str | None, process_se
 
     Raises:
         CollectiveError (also MXNetError): not initialized.
-        ValueError: a request the engine refuses locally (bad root, splits, process set).
+        ValueError: a request the engine refuses locally (bad root, process set); bad alltoall
+            splits raise on every rank of the set, where the ranks exchange them.
     """
     if not session.is_initialized():
         raise mxnet_error(CollectiveError(with_hint(basics.NOT_INITIALIZED, "call hvd.init() first")))

@@ -223,33 +223,22 @@ def _splits_list(splits: Any) -> list[int] | None:
     return values
 
 
-def _check_splits(split_values: list[int], rows: int, members: int) -> None:
-    if len(split_values) != members:
-        raise InvalidArgumentError(with_hint(
-            f"alltoall splits has {len(split_values)} entries but the process set has "
-            f"{members} ranks", "pass one row count per rank of the process set"))
-    if sum(split_values) != rows:
-        raise InvalidArgumentError(with_hint(
-            f"alltoall splits {split_values} sum to {sum(split_values)}, but the tensor's first "
-            f"dimension is {rows}", "the splits must add up to tensor.shape[0]"))
-    if min(split_values, default=0) < 0:
-        raise InvalidArgumentError(with_hint(f"alltoall splits {split_values} has a negative entry",
-                                   "row counts must be >= 0"))
-
-
 def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
                    process_set: ProcessSet = global_process_set) -> int:
     """Start sending ``splits[i]`` rows of ``tensor`` to rank i of the set (even split when None).
 
     ``synchronize()`` returns ``(output, received_splits)``; ``received_splits`` is an int32
-    tensor (or the dtype of a ``splits`` tensor).
+    tensor (or the dtype of a ``splits`` tensor). Splits with the wrong count, a negative entry
+    or a sum other than dim 0 raise InvalidArgumentError at ``synchronize()`` on every rank of
+    the set, naming the ranks that passed them.
     """
     _check_ragged(tensor, "alltoall")
+    # Splits are per-rank data: their counts and sums are checked when the ranks exchange
+    # them before any data moves (accord.comm.agreement), so that bad splits on one rank fail
+    # the call everywhere. Refused here, that rank would never submit it and its peers would
+    # wait for it until a stall shutdown.
     split_values = _splits_list(splits)
     set_id = set_id_of(process_set)
-    gateway.require_initialized()  # the split checks below need the set's members
-    if split_values is not None:
-        _check_splits(split_values, tensor.shape[0], len(gateway.process_set_members(set_id)))
     out_dtype = splits.dtype if isinstance(splits, torch.Tensor) else torch.int32
 
     def finish(results: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
