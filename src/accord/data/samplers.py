@@ -8,6 +8,11 @@ padding, share sizes proportional to the weights.
 
 Resuming: :meth:`DistributedSampler.state_dict` records how far this rank has read in the current
 epoch; after :meth:`load_state_dict` the next iteration yields exactly the indices not yet read.
+
+Deliberate differences from torch's sampler (indices and ``len`` are otherwise the same,
+``tests/unit/test_sampler_parity.py``): without a process group ``num_replicas``/``rank`` default
+to ``(1, 0)`` where torch raises; ``seed`` must be an int and ``set_epoch`` an int >= 0; ``len``
+counts what is left after :meth:`load_state_dict` until that iteration starts.
 """
 from __future__ import annotations
 
@@ -92,7 +97,9 @@ class DistributedSampler(Sampler[int]):
         self.seed = seed
         self.drop_last = bool(drop_last)
         self.epoch = 0
-        self.work_load_list = None if work_load_list is None else list(work_load_list)
+        # numpy scalars become Python numbers: state_dict() must load with weights_only=True.
+        self.work_load_list = None if work_load_list is None else [
+            w.item() if hasattr(w, "item") else w for w in work_load_list]
         if self.work_load_list is not None:
             if len(self.work_load_list) != num_replicas:
                 raise ValueError(

@@ -13,9 +13,16 @@ arrays, lists and tuples alike.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any, Mapping, Sequence
 
 __all__ = ["slice_bounds", "split_batch"]
+
+
+def _is_weight(w: Any) -> bool:
+    # numbers.Real admits numpy scalars (np.array([1, 3]) holds np.int64, not int); bool is no weight.
+    return (isinstance(w, numbers.Real) and not isinstance(w, bool)
+            and math.isfinite(w) and w > 0)
 
 
 def _check_work_load(work_load_list: Sequence[float]) -> list[float]:
@@ -25,14 +32,15 @@ def _check_work_load(work_load_list: Sequence[float]) -> list[float]:
             "work_load_list is empty.\n"
             "HINT: pass one positive weight per worker/device, e.g. [1, 1] or [2, 1]."
         )
-    bad = [w for w in weights if isinstance(w, bool) or not isinstance(w, (int, float))
-           or not math.isfinite(w) or w <= 0]
+    bad = [w for w in weights if not _is_weight(w)]
     if bad:
         raise ValueError(
             f"work_load_list must hold finite positive numbers; got {weights} (bad: {bad}).\n"
             "HINT: use positive relative speeds, e.g. [3, 1] gives the first worker 3/4 of the batch."
         )
-    return weights
+    # Python floats: same shares as MXNet's int/float arithmetic (exact for ints below 2**53),
+    # and round() of a numpy float32 would give a float where a row count is needed.
+    return [float(w) for w in weights]
 
 
 def slice_bounds(batch_size: int, work_load_list: Sequence[float]) -> list[tuple[int, int]]:
@@ -71,7 +79,7 @@ def slice_bounds(batch_size: int, work_load_list: Sequence[float]) -> list[tuple
     if empty:
         sizes = [e - b for b, e in bounds]
         raise ValueError(
-            f"Too many slices: splitting a batch of {batch_size} by work_load_list {weights} "
+            f"Too many slices: splitting a batch of {batch_size} by work_load_list {list(work_load_list)} "
             f"leaves share(s) {empty} empty (share sizes {sizes}).\n"
             "HINT: use a batch at least as large as the number of shares, with weights that give "
             "every share at least one row, or use fewer workers/devices."

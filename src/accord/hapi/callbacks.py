@@ -65,6 +65,11 @@ class CallbackList:
         for cb in self.callbacks:
             cb.set_model(model)
 
+    def update_params(self, **changes: Any) -> None:
+        """Change some params (e.g. ``steps`` when an epoch's length changes) on every callback."""
+        for cb in self.callbacks:
+            cb.set_params({**cb.params, **changes})
+
     def __getattr__(self, hook: str) -> Any:
         if not hook.startswith("on_"):
             raise AttributeError(hook)

@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, Sampler
 
 from accord.hapi.callbacks import Callback
 from accord.hapi.data import as_dataset
+from accord.hapi.training import fit as run_fit
 from accord.hapi.world import resolve_world
 
 __all__ = ["ElasticCommit", "fit_elastic"]
@@ -53,16 +54,24 @@ class _Resuming(Sampler):
         return len(self._elastic)
 
 
-def fit_elastic(model: Any, train_data: Any, epochs: int, batch_size: int, shuffle: bool = True,
-                seed: int = 0, callbacks: Sequence[Callback] | None = None,
-                **fit_kwargs: Any) -> dict[str, list[float]]:
+def fit_elastic(model: Any, train_data: Any, eval_data: Any, batch_size: int, epochs: int,
+                eval_freq: int, log_freq: int, save_dir: str | None, save_freq: int, verbose: int,
+                drop_last: bool, shuffle: bool, num_workers: int,
+                callbacks: Sequence[Callback] | None, seed: int) -> dict[str, list[float]]:
     """Run ``model.fit`` elastically (see the module docstring); returns the history of the
-    epochs trained by this process."""
+    epochs trained by this process.
+
+    One training loop runs every epoch, as without ``elastic``: callbacks see the real epoch
+    numbers (checkpoint names, ``eval_freq``) and a stop (EarlyStopping) ends training. After a
+    re-formation the loop starts again from the committed epoch, with ``on_train_begin``, as
+    Horovod's Keras ``fit`` does when ``hvd.elastic.run`` calls it again.
+    """
     import accord.torch as hvd
 
     dataset = as_dataset(train_data, "train_data")
     sampler = hvd.elastic.ElasticSampler(dataset, shuffle=shuffle, seed=seed)
-    loader = DataLoader(dataset, batch_size=batch_size, sampler=_Resuming(sampler))
+    loader = DataLoader(dataset, batch_size=batch_size, sampler=_Resuming(sampler),
+                        drop_last=drop_last, num_workers=num_workers)
     state = hvd.elastic.TorchState(model.network, model._state.optimizer, sampler=sampler,
                                    epoch=0, batch=0, commits=0)
     model.elastic_state = state
@@ -70,17 +79,21 @@ def fit_elastic(model: Any, train_data: Any, epochs: int, batch_size: int, shuff
     history: dict[str, list[float]] = defaultdict(list)
     commit = ElasticCommit(state, batch_size)
 
+    def end_epoch(epoch: int, logs: dict[str, Any]) -> None:
+        for key, value in logs.items():
+            history[key].append(value)
+        state.epoch = epoch + 1
+        state.batch = 0
+        sampler.set_epoch(state.epoch)
+        state.commit()
+
     @hvd.elastic.run
     def train(state: Any) -> None:
-        while state.epoch < epochs:
-            logs = model.fit(loader, epochs=1, batch_size=batch_size,
-                             callbacks=list(callbacks or []) + [commit], **fit_kwargs)
-            for key, values in logs.items():
-                history[key].extend(values)
-            state.epoch += 1
-            state.batch = 0
-            sampler.set_epoch(state.epoch)
-            state.commit()
+        if state.epoch < epochs:
+            run_fit(model._state, model, loader, eval_data, batch_size, epochs, eval_freq, log_freq,
+                    save_dir, save_freq, verbose, drop_last, shuffle, num_workers,
+                    list(callbacks or []) + [commit], seed, None, first_epoch=state.epoch,
+                    after_epoch=end_epoch)
 
     train(state)
     return dict(history)

@@ -31,6 +31,7 @@ from accord.hapi.checkpoint import load_on_every_rank, save_checkpoint
 from accord.hapi.metrics import Metric
 from accord.hapi.precision import amp_settings
 from accord.hapi.state import ModelState
+from accord.hapi.training import check_fit_args
 from accord.hapi.training import fit as run_fit
 from accord.hapi.world import World, resolve_world
 from accord.runtime import admission
@@ -119,7 +120,8 @@ class Model:
                 on CUDA); or ``{"level": "O1", "dtype": "bfloat16"}``.
             compile: True (or ``torch.compile`` keyword arguments) to compile the forward pass.
         Raises:
-            ValueError: an unknown amp level. TypeError: a metric that is not a Metric.
+            ValueError: an unknown amp level, or a dtype other than bfloat16/float16.
+            TypeError: a metric that is not a Metric.
         """
         metrics = [] if metrics is None else ([metrics] if isinstance(metrics, Metric) else list(metrics))
         for m in metrics:
@@ -181,13 +183,23 @@ class Model:
             elastic: bool = False) -> dict[str, list[float]]:
         """Train for ``epochs`` epochs, evaluating every ``eval_freq`` epochs.
 
+        Differences from Paddle's ``Model.fit``: evaluation and checkpoints follow Keras's count,
+        after epochs ``eval_freq``, ``2 * eval_freq``, ... (1-based) and always after the last,
+        where Paddle evaluates after epochs 1, ``1 + eval_freq``, ...; the history is returned
+        (Paddle returns None); ``batch_size`` is one int (Paddle also takes a (train, eval) pair).
+
         Args:
             train_data, eval_data: a Dataset, ``(X, y)`` arrays, or a DataLoader (used as is:
                 then sharding it is up to you).
             batch_size: samples per step on each rank (the global batch is ``batch_size * world_size``).
+                Each rank reads ``ceil(len / world_size)`` samples (torch's DistributedSampler:
+                padded by repeating samples from the start); a last batch shorter than
+                ``batch_size`` is kept unless ``drop_last``.
+            epochs: epochs to run (0: none, the callbacks still see train begin and end).
             log_freq: steps between log lines; verbose: 0 silent, 1 bar on a terminal, 2 lines.
-            save_dir, save_freq: checkpoint ``save_dir/<epoch>`` every ``save_freq`` epochs and
-                ``save_dir/final`` (rank 0 writes).
+            save_dir, save_freq: checkpoint ``save_dir/<epoch>`` (the 0-based epoch) after every
+                ``save_freq``-th epoch (counted as ``eval_freq``), and ``save_dir/final`` at the
+                end (rank 0 writes).
             shuffle, seed: shuffle by ``(seed, epoch)``, identically on every rank.
             callbacks: extra :class:`Callback` objects. A callback that sets
                 ``model.stop_training`` (on any rank) stops every rank at the next log step or
@@ -207,18 +219,20 @@ class Model:
             ``samples_per_sec`` (global), and ``eval_<name>`` for each evaluation.
         Raises:
             ValueError: ``work_load_list`` does not fit the job (one weight per rank, a
-                non-empty share each) or the optimizer.
+                non-empty share each) or the optimizer; a count that is not a positive int
+                (``epochs``: >= 0); ``train_data`` that gives no step (empty, or ``drop_last``
+                with ``batch_size`` above each rank's share), on every rank.
         """
+        check_fit_args(batch_size, epochs, eval_freq, log_freq, save_freq)
         if elastic:
             if work_load_list is not None or isinstance(train_data, torch.utils.data.DataLoader):
                 raise ValueError(with_hint("fit(elastic=True) needs a Dataset or arrays and no work_load_list",
                                            "pass the Dataset: fit reads it through an ElasticSampler"))
             from accord.hapi.elastic import fit_elastic
 
-            return fit_elastic(self, train_data, epochs, batch_size, shuffle=shuffle, seed=seed,
-                               callbacks=callbacks, eval_data=eval_data, eval_freq=eval_freq,
-                               log_freq=log_freq, save_dir=save_dir, save_freq=save_freq,
-                               verbose=verbose, drop_last=drop_last, num_workers=num_workers)
+            return fit_elastic(self, train_data, eval_data, batch_size, epochs, eval_freq, log_freq,
+                               save_dir, save_freq, verbose, drop_last, shuffle, num_workers,
+                               callbacks, seed)
         return run_fit(self._state, self, train_data, eval_data, batch_size, epochs, eval_freq,
                        log_freq, save_dir, save_freq, verbose, drop_last, shuffle, num_workers,
                        callbacks, seed, work_load_list)
@@ -242,6 +256,10 @@ class Model:
         """The network's outputs for every sample, in dataset order, on every rank.
 
         A batch with several elements is taken as ``(inputs..., label)`` and the label is ignored.
+        Unlike Paddle's ``predict`` (``stack_outputs=False`` by default, and always a list with
+        one entry per output, so ``result[0]`` is the first output), a single-output network's
+        result is the array itself, as Keras's ``predict`` returns it: ``result[0]`` is then the
+        first sample's output.
 
         Returns:
             One array for a single-output network, else a list with one array per output; with

@@ -23,7 +23,8 @@ def amp_settings(amp_level: str | dict[str, Any], device: torch.device) -> tuple
     ``amp_level`` is "O0", "O1", or ``{"level": "O1", "dtype": "bfloat16" | "float16"}``.
 
     Raises:
-        ValueError: an unknown level (O2, pure half-precision weights, is not supported).
+        ValueError: an unknown level (O2, pure half-precision weights, is not supported), or a
+            dtype autocast cannot use (not bfloat16 or float16).
     """
     opts = dict(amp_level) if isinstance(amp_level, dict) else {"level": amp_level}
     level = str(opts.get("level", "O1")).upper()
@@ -33,9 +34,18 @@ def amp_settings(amp_level: str | dict[str, Any], device: torch.device) -> tuple
                                    "float16 with loss scaling on GPU)"))
     if level == "O0":
         return None, False
-    dtype = opts.get("dtype", torch.bfloat16 if device.type == "cpu" else torch.float16)
-    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    dtype = _half_dtype(opts.get("dtype", torch.bfloat16 if device.type == "cpu" else torch.float16))
     return dtype, dtype == torch.float16 and device.type == "cuda"
+
+
+def _half_dtype(dtype: Any) -> torch.dtype:
+    """``dtype`` (a torch dtype or its name) if autocast can run in it, else a ValueError."""
+    found = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
+    if found not in (torch.bfloat16, torch.float16):
+        raise ValueError(with_hint(f"amp_level dtype {dtype!r} is not a half-precision type",
+                                   "use dtype 'bfloat16' or 'float16' (or leave it out: bfloat16 "
+                                   "on CPU, float16 on GPU)"))
+    return found
 
 
 def autocast(dtype: torch.dtype | None, device: torch.device) -> Any:

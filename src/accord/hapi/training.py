@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -31,7 +31,7 @@ from accord.hapi.state import ModelState
 from accord.hapi.steps import is_distributed_optimizer, rows_of, split_batch, train_step
 from accord.hapi.workload import StepPlan, weighted_plan
 
-__all__ = ["EpochShape", "TRAIN_METRICS", "agree_stop", "fit", "train_epoch"]
+__all__ = ["EpochShape", "TRAIN_METRICS", "agree_stop", "check_fit_args", "fit", "train_epoch"]
 
 TRAIN_METRICS = "accord.hapi.train.metrics"  # the name of the metrics allreduce of training
 
@@ -163,19 +163,51 @@ def agree_stop(state: ModelState) -> bool:
     return state.stop_training
 
 
+def check_fit_args(batch_size: Any, epochs: Any, eval_freq: Any, log_freq: Any, save_freq: Any) -> None:
+    """Refuse counts ``fit`` cannot use (every rank checks the same values, so all refuse).
+
+    Raises:
+        ValueError: ``epochs`` is not an int >= 0, or another count is not an int >= 1.
+    """
+    counts = {"batch_size": (batch_size, 1), "epochs": (epochs, 0), "eval_freq": (eval_freq, 1),
+              "log_freq": (log_freq, 1), "save_freq": (save_freq, 1)}
+    for name, (value, least) in counts.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(with_hint(f"fit({name}={value!r}): {name} must be an int >= {least}",
+                                       f"pass a whole number, e.g. {name}={max(least, 1)}"))
+
+
+def _check_has_steps(shape: EpochShape, loader: Any, batch_size: int, drop_last: bool, size: int) -> None:
+    """An epoch without a single step would train nothing and log made-up zeros: refuse it."""
+    if shape.steps:
+        return
+    samples = len(loader.dataset) if hasattr(loader.dataset, "__len__") else "?"
+    raise ValueError(with_hint(
+        f"fit has no training step to run: {samples} training samples over {size} rank(s) with "
+        f"batch_size={batch_size}, drop_last={drop_last} give 0 batches per epoch",
+        "pass a non-empty train_data, and with drop_last=True a batch_size no larger than each "
+        "rank's share (samples / ranks)"))
+
+
 def fit(state: ModelState, model: Any, train_data: Any, eval_data: Any, batch_size: int, epochs: int,
         eval_freq: int, log_freq: int, save_dir: str | None, save_freq: int, verbose: int,
         drop_last: bool, shuffle: bool, num_workers: int, callbacks: Sequence[Callback] | None,
-        seed: int, work_load_list: Sequence[float] | None) -> dict[str, list[float]]:
+        seed: int, work_load_list: Sequence[float] | None, first_epoch: int = 0,
+        after_epoch: Callable[[int, dict[str, Any]], None] | None = None) -> dict[str, list[float]]:
     """``Model.fit`` (see there for the arguments and the returned history) on ``state``.
 
     ``model`` is what callbacks see as ``self.model`` (the ``Model``); its ``eval_batch`` runs
-    the evaluation batches.
+    the evaluation batches. ``first_epoch`` and ``after_epoch(epoch, epoch_history)`` serve
+    elastic training (:mod:`accord.hapi.elastic`): it resumes at a committed epoch, its loader
+    may hold only the rest of that epoch (so the steps are counted again every epoch), and it
+    commits after each epoch; an empty epoch is then allowed.
     """
     world = state.world
     loader = data.train_loader(train_data, batch_size, world.size, world.rank, shuffle, seed,
                                drop_last, num_workers, work_load_list)
     shape = epoch_shape(state, loader, batch_size, drop_last, work_load_list)
+    if after_epoch is None and epochs > 0:
+        _check_has_steps(shape, loader, batch_size, drop_last, world.size)
     evaluator = None if eval_data is None else data.eval_loader(
         eval_data, batch_size, world.size, world.rank, "eval_data", num_workers)
     cbks = config_callbacks(callbacks, model, {"epochs": epochs, "steps": shape.steps,
@@ -185,8 +217,11 @@ def fit(state: ModelState, model: Any, train_data: Any, eval_data: Any, batch_si
     state.stop_training = False
     logs: dict[str, Any] = {}
     cbks.on_train_begin(logs)
-    for epoch in range(epochs):
+    for epoch in range(first_epoch, epochs):
         data.set_epoch(loader, epoch)
+        if epoch > first_epoch:  # a resumable loader's length changes after its first epoch
+            shape = epoch_shape(state, loader, batch_size, drop_last, work_load_list)
+            cbks.update_params(steps=shape.steps)
         cbks.on_epoch_begin(epoch, {})
         start = time.perf_counter()
         logs = train_epoch(state, loader, cbks, log_freq, shape)
@@ -194,12 +229,14 @@ def fit(state: ModelState, model: Any, train_data: Any, eval_data: Any, batch_si
         logs["epoch_time"] = time.perf_counter() - start
         logs["samples_per_sec"] = logs["samples"] / max(logs["epoch_time"], 1e-9)
         cbks.on_epoch_end(epoch, logs)
-        for key, value in logs.items():
-            if key != "step":
-                history[key].append(value)
+        done = {key: value for key, value in logs.items() if key != "step"}
         if evaluator is not None and ((epoch + 1) % eval_freq == 0 or epoch + 1 == epochs):
-            for key, value in eval_loop(state, model.eval_batch, evaluator, cbks, log_freq).items():
-                history[f"eval_{key}"].append(value)
+            done.update((f"eval_{key}", value) for key, value in
+                        eval_loop(state, model.eval_batch, evaluator, cbks, log_freq).items())
+        for key, value in done.items():
+            history[key].append(value)
+        if after_epoch is not None:
+            after_epoch(epoch, done)
         if agree_stop(state):
             break
     cbks.on_train_end(logs)
