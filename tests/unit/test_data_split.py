@@ -6,23 +6,9 @@ import pytest
 import torch
 
 from accord.data.split import slice_bounds, split_batch
+from tests.helpers.mxnet_split import mxnet_slice_bounds
 
 pytestmark = pytest.mark.timeout(30)
-
-
-def _mxnet_rule(batch_size, weights):
-    """Independent restatement of MXNet 1.9's rule, in sizes: round, last takes the remainder."""
-    total = sum(weights)
-    sizes = [round(w * batch_size / total) for w in weights]
-    if sum(sizes) < batch_size:
-        sizes[-1] += batch_size - sum(sizes)
-    out, start = [], 0
-    for s in sizes:
-        b = min(start, batch_size)
-        e = min(b + s, batch_size)
-        out.append((b, e))
-        start = e
-    return out
 
 
 @pytest.mark.parametrize(
@@ -52,7 +38,7 @@ def test_slice_bounds_matches_rule_on_many_cases():
         k = int(rng.integers(1, 6))
         weights = [float(x) for x in rng.uniform(0.1, 3.0, size=k)]
         batch = int(rng.integers(k, 200))
-        expected = _mxnet_rule(batch, weights)
+        expected = mxnet_slice_bounds(batch, weights)
         if any(b >= e for b, e in expected):
             with pytest.raises(ValueError):
                 slice_bounds(batch, weights)
