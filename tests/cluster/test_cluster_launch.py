@@ -5,7 +5,9 @@ spread over the hosts. (Flat and hierarchical give the same values: test_cluster
 mpirun job, flat on the mpi backend, checks the same digests.)"""
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 
 import pytest
 from cluster_expected import sum_digests, trained_weights
@@ -91,6 +93,20 @@ def test_ips_with_a_ddp_env_script(cluster):
     expected = trained_weights(4)
     for r in range(4):
         assert got[r]["weights"] == pytest.approx(expected, abs=1e-5), f"rank {r}"
+
+
+def test_a_bare_python_from_an_activated_venv_runs_the_venv_on_every_host(cluster):
+    """`accordrun -H h1:1,h2:1 python ...` with the venv activated (PATH and VIRTUAL_ENV, as
+    `source .venv/bin/activate` sets them): the remote rank runs the venv's python too, found
+    through the forwarded PATH, as horovodrun users expect (the hosts share the file system)."""
+    venv = str(Path(PYTHON).parent.parent)
+    path = f"{Path(PYTHON).parent}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}"
+    res = accordrun(cluster, "-H", "h1:1,h2:1", "python", "-c",
+                    "import socket, sys, torch; print('where', socket.gethostname(), sys.prefix)",
+                    PATH=path, VIRTUAL_ENV=venv)
+    assert res.returncode == 0, res.stderr
+    where = sorted(line.split()[-2:] for line in res.stdout.splitlines() if "where " in line)
+    assert where == [["h1", venv], ["h2", venv]], res.stdout
 
 
 def test_hostfile_and_a_worker_dying_on_the_second_host(cluster, shared_dir):

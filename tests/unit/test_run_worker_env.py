@@ -90,8 +90,10 @@ def test_remote_env_forwards_chosen_variables_never_the_secret():
     base = {"PATH": "/bin", "HOME": "/root", "PYTHONPATH": "/src", "NCCL_DEBUG": "INFO",
             "ACCORD_JOB_SECRET": "leak", "ACCORD_SECRET_FILE": "/s", "HOROVOD_CYCLE_TIME": "2"}
     added = {"ACCORD_RANK": "1", "ACCORD_ERROR_FILE": "/local/path", "ACCORD_JOB_SECRET": "leak"}
-    assert forwarded_env(base, added) == {"PYTHONPATH": "/src", "NCCL_DEBUG": "INFO",
+    assert forwarded_env(base, added) == {"PATH": "/bin", "PYTHONPATH": "/src", "NCCL_DEBUG": "INFO",
                                           "HOROVOD_CYCLE_TIME": "2", "ACCORD_RANK": "1"}
+    venv = {"VIRTUAL_ENV": "/v", "CONDA_PREFIX": "/c", "CONDA_DEFAULT_ENV": "c", "USER": "me"}
+    assert forwarded_env(venv, {}) == {"VIRTUAL_ENV": "/v", "CONDA_PREFIX": "/c", "CONDA_DEFAULT_ENV": "c"}
 
 
 def test_spawn_and_accordrun_take_their_tuning_from_one_table():

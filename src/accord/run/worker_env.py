@@ -85,7 +85,11 @@ SECRET_FILE_VAR = "ACCORD_SECRET_FILE"
 # (locally the whole environment is inherited).
 FORWARD_PREFIXES = ("ACCORD_", "HOROVOD_", "NCCL_", "GLOO_", "TORCH_", "PYTORCH_", "CUDA_", "OMP_", "MKL_",
                     "DMLC_", "MXNET_", "PS_")  # the last three: MXNet's and ps-lite's settings
-FORWARD_NAMES = ("PYTHONPATH", "PYTHONUNBUFFERED", "LD_LIBRARY_PATH")
+# PATH and the active environment's root, as horovodrun forwards them (it forwards nearly all):
+# `accordrun -H a:2,b:2 python train.py` from an activated venv or conda environment runs that
+# environment's python on every host that has it at the same path (a shared file system).
+FORWARD_NAMES = ("PYTHONPATH", "PYTHONUNBUFFERED", "LD_LIBRARY_PATH", "PATH", "VIRTUAL_ENV", "CONDA_PREFIX",
+                 "CONDA_DEFAULT_ENV")
 
 
 @dataclass(frozen=True)
