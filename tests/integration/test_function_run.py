@@ -55,10 +55,12 @@ def test_runs_the_function_on_every_rank_and_returns_results_in_rank_order(tmp_p
 def test_deprecated_np_and_the_other_import_forms():
     from accord.run import run
 
-    with pytest.warns(DeprecationWarning, match="np is deprecated"):
+    with pytest.warns(DeprecationWarning, match="np is deprecated") as direct:
         assert run(rank_of_worker, np=2) == [0, 1]
-    with pytest.warns(DeprecationWarning):  # num_proc given: np does not override it (Horovod)
+    with pytest.warns(DeprecationWarning) as package:  # num_proc given: np does not override it (Horovod)
         assert accord.run(rank_of_worker, num_proc=3, np=2) == [0, 1, 2]
+    # the warnings name the caller's line, whichever way run was called
+    assert [w.filename for w in direct.list + package.list] == [__file__, __file__]
 
 
 @pytest.mark.parametrize("kwargs, error, fragment", [

@@ -1,4 +1,5 @@
-"""The README's main job: the collectives demo on 2 ranks through the real accordrun CLI."""
+"""The collectives demo on 2 ranks through the real accordrun CLI (the README's main job,
+examples/digits_fit.py, has its own test: test_digits_example.py)."""
 import os
 import subprocess
 import sys

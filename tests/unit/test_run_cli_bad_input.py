@@ -50,8 +50,8 @@ def _refused(capsys, argv, fragment):
     (["--host-discovery-script", "echo localhost:2", "--nproc-per-node", "2", "python3"],
      "cannot be used with --host-discovery-script"),
     (["-np", "4", "--nproc-per-node", "2", "python3"], "-np 4 is more than the 2 slots"),
-    (["-np", "2", "--elastic-timeout", "5", "python3"], "--elastic-timeout need --host-discovery-script"),
-    (["-np", "2", "--elastic-timeout", "-1", "python3"], "--elastic-timeout need --host-discovery-script"),
+    (["-np", "2", "--elastic-timeout", "5", "python3"], "--elastic-timeout needs --host-discovery-script"),
+    (["-np", "2", "--elastic-timeout", "-1", "python3"], "--elastic-timeout needs --host-discovery-script"),
 ])
 def test_bad_values_are_refused_with_a_hint(argv, fragment):
     with pytest.raises(ConfigError) as info:

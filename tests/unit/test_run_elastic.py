@@ -193,9 +193,9 @@ def test_min_np_with_two_or_more_hosts_is_an_elastic_job_on_fixed_hosts(tmp_path
     assert cfg.elastic is None and (cfg.num_proc, cfg.min_np) == (3, 2)
     with pytest.raises(ConfigError, match=r"-np 5 is more than the 4 slots the hosts have"):
         _cfg(["-np", "5", "--min-np", "2", "-H", "h1:2,h2:2", "python3", "t.py"], tmp_path)
-    with pytest.raises(ConfigError, match=r"--discovery-interval need --host-discovery-script"):
+    with pytest.raises(ConfigError, match=r"--discovery-interval needs --host-discovery-script"):
         _cfg(["--min-np", "2", "-H", "h1:2,h2:2", "--discovery-interval", "1", "python3", "t.py"], tmp_path)
-    with pytest.raises(ConfigError, match=r"--reset-limit need --host-discovery-script \(or --min-np with -H"):
+    with pytest.raises(ConfigError, match=r"--reset-limit needs --host-discovery-script \(or --min-np with -H"):
         _cfg(["-np", "3", "--min-np", "2", "-H", "h1:4", "--reset-limit", "1", "python3", "t.py"], tmp_path)
 
 
@@ -205,7 +205,7 @@ def test_elastic_workers_are_marked_as_horovodrun_marks_them():
 
 
 @pytest.mark.parametrize("argv, fragment", [
-    (["--slots-per-host", "2"], "--slots-per-host need --host-discovery-script"),
+    (["--slots-per-host", "2"], "--slots-per-host needs --host-discovery-script"),
     (["--host-discovery-script", "echo h1:2", "-H", "h1:2"], "both name hosts"),
     (["--host-discovery-script", "exit 4"], "failed with exit code 4"),
     (["--host-discovery-script", "echo 'h1:??'"], "slots must be a positive integer"),

@@ -107,9 +107,10 @@ def elastic_from_args(ns: argparse.Namespace, hosts: Sequence[HostSlots] | None 
                   ("--blacklist-cooldown-range", ns.blacklist_cooldown_range))
         extra = [flag for flag, value in discovery_only + (() if fixed else limits) if value is not None]
         if extra:
+            verb = "needs" if len(extra) == 1 else "need"
             raise ConfigError(with_hint(
-                f"{', '.join(extra)} need --host-discovery-script" + ("" if fixed else
-                                                                     " (or --min-np with -H naming two or more hosts)"),
+                f"{', '.join(extra)} {verb} --host-discovery-script" + ("" if fixed else
+                                                                 " (or --min-np with -H naming two or more hosts)"),
                 "pass --host-discovery-script SCRIPT, or drop those flags"))
         if not fixed:
             return None

@@ -71,13 +71,13 @@ def run(
     if np is not None:
         if num_proc == 1:  # as Horovod: the old name counts only when num_proc was left alone
             num_proc = np
-        warnings.warn("np is deprecated, use num_proc instead", DeprecationWarning, stacklevel=2)
+        warnings.warn("np is deprecated, use num_proc instead", DeprecationWarning, stacklevel=_caller_level())
     if min_np is not None:
         min_num_proc = min_num_proc if min_num_proc is not None else min_np
-        warnings.warn("min_np is deprecated, use min_num_proc instead", DeprecationWarning, stacklevel=2)
+        warnings.warn("min_np is deprecated, use min_num_proc instead", DeprecationWarning, stacklevel=_caller_level())
     if max_np is not None:
         max_num_proc = max_num_proc if max_num_proc is not None else max_np
-        warnings.warn("max_np is deprecated, use max_num_proc instead", DeprecationWarning, stacklevel=2)
+        warnings.warn("max_np is deprecated, use max_num_proc instead", DeprecationWarning, stacklevel=_caller_level())
     if hosts is not None and hostfile is not None:
         raise ValueError("Argument hosts and hostfile only allow one provided.")
     if use_gloo and use_mpi:
@@ -137,3 +137,12 @@ def _check_hosts(listed: list[HostSlots] | None, num_proc: int) -> None:
         raise ConfigError(with_hint(f"accord.run: num_proc={num_proc} is more than the {slots} slots of "
                                     f"{[f'{h.hostname}:{h.slots}' for h in listed]}",
                                     f"pass num_proc={slots} or list more slots"))
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` that makes a warning of :func:`run` name its caller's line: one more
+    when the call came through the callable package (``accord.run(...)``, its ``__call__``)."""
+    import sys
+
+    through_package = sys._getframe(2).f_globals.get("__name__") == "accord.run"
+    return 3 if through_package else 2

@@ -130,5 +130,5 @@ def apply(ns: argparse.Namespace) -> list[str]:
                 unknown.append(where)
     if not unknown:
         return []
-    return [f"--config-file {path}: {', '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} not "
-            "horovodrun settings accordrun knows: ignored"]
+    what = "is not a horovodrun setting" if len(unknown) == 1 else "are not horovodrun settings"
+    return [f"--config-file {path}: {', '.join(unknown)} {what} accordrun knows: ignored"]

@@ -9,7 +9,7 @@ workers with ``DMLC_*`` roles; output prefixes, fail-fast, cleanup). ``-n`` work
 servers (default: as many as workers), ``-H`` a file with one host per line (``host`` or
 ``host:slots``; workers go to the hosts round-robin, as MXNet's ssh launcher places them),
 ``--launcher local|ssh`` (default: ssh with ``-H``, else local; ``local`` ignores ``-H``),
-``--env NAME:VALUE`` (repeatable, for every process), ``--sync-dst-dir`` when accordrun has it.
+``--env NAME:VALUE`` (repeatable, for every process), ``--sync-dst-dir`` (passed on to accordrun's).
 The scheduler runs on the launch host; with several hosts the servers are spread over them,
 round robin (as MXNet's ssh launcher places them).
 
