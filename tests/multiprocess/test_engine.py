@@ -315,8 +315,9 @@ def _three_rank_checks(rank, size):
         with pytest.raises(ValueError, match="rank 1 is not in process set 1"):
             _submit(eng, "allreduce", torch.ones(1), "outsider", process_set_id=1)
     if rank in members:
+        # refused on every member, where the ranks agree on the name (a root is per-rank data)
         with pytest.raises(ValueError, match="root rank 1 is not in process set 1"):
-            _submit(eng, "broadcast", torch.ones(1), "bad.root", root_rank=1, process_set_id=1)
+            _sync(eng, _submit(eng, "broadcast", torch.ones(1), "bad.root", root_rank=1, process_set_id=1))
     h = _submit(eng, "allreduce", torch.zeros(4 if rank == 1 else 3), "w")
     with pytest.raises(MismatchError) as info:
         _sync(eng, h)

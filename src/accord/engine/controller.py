@@ -360,7 +360,8 @@ class Controller(PlannedCycles, CallerRuns, JoinControl):
         for name, message in decision.errors.items():
             r = self._pending.pop(name, None)
             if r is not None:
-                self._complete([(r, None, MismatchError(message))])
+                error = InvalidArgumentError if name in decision.invalid else MismatchError
+                self._complete([(r, None, error(message))])
         if self.joined:
             self._check_joined_roots(decision)
         stall_error = self.stall.review(decision.partial, now)

@@ -24,6 +24,7 @@ from accord.comm.ops import ReduceOp
 from accord.engine.group_sizes import group_size_problem, group_sizes
 from accord.engine.naming import Group
 from accord.engine.request import RAGGED_OPS, ROOTED_OPS, Op, Signature
+from accord.engine.validate import root_outside_message
 from accord.errors import with_hint
 
 WANT_FULL, SHUTDOWN, JOINED, UNCACHED = 0, 1, 2, 3
@@ -221,6 +222,7 @@ class Decision:
 
     ready: list[str] = field(default_factory=list)  # execution order (cache id, then uncached)
     errors: dict[str, str] = field(default_factory=dict)  # name -> MismatchError message
+    invalid: set[str] = field(default_factory=set)  # errors that are InvalidArgumentError instead
     partial: list[Partial] = field(default_factory=list)
     # ready name -> (agreed signature, members of its process set): what a joined rank needs
     # to build a stand-in for a name it never submitted
@@ -264,6 +266,10 @@ def decide(exchange: Exchange, cache: ResponseCache, tick: int) -> Decision:
                 decision.partial.append(Partial(name, sig.process_set, tuple(sorted(holders)), missing, age))
             else:
                 decision.errors[name] = mismatch_message(name, sigs)
+            continue
+        if not missing and Op(sig.op) in ROOTED_OPS and sig.root not in group:
+            decision.errors[name] = root_outside_message(name, sig.op, sig.root, sig.process_set, group)
+            decision.invalid.add(name)
             continue
         if not missing and Op(sig.op) in ROOTED_OPS and sig.root not in holders:
             decision.errors[name] = joined_root_message(name, sig)

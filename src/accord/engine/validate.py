@@ -14,7 +14,7 @@ from typing import Sequence
 import torch
 
 from accord.comm.ops import ReduceOp
-from accord.engine.request import REDUCING_OPS, ROOTED_OPS, Op, Request
+from accord.engine.request import REDUCING_OPS, Op, Request
 from accord.engine.sets import ProcessSetRegistry
 from accord.errors import InvalidArgumentError, with_hint
 
@@ -47,16 +47,20 @@ def validate(r: Request, sets: ProcessSetRegistry, rank: int) -> None:
             f"{r.op.value} {r.name!r}: a {None if r.tensor is None else r.tensor.dtype} tensor cannot be "
             f"cast to {r.wire_dtype} by the engine",
             "only in-place allreduces of floating tensors travel in another floating dtype"))
-    if r.op in ROOTED_OPS and r.root_rank not in group:
-        raise InvalidArgumentError(with_hint(f"{r.op.value} {r.name!r}: root rank {r.root_rank} is not in "
-                                   f"process set {r.process_set_id} {list(group)}",
-                                   "pass a global rank that belongs to the process set"))
     if r.splits is not None and r.op is Op.SCATTER and r.root_rank == rank:
         if len(r.splits) != len(group) or sum(r.splits) != r.tensor.shape[0] or min(r.splits) < 0:
             raise InvalidArgumentError(with_hint(
                 f"{r.op.value} {r.name!r}: splits {list(r.splits)} must have {len(group)} "
                 f"non-negative entries summing to dim 0 ({r.tensor.shape[0]})",
                 "pass one row count per rank of the process set"))
+
+
+def root_outside_message(name: str, op: str, root: int, set_id: int, members: Sequence[int]) -> str:
+    """The error of a rooted op whose root is not a member of its process set. The negotiation
+    raises it on every member (InvalidArgumentError): the root is per-rank data, and refused on
+    one rank alone, the others would wait for that rank forever."""
+    return with_hint(f"{op} {name!r}: root rank {root} is not in process set {set_id} {list(members)}",
+                     "pass a global rank that belongs to the process set")
 
 
 def validate_group(requests: Sequence[Request], sets: ProcessSetRegistry, rank: int) -> None:
