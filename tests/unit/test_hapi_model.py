@@ -199,7 +199,7 @@ def test_amp_o1_runs_linear_layers_in_bfloat16_on_cpu():
     assert np.isfinite(history["loss"][0])
     assert model.network[0].weight.dtype == torch.float32  # master weights stay float32
     with pytest.raises(ValueError, match="HINT:"):
-        _prepared(amp_level="O2")
+        _prepared(amp_level="O3")  # O2 exists: tests/unit/test_hapi_amp_o2.py
 
 
 def test_compile_gives_the_same_training():

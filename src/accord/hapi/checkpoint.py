@@ -1,8 +1,11 @@
 """Checkpoint files of ``Model.save`` / ``Model.load``.
 
 ``<path>.pt`` holds the network's ``state_dict``; ``<path>.opt.pt`` the optimizer's (and the
-loss scaler's) state. Files are written to a temporary name and renamed, so a reader never sees
-half a file, and read back with ``torch.load(weights_only=True)``: a checkpoint cannot run code.
+loss scaler's) state and, under AMP O2, the float32 master weights (``master_weights``: by the
+network's parameter names, as Paddle's optimizer ``state_dict`` keeps them), so training resumes
+exactly: the ``.pt`` file alone holds the half-precision weights. Files are written to a
+temporary name and renamed, so a reader never sees half a file, and read back with
+``torch.load(weights_only=True)``: a checkpoint cannot run code.
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import torch
 from torch import nn
 
 from accord.errors import with_hint
+from accord.hapi.master_weights import MasterWeights
 from accord.hapi.world import World
 
 __all__ = ["load_checkpoint", "load_on_every_rank", "save_checkpoint"]
@@ -25,21 +29,27 @@ def _atomic_save(obj: Any, path: str) -> None:
 
 
 def save_checkpoint(path: str, network: nn.Module, optimizer: torch.optim.Optimizer | None = None,
-                    scaler: Any = None) -> None:
-    """Write ``path.pt`` and, when an optimizer is given, ``path.opt.pt``."""
+                    scaler: Any = None, masters: MasterWeights | None = None) -> None:
+    """Write ``path.pt`` and, when an optimizer is given, ``path.opt.pt`` (with ``masters``)."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     _atomic_save(network.state_dict(), path + ".pt")
     if optimizer is not None:
         extra = {"optimizer": optimizer.state_dict()}
         if scaler is not None:
             extra["scaler"] = scaler.state_dict()
+        if masters is not None:
+            extra["master_weights"] = masters.named_masters()
         _atomic_save(extra, path + ".opt.pt")
 
 
 def load_checkpoint(path: str, network: nn.Module, device: torch.device,
                     optimizer: torch.optim.Optimizer | None = None, scaler: Any = None,
-                    skip_mismatch: bool = False) -> None:
+                    skip_mismatch: bool = False, masters: MasterWeights | None = None) -> None:
     """Load ``path`` (or ``path.pt``) into ``network`` and, when given and saved, the optimizer.
+
+    ``masters`` (AMP O2) follow the loaded parameters: the saved masters where ``path.opt.pt``
+    has them (also when ``optimizer`` is None: they are weights, not optimizer state), else the
+    loaded half values upcast.
 
     Raises:
         FileNotFoundError: ``path.pt`` does not exist.
@@ -53,16 +63,20 @@ def load_checkpoint(path: str, network: nn.Module, device: torch.device,
         own = network.state_dict()
         state = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
     network.load_state_dict(state, strict=not skip_mismatch)
-    if optimizer is not None and os.path.exists(base + ".opt.pt"):
+    extra = {}
+    if (optimizer is not None or masters is not None) and os.path.exists(base + ".opt.pt"):
         extra = torch.load(base + ".opt.pt", map_location=device, weights_only=True)
+    if optimizer is not None and "optimizer" in extra:
         optimizer.load_state_dict(extra["optimizer"])
         if scaler is not None and "scaler" in extra:
             scaler.load_state_dict(extra["scaler"])
+    if masters is not None:
+        masters.load_named(extra.get("master_weights"), state)
 
 
 def load_on_every_rank(world: World, path: str, network: nn.Module, device: torch.device,
                        optimizer: torch.optim.Optimizer | None = None, scaler: Any = None,
-                       skip_mismatch: bool = False) -> None:
+                       skip_mismatch: bool = False, masters: MasterWeights | None = None) -> None:
     """Rank 0 loads (see :func:`load_checkpoint`) and broadcasts what it loaded to every rank.
 
     The other ranks never open the files: they need not see them, nor can they read a stale
@@ -76,12 +90,12 @@ def load_on_every_rank(world: World, path: str, network: nn.Module, device: torc
     error: BaseException | None = None
     if world.rank == 0:
         try:
-            load_checkpoint(path, network, device, optimizer, scaler, skip_mismatch)
+            load_checkpoint(path, network, device, optimizer, scaler, skip_mismatch, masters)
         except BaseException as exc:  # told to the other ranks first, then re-raised
             error = exc
     if world.distributed:
         if world.agree(error is None, "accord.hapi.load"):
-            world.broadcast_state(network, optimizer, scaler=scaler)
+            world.broadcast_state(network, optimizer, scaler=scaler, masters=masters)
         elif error is None:
             raise RuntimeError(with_hint(f"rank 0 could not load the checkpoint {path!r}",
                                          "see rank 0's error; the files must exist where rank 0 runs"))

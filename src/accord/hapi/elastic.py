@@ -3,9 +3,11 @@
 and go, as Horovod's Keras elastic callbacks do for ``model.fit``.
 
 The training set is read through an :class:`~accord.torch.elastic.ElasticSampler`; the network,
-the optimizer, the sampler and the progress (``epoch``, ``batch``, ``commits``: committed steps
-since the start) form a ``TorchState`` (``model.elastic_state``) that is committed after every
-step (:class:`ElasticCommit`, the last callback). When the job re-forms, every rank goes back to
+the optimizer, the sampler, the progress (``epoch``, ``batch``, ``commits``: committed steps since
+the start) and under AMP O2 the float32 master weights (``masters``, an ``nn.Module``: committed,
+restored and synced with the half network they belong to) form a ``TorchState``
+(``model.elastic_state``) that is committed after every step (:class:`ElasticCommit`, the last
+callback). When the job re-forms, every rank goes back to
 the last commit, the new ranks receive it from rank 0 (the lowest surviving rank), the model's
 world is refreshed (new size and rank) and fit resumes where the commit left it, mid-epoch.
 """
@@ -21,7 +23,7 @@ from accord.hapi.data import as_dataset
 from accord.hapi.training import fit as run_fit
 from accord.hapi.world import resolve_world
 
-__all__ = ["ElasticCommit", "fit_elastic"]
+__all__ = ["ElasticCommit", "elastic_state", "fit_elastic"]
 
 
 class ElasticCommit(Callback):
@@ -54,6 +56,16 @@ class _Resuming(Sampler):
         return len(self._elastic)
 
 
+def elastic_state(model: Any, sampler: Any) -> Any:
+    """The ``TorchState`` of ``model``'s training over ``sampler``, at epoch 0, batch 0."""
+    import accord.torch as hvd
+
+    masters = model._state.masters
+    objects = {} if masters is None else {"masters": masters}
+    return hvd.elastic.TorchState(model.network, model._state.optimizer, sampler=sampler,
+                                  epoch=0, batch=0, commits=0, **objects)
+
+
 def fit_elastic(model: Any, train_data: Any, eval_data: Any, batch_size: int, epochs: int,
                 eval_freq: int, log_freq: int, save_dir: str | None, save_freq: int, verbose: int,
                 drop_last: bool, shuffle: bool, num_workers: int,
@@ -72,8 +84,7 @@ def fit_elastic(model: Any, train_data: Any, eval_data: Any, batch_size: int, ep
     sampler = hvd.elastic.ElasticSampler(dataset, shuffle=shuffle, seed=seed)
     loader = DataLoader(dataset, batch_size=batch_size, sampler=_Resuming(sampler),
                         drop_last=drop_last, num_workers=num_workers)
-    state = hvd.elastic.TorchState(model.network, model._state.optimizer, sampler=sampler,
-                                   epoch=0, batch=0, commits=0)
+    state = elastic_state(model, sampler)
     model.elastic_state = state
     state.register_reset_callbacks([lambda: setattr(model._state, "world", resolve_world())])
     history: dict[str, list[float]] = defaultdict(list)

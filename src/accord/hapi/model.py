@@ -28,6 +28,7 @@ from accord.errors import with_hint
 from accord.hapi import data, evaluation, steps
 from accord.hapi.callbacks import Callback, config_callbacks
 from accord.hapi.checkpoint import load_on_every_rank, save_checkpoint
+from accord.hapi.master_weights import MasterWeights, check_optimizer
 from accord.hapi.metrics import Metric
 from accord.hapi.precision import amp_settings
 from accord.hapi.state import ModelState
@@ -116,11 +117,18 @@ class Model:
                 ``accord.torch.DistributedOptimizer`` when there are several ranks (unless it is one).
             loss: ``loss(outputs, labels)`` returning the batch's mean loss, e.g. ``nn.CrossEntropyLoss()``.
             metrics: :class:`~accord.hapi.metrics.Metric` instances, e.g. ``Accuracy(topk=(1, 2))``.
-            amp_level: "O0" (off) or "O1" (autocast: bfloat16 on CPU, float16 with loss scaling
-                on CUDA); or ``{"level": "O1", "dtype": "bfloat16"}``.
+            amp_level: Paddle's levels: "O0" (off); "O1" (autocast: bfloat16 on CPU, float16
+                with loss scaling on CUDA; weights stay float32); "O2" (the network's weights
+                and gradients in that half dtype, except normalization layers, which stay
+                float32; the optimizer updates float32 master weights, copied back after each
+                step; forward under autocast; loss scaling with float16 on CUDA; see
+                :mod:`accord.hapi.precision`). Or ``{"level": "O1" | "O2", "dtype":
+                "bfloat16" | "float16"}``. Preparing again undoes O2 first: the network takes
+                back its dtype with the master weights' values.
             compile: True (or ``torch.compile`` keyword arguments) to compile the forward pass.
         Raises:
-            ValueError: an unknown amp level, or a dtype other than bfloat16/float16.
+            ValueError: an unknown amp level, a dtype other than bfloat16/float16, or O2 with a
+                ``DistributedOptimizer(op=Adasum)``.
             TypeError: a metric that is not a Metric.
         """
         metrics = [] if metrics is None else ([metrics] if isinstance(metrics, Metric) else list(metrics))
@@ -128,9 +136,15 @@ class Model:
             if not isinstance(m, Metric):
                 raise TypeError(with_hint(f"metrics must be accord.hapi.Metric instances, got {type(m).__name__}",
                                           "subclass accord.hapi.Metric (state/result give exact cross-rank values)"))
+        amp = amp_settings(amp_level, self.device)
+        if amp.half_weights:
+            check_optimizer(optimizer)
         state = self._state
-        state.amp_dtype, use_scaler = amp_settings(amp_level, self.device)
-        state.scaler = torch.amp.GradScaler("cuda") if use_scaler else None
+        if state.masters is not None:  # back to the network's own weights before anything else
+            state.masters.release([state.optimizer, optimizer])
+            state.masters = None
+        state.amp_dtype = amp.dtype
+        state.scaler = torch.amp.GradScaler("cuda") if amp.scale_loss else None
         if self._wrapped is not None and self._wrapped is not optimizer:
             # A DistributedOptimizer we made earlier still hooks every parameter: unhook it, or
             # each backward would submit its gradients twice.
@@ -141,10 +155,15 @@ class Model:
 
             optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=self.network.named_parameters())
             self._wrapped = optimizer
+        if amp.half_weights:
+            # After wrapping: the DistributedOptimizer names and hooks the network's parameters,
+            # then the masters take their place in the groups. Every rank's masters become rank
+            # 0's in the broadcast below.
+            state.masters = MasterWeights(self.network, optimizer, amp.dtype)
         state.optimizer, state.loss = optimizer, loss
         state.meters.configure(loss is not None, metrics)
         if admission.admitted() is None:
-            self.world.broadcast_state(self.network, optimizer)
+            self.world.broadcast_state(self.network, optimizer, masters=state.masters)
         # else: a worker added to a running elastic job, whose peers are not preparing: its
         # state comes from theirs when fit(elastic=True) starts (hvd.elastic.run syncs it)
         state.synced = True
@@ -275,19 +294,22 @@ class Model:
     # --- checkpoints ----------------------------------------------------------------------------
 
     def save(self, path: str, training: bool = True) -> None:
-        """Write ``path.pt`` (the network's state_dict) and, when ``training``, ``path.opt.pt``
-        (optimizer and loss-scaler state). Only rank 0 writes; elsewhere this does nothing, so
-        it may also be called from code that runs on rank 0 alone."""
+        """Write ``path.pt`` (the network's state_dict: half weights under AMP O2) and, when
+        ``training``, ``path.opt.pt`` (optimizer and loss-scaler state, and under O2 the float32
+        master weights). Only rank 0 writes; elsewhere this does nothing, so it may also be
+        called from code that runs on rank 0 alone."""
         if self.rank == 0:
             save_checkpoint(path, self.network, self.optimizer if training else None,
-                            self._state.scaler)
+                            self._state.scaler, self._state.masters)
 
     def load(self, path: str, skip_mismatch: bool = False, reset_optimizer: bool = False) -> None:
         """Load what :meth:`save` wrote (``path`` or ``path.pt``) on every rank.
 
         Rank 0 reads the files with ``torch.load(weights_only=True)`` onto its device and, with
         several ranks, broadcasts parameters and optimizer state, so the other ranks need not
-        see the files (and cannot read a stale copy). Call it on every rank.
+        see the files (and cannot read a stale copy). Call it on every rank. Under AMP O2 the
+        master weights come from ``path.opt.pt`` when it has them (even with
+        ``reset_optimizer``), else from the loaded half weights.
 
         Args:
             skip_mismatch: skip parameters missing from the file or of another shape.
@@ -297,5 +319,6 @@ class Model:
                 RuntimeError naming rank 0's error).
         """
         load_on_every_rank(self.world, path, self.network, self.device,
-                           None if reset_optimizer else self.optimizer, self._state.scaler, skip_mismatch)
+                           None if reset_optimizer else self.optimizer, self._state.scaler, skip_mismatch,
+                           self._state.masters)
         self._state.synced = True

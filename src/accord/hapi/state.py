@@ -33,6 +33,8 @@ class ModelState:
         meters: loss and metric accumulators.
         amp_dtype: the autocast dtype, or None when mixed precision is off.
         scaler: the ``GradScaler`` with float16 on CUDA, else None.
+        masters: under AMP O2, the float32 master weights
+            (:class:`~accord.hapi.master_weights.MasterWeights`), else None.
         synced: whether rank 0's parameters have been broadcast to every rank.
         stop_training: set by a callback to stop ``fit`` (agreed over ranks at log steps).
     """
@@ -46,6 +48,7 @@ class ModelState:
     meters: Meters = field(default_factory=Meters)
     amp_dtype: torch.dtype | None = None
     scaler: Any = None
+    masters: Any = None
     synced: bool = False
     stop_training: bool = False
 

@@ -1,10 +1,11 @@
 """One batch of a ``Model``: split it into inputs and label, move it to the device, and run a
-training step (backward and optimizer step, with loss scaling when a GradScaler is in use), an
-evaluation step or a prediction.
+training step (backward and optimizer step, with loss scaling when a GradScaler is in use and
+through float32 master weights under AMP O2), an evaluation step or a prediction.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+import contextlib
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import torch
@@ -13,6 +14,9 @@ from torch import nn
 from accord.errors import with_hint
 from accord.hapi.precision import autocast
 from accord.hapi.state import ModelState
+
+if TYPE_CHECKING:
+    from accord.hapi.master_weights import MasterWeights
 
 __all__ = ["backward_and_step", "eval_step", "first_output", "is_distributed_optimizer",
            "predict_step", "rows_of", "split_batch", "to_device", "to_label", "to_numpy", "train_step"]
@@ -43,20 +47,23 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
     return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
 
 
-def to_device(value: Any, device: torch.device, network: nn.Module) -> Any:
-    """Move a tensor to ``device``; floating inputs take the network's parameter dtype."""
+def to_device(value: Any, device: torch.device, network: nn.Module, dtype: torch.dtype | None = None) -> Any:
+    """Move a tensor to ``device``; floating inputs take ``dtype``, by default the dtype of the
+    network's first floating parameter (the layer they meet first: under AMP O2 a half layer,
+    or a normalization layer kept in float32; autocast reconciles the layers after it)."""
     if not torch.is_tensor(value):
         return value
     if value.is_floating_point():
-        param = next((p for p in network.parameters() if p.is_floating_point()), None)
-        dtype = param.dtype if param is not None else torch.float32
+        if dtype is None:
+            param = next((p for p in network.parameters() if p.is_floating_point()), None)
+            dtype = param.dtype if param is not None else torch.float32
         return value.to(device, dtype=dtype, non_blocking=True)
     return value.to(device, non_blocking=True)
 
 
-def to_label(label: Any, device: torch.device, network: nn.Module) -> Any:
+def to_label(label: Any, device: torch.device, network: nn.Module, dtype: torch.dtype | None = None) -> Any:
     """Like :func:`to_device`; integer class indices become int64 (what losses want)."""
-    label = to_device(label, device, network)
+    label = to_device(label, device, network, dtype)
     if torch.is_tensor(label) and not label.is_floating_point() and label.dtype != torch.bool:
         label = label.long()
     return label
@@ -71,22 +78,42 @@ def rows_of(label: Any, inputs: Any = None) -> int:
     return int(inputs[0].shape[0])
 
 
-def backward_and_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer, scaler: Any) -> None:
-    """``loss.backward()`` then ``optimizer.step()``; with a GradScaler, scale the loss and
-    unscale the (already averaged) gradients before stepping, without a second allreduce."""
-    if scaler is None:
+def backward_and_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer, scaler: Any,
+                      masters: MasterWeights | None = None) -> None:
+    """``loss.backward()`` then ``optimizer.step()``.
+
+    With a GradScaler the loss is scaled and the (already averaged) gradients unscaled before
+    the step, which is skipped on inf/nan. With ``masters`` (AMP O2) the averaged half
+    gradients are copied as float32 into the masters, which the optimizer steps, and the masters
+    are then rounded back into the half parameters. A ``DistributedOptimizer`` is synchronized
+    first and stepped without a second allreduce.
+    """
+    if scaler is None and masters is None:
         loss.backward()
         optimizer.step()
         return
-    scaler.scale(loss).backward()
-    if is_distributed_optimizer(optimizer):
+    (loss if scaler is None else scaler.scale(loss)).backward()
+    distributed = is_distributed_optimizer(optimizer)
+    if distributed:
         optimizer.synchronize()
-        scaler.unscale_(optimizer)
-        with optimizer.skip_synchronize():
-            scaler.step(optimizer)
-    else:
-        scaler.step(optimizer)
-    scaler.update()
+    if masters is not None:
+        masters.grads_to_masters()
+    with optimizer.skip_synchronize() if distributed else contextlib.nullcontext():
+        if scaler is None:
+            optimizer.step()
+        else:
+            scaler.step(optimizer)  # unscales the gradients the optimizer steps (the masters under O2)
+    if scaler is not None:
+        scaler.update()
+    if masters is not None:
+        masters.masters_to_params()
+
+
+def _label_of(state: ModelState, label: Any) -> Any:
+    """The label on the device. Under AMP O2 floating labels (regression targets) stay float32:
+    the loss is computed in float32 (autocast), and rounding targets to half would bias it."""
+    return to_label(label, state.device, state.network,
+                    torch.float32 if state.masters is not None else None)
 
 
 def _loss_of(state: ModelState, outputs: Any, label: Any) -> torch.Tensor:
@@ -110,12 +137,15 @@ def train_step(state: ModelState, inputs: Sequence[Any], label: Any, loss_scale:
                                    "pass (X, y) arrays, or a Dataset whose items are (inputs..., label)"))
     state.network.train()
     inputs = [to_device(x, state.device, state.network) for x in inputs]
-    label = to_label(label, state.device, state.network)
+    label = _label_of(state, label)
     optimizer.zero_grad(set_to_none=True)
+    if state.masters is not None:
+        state.masters.zero_param_grads()
     with autocast(state.amp_dtype, state.device):
         outputs = state.forward(*inputs)
         loss = _loss_of(state, outputs, label)
-    backward_and_step(loss if loss_scale is None else loss * loss_scale, optimizer, state.scaler)
+    backward_and_step(loss if loss_scale is None else loss * loss_scale, optimizer, state.scaler,
+                      state.masters)
     state.meters.track(first_output(outputs), loss, label, rows_of(label))
     return float(loss.detach())
 
@@ -125,7 +155,7 @@ def eval_step(state: ModelState, inputs: Sequence[Any], label: Any) -> float | N
     """``Model.eval_batch``: forward without gradients, accumulate loss and metrics."""
     state.network.eval()
     inputs = [to_device(x, state.device, state.network) for x in inputs]
-    label = to_label(label, state.device, state.network)
+    label = _label_of(state, label)
     with autocast(state.amp_dtype, state.device):
         outputs = state.forward(*inputs)
         loss = _loss_of(state, outputs, label) if state.loss is not None and label is not None else None

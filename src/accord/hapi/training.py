@@ -10,8 +10,8 @@ that batch. A rank that runs out of data calls ``accord.torch.join()`` and from 
 zeros to the others' gradient allreduces (Average still divides by the full size, which the
 scale accounts for). Our own collectives run only inside the steps every rank runs, and after
 the join; then every rank takes the state of a rank that ran every step, since the others
-skipped its last updates: network, optimizer, loss scaler, learning rates and step-wise LR
-schedulers (Horovod's advice after join, done for you).
+skipped its last updates: network, AMP O2 master weights, optimizer, loss scaler, learning rates
+and step-wise LR schedulers (Horovod's advice after join, done for you).
 """
 from __future__ import annotations
 
@@ -109,7 +109,7 @@ def _take_state_of(state: ModelState, cbks: CallbackList, root: int) -> None:
     """Make every rank's training state rank ``root``'s (after a join with uneven steps)."""
     world = state.world
     optimizer = state.optimizer
-    world.broadcast_state(state.network, optimizer, state.scaler, root=root)
+    world.broadcast_state(state.network, optimizer, state.scaler, root=root, masters=state.masters)
     # Learning rates live in param_groups (not optimizer state) and step-wise schedulers count
     # steps: the ranks that ran fewer steps are behind on both.
     schedulers = [cb.scheduler for cb in cbks.callbacks if isinstance(cb, LRScheduler) and cb.by_step]

@@ -116,9 +116,9 @@ class World:
         return hvd.broadcast_object(obj, root_rank=root, name=name)
 
     def broadcast_state(self, network: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
-                        scaler: Any = None, root: int = 0) -> None:
-        """Give every rank rank ``root``'s parameters and buffers, and its optimizer (and loss
-        scaler) state when it has one.
+                        scaler: Any = None, root: int = 0, masters: torch.nn.Module | None = None) -> None:
+        """Give every rank rank ``root``'s parameters and buffers, its AMP O2 master weights
+        (``masters``), and its optimizer (and loss scaler) state when it has one.
 
         A fresh optimizer (no state yet) is identical everywhere already; broadcasting it would
         create state with a zero step (Horovod's way), which shifts Adam's bias correction.
@@ -127,7 +127,10 @@ class World:
             return
         import accord.torch as hvd
 
-        hvd.broadcast_parameters(network.state_dict(), root_rank=root)
+        tensors = dict(network.state_dict())
+        if masters is not None:  # one broadcast_parameters call: the engine can fuse them all
+            tensors.update((f"accord.hapi.masters.{k}", v) for k, v in masters.state_dict().items())
+        hvd.broadcast_parameters(tensors, root_rank=root)
         if optimizer is not None and self.agree(bool(optimizer.state_dict()["state"]),
                                                 "accord.hapi.optimizer_has_state", root):
             hvd.broadcast_optimizer_state(optimizer, root_rank=root)
