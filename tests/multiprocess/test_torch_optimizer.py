@@ -285,3 +285,34 @@ def _adasum_optimizer(rank, size):
 @pytest.mark.parametrize("nprocs", [2, 3])
 def test_adasum_optimizer_combines_updates(nprocs):
     assert run_ranks(_adasum_optimizer, nprocs, init="accord", timeout=60) == [True] * nprocs
+
+
+def _scheduler_on_the_wrapped_optimizer(rank, size):
+    """An LR scheduler built on the optimizer a DistributedOptimizer wraps keeps driving the
+    rates the wrapper uses after broadcast_optimizer_state (and load_state_dict) on every rank,
+    as in Horovod: the loaded options go into the group dicts both optimizers share."""
+    import torch
+
+    import accord.torch as hvd
+
+    hvd.init()
+    model = _model(seed=rank)  # different starting states: the broadcast must load root's
+    inner = torch.optim.SGD(model.parameters(), lr=1.0 + rank, momentum=0.9)
+    scheduler = torch.optim.lr_scheduler.StepLR(inner, step_size=1, gamma=0.1)
+    opt = hvd.DistributedOptimizer(inner, named_parameters=model.named_parameters())
+    x, y = _batch(0, rank)
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    assert opt.param_groups[0]["lr"] == 1.0  # root's
+    scheduler.step()
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.1), f"rank {rank}: {opt.param_groups[0]['lr']}"
+    opt.load_state_dict(opt.state_dict())
+    scheduler.step()
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.01), f"rank {rank}: {opt.param_groups[0]['lr']}"
+    hvd.shutdown()
+    return True
+
+
+def test_a_scheduler_on_the_wrapped_optimizer_survives_loading_state():
+    assert run_ranks(_scheduler_on_the_wrapped_optimizer, 2, init="accord", timeout=60) == [True, True]

@@ -258,7 +258,16 @@ class _DistributedMixin:
         self._should_synchronize = True
         for p in self._allreduce_delay:
             self._allreduce_delay[p] = self.backward_passes_per_step
-        return super().load_state_dict(*args, **kwargs)
+        groups = self.param_groups
+        result = super().load_state_dict(*args, **kwargs)
+        # torch puts new group dicts in param_groups. Keep the ones this optimizer was built on,
+        # updated: they are shared with the optimizer it wraps, so an LR scheduler built on that
+        # one keeps setting the rates used here (Horovod sets loaded options in place too; else
+        # broadcast_optimizer_state would cut the scheduler off on every rank but the root).
+        for kept, loaded in zip(groups, self.param_groups):
+            kept.update(loaded)
+        self.param_groups = groups
+        return result
 
     def remove_hooks(self) -> None:
         """Detach this optimizer's gradient hooks from the parameters, e.g. before wrapping them
