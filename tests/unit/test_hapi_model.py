@@ -292,6 +292,22 @@ def test_errors_say_what_and_hint():
         _prepared().fit(x, batch_size=4, verbose=0)
 
 
+class _Stream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        for i in range(8):
+            yield torch.zeros(5, dtype=torch.float64), torch.tensor(i % 3)
+
+
+def test_iterable_data_without_a_length_is_refused_clearly():
+    model = _prepared()
+    for data in (torch.utils.data.DataLoader(_Stream(), batch_size=4), _Stream()):
+        for call in (lambda d: model.fit(d, batch_size=4, verbose=0), lambda d: model.evaluate(d, verbose=0),
+                     lambda d: model.predict(d, verbose=0)):
+            with pytest.raises(ValueError, match="_Stream") as info:
+                call(data)
+            assert "HINT:" in str(info.value)
+
+
 def test_accord_model_is_a_lazy_attribute():
     assert accord.Model is Model
     code = ("import sys, accord; assert 'torch' not in sys.modules; "

@@ -14,7 +14,7 @@ from typing import Any, Iterator, Sequence, Sized
 
 import numpy as np
 import torch
-from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler, TensorDataset
+from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, Sampler, TensorDataset
 
 from accord.data.samplers import DistributedSampler
 from accord.errors import with_hint
@@ -47,11 +47,35 @@ def as_dataset(data: Any, what: str) -> Dataset:
                 f"{what}: the arrays have lengths {lengths}; each must have one row per sample",
                 "pass (X, y) with X.shape[0] == y.shape[0]"))
         return TensorDataset(*tensors)
+    if isinstance(data, IterableDataset):
+        raise ValueError(with_hint(
+            f"{what} is an iterable dataset ({type(data).__name__}): accord shards datasets by index, "
+            "which an iterable dataset cannot be read by",
+            "pass a map-style Dataset (__len__ and __getitem__) or (X, y) arrays, or a DataLoader over "
+            "the iterable dataset that yields this rank's share and has a length (equal on every rank)"))
     if isinstance(data, Dataset) or (hasattr(data, "__len__") and hasattr(data, "__getitem__")):
         return data
     raise TypeError(with_hint(
         f"{what} must be a torch Dataset, an (X, y) pair of arrays or a DataLoader; got {type(data).__name__}",
         "wrap your data in torch.utils.data.TensorDataset or pass numpy arrays as (X, y)"))
+
+
+def _no_length(what: str, kind: str) -> str:
+    return with_hint(
+        f"{what} ({kind}) has no length: fit, evaluate and predict count an epoch's batches to "
+        "keep every rank running the same steps (and to shard the data), so an iterable dataset "
+        "without __len__ cannot be used",
+        "pass a map-style Dataset (__len__ and __getitem__) or (X, y) arrays, or give the iterable "
+        "dataset a __len__ (its batches per rank must then be equal on every rank)")
+
+
+def _sized(loader: DataLoader, what: str) -> DataLoader:
+    """``loader`` if it knows its number of batches, else a ValueError naming ``what``."""
+    try:
+        len(loader)
+    except TypeError:
+        raise ValueError(_no_length(what, f"a DataLoader over {type(loader.dataset).__name__}")) from None
+    return loader
 
 
 class ContiguousShard(Sampler[int]):
@@ -96,7 +120,7 @@ def train_loader(data: Any, batch_size: int, size: int, rank: int, shuffle: bool
                 "DataLoader as it is, so its sampler decides what each rank reads",
                 "pass the Dataset (or (X, y) arrays) and let fit shard it, or give the DataLoader "
                 "an accord.data.DistributedSampler(dataset, work_load_list=...)"))
-        return data
+        return _sized(data, "train_data")
     dataset = as_dataset(data, "train_data")
     sampler = DistributedSampler(dataset, num_replicas=size, rank=rank, shuffle=shuffle, seed=seed,
                                  work_load_list=work_load_list)
@@ -107,7 +131,7 @@ def eval_loader(data: Any, batch_size: int, size: int, rank: int, what: str,
                 num_workers: int = 0) -> DataLoader:
     """This rank's unpadded evaluation/prediction loader (a user's DataLoader is used as is)."""
     if isinstance(data, DataLoader):
-        return data
+        return _sized(data, what)
     dataset = as_dataset(data, what)
     return _loader(dataset, ContiguousShard(dataset, size, rank), batch_size, False, num_workers)
 
