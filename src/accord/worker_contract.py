@@ -23,6 +23,11 @@ root-cause report shows it instead of guessing from stderr. Two ways in:
       def main(): ...
 
 The file format (one JSON object): ``{"type", "message", "traceback", "timestamp", "pid"}``.
+
+Shared-memory segments (the ``shm`` backend, :mod:`accord.comm.shm_segment`) are files named
+``accord-shm-<pid of their creator>-<random>`` in :func:`shm_segment_dir`. The creator's peers
+unlink one once they have mapped it; a creator killed before it shared the name leaves the file,
+and its launcher removes it (:func:`remove_shm_segments`) once the process has exited.
 """
 from __future__ import annotations
 
@@ -30,6 +35,7 @@ import functools
 import json
 import os
 import sys
+import tempfile
 import time
 import traceback
 from types import TracebackType
@@ -54,6 +60,8 @@ ELASTIC_JOINERS_KEY = "accord/elastic/joiners"  # counter of workers that asked 
 ELASTIC_JOINER_KEY = "accord/elastic/joiner/{n}"  # the member id of joiner n
 ELASTIC_LATEST_KEY = "accord/elastic/latest"  # counter: the last re-formation published
 ELASTIC_MEMBERS_KEY = "accord/elastic/e{epoch}/members"  # JSON of re-formation ``epoch``
+
+SHM_SEGMENT_PREFIX = "accord-shm-"  # then the creator's pid, "-", a random part
 
 F = TypeVar("F", bound=Callable[..., Any])
 _INSTALLED_MARK = "_accord_error_file_hook"
@@ -138,3 +146,30 @@ def record(fn: F) -> F:
 def server_command(python: str | None = None) -> list[str]:
     """The argv of one parameter server (this Python unless ``python`` is given)."""
     return [python or sys.executable, "-m", SERVER_MODULE]
+
+
+def shm_segment_dir() -> str:
+    """Where shared-memory segments are created: /dev/shm if usable, else the temporary directory."""
+    if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK | os.X_OK):
+        return "/dev/shm"
+    return tempfile.gettempdir()
+
+
+def remove_shm_segments(pid: int) -> list[str]:
+    """Remove the shared-memory segments process ``pid`` created and left behind (call it once
+    that process has exited: a live one may still be sharing the name); return their paths."""
+    directory = shm_segment_dir()
+    prefix = f"{SHM_SEGMENT_PREFIX}{pid}-"
+    try:
+        names = [n for n in os.listdir(directory) if n.startswith(prefix)]
+    except OSError:
+        return []
+    removed = []
+    for name in names:
+        path = os.path.join(directory, name)
+        try:
+            os.unlink(path)
+        except OSError:  # gone already, or not ours to remove
+            continue
+        removed.append(path)
+    return removed

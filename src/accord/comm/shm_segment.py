@@ -4,9 +4,10 @@ The segment is a file in ``/dev/shm`` (tmpfs; a temporary directory where there 
 rank creates with a random name, mode 0600, and fills with ``posix_fallocate`` so that a full tmpfs fails here
 with a clear error instead of a SIGBUS later. The other ranks map it, then every member unlinks the name
 (whoever comes first): from then on the memory lives only as long as some rank maps it, so nothing is left in
-``/dev/shm`` even when ranks are killed (only a leader killed inside ``create``, between creating and the
-unlink a few milliseconds later, can leave an ``accord-shm-<pid>-*`` file behind). Layout (every area aligned
-to 64 bytes, data areas to 4096)::
+``/dev/shm`` even when ranks are killed. Only a leader killed inside ``create``, before it shared the name, can
+leave its ``accord-shm-<pid>-*`` file; accordrun and accord.spawn remove those of their workers once they have
+exited (:func:`accord.worker_contract.remove_shm_segments`). Layout (every area aligned to 64 bytes, data
+areas to 4096)::
 
     header   magic, token (proves that a rank mapped the segment its leader created), sizes
              the barrier counter and abort word, each on its own cache line
@@ -20,10 +21,10 @@ import mmap
 import os
 import secrets
 import struct
-import tempfile
 from dataclasses import dataclass
 
 from accord.errors import BackendError, with_hint
+from accord.worker_contract import SHM_SEGMENT_PREFIX, shm_segment_dir
 
 MAGIC = b"accord-shm-v1\0\0\0"
 _HEAD = struct.Struct("<16s16sQQ")  # magic, token, size, chunk
@@ -97,9 +98,7 @@ def read_meta(buffer: mmap.mmap, offset: int) -> tuple[int, int, int, int, int]:
 
 def segment_dir() -> str:
     """Where segments are created: /dev/shm if usable, else the temporary directory."""
-    if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK | os.X_OK):
-        return "/dev/shm"
-    return tempfile.gettempdir()
+    return shm_segment_dir()
 
 
 def _map(fd: int, nbytes: int) -> mmap.mmap:
@@ -115,7 +114,8 @@ def create_segment(layout: Layout) -> tuple[str, bytes, mmap.mmap]:
         BackendError: the file cannot be created or the file system lacks the space.
     """
     directory = segment_dir()
-    path = os.path.join(directory, f"accord-shm-{os.getpid()}-{secrets.token_hex(8)}")
+    # named after this process, so that its launcher can remove the file if it is killed first
+    path = os.path.join(directory, f"{SHM_SEGMENT_PREFIX}{os.getpid()}-{secrets.token_hex(8)}")
     token = secrets.token_bytes(16)
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)

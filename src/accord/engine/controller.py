@@ -31,7 +31,8 @@ from accord.comm.backend import Communicator
 from accord.comm.ops import ReduceOp
 from accord.engine import negotiate as neg
 from accord.engine.caller_runs import CallerRuns
-from accord.engine.execute import CommunicationFailure, Executor
+from accord.engine.execute import Executor
+from accord.engine.failure import CommunicationFailure, pending_at_stop
 from accord.engine.intake import Intake
 from accord.engine.join_control import JoinControl, OnJoined, OnJoinError
 from accord.engine.naming import GroupsInFlight
@@ -45,7 +46,6 @@ from accord.errors import (
     CollectiveError,
     InvalidArgumentError,
     MismatchError,
-    RankFailedError,
     ShutdownError,
     with_hint,
 )
@@ -90,6 +90,7 @@ class Controller(PlannedCycles, CallerRuns, JoinControl):
         self._pending: dict[str, Request] = {}  # controller thread only: waiting for agreement
         self._stop_requested = False
         self._stop_cause: BaseException | None = None  # why a forced stop was asked for
+        self._peers_stopped = False  # the negotiated stop came from other members only
         self.stopped = False
         self.stop_error: BaseException | None = None
         self.thread: threading.Thread | None = None
@@ -213,12 +214,7 @@ class Controller(PlannedCycles, CallerRuns, JoinControl):
             error = self._loop()
         except CommunicationFailure as failure:
             where = "" if self.set_id == GLOBAL_ID else f" in process set {self.set_id} {list(self.members)}"
-            error = RankFailedError(with_hint(
-                f"a collective failed on rank {self.rank} of {self.sets.size}{where}: {failure}",
-                "another rank probably died or stopped answering (ACCORD_COLLECTIVE_TIMEOUT="
-                f"{self.settings.collective_timeout:g}s); the launcher's output and per-rank logs "
-                "name the rank that failed first and its root cause"))
-            error.__cause__ = failure.cause
+            error = failure.rank_failed(self.rank, self.sets.size, where, self.settings.collective_timeout)
         except BaseException as exc:  # a bug in the engine: never leave callers waiting
             log.exception("accord engine thread failed")
             error = CollectiveError(with_hint(f"the accord engine failed on rank {self.rank}: {exc!r}",
@@ -231,11 +227,7 @@ class Controller(PlannedCycles, CallerRuns, JoinControl):
                 self.stop_error = error or self._stop_cause
                 leftovers = list(self._inflight.values())
                 cause = self._stop_cause
-            final = error or cause or ShutdownError(with_hint(
-                "the accord engine shut down while this request was pending" + (
-                    "" if self.set_id == GLOBAL_ID else
-                    f" (process set {self.set_id} stopped: shutdown or remove_process_set on a member)"),
-                "synchronize every handle before shutdown(), and submit the same names on every rank"))
+            final = error or cause or pending_at_stop(self.set_id, self.members, self.rank, self._peers_stopped)
             self._complete([(r, None, final) for r in leftovers])
             if join_handle is not None:
                 self._fail_join(join_handle, error or cause)
@@ -321,6 +313,7 @@ class Controller(PlannedCycles, CallerRuns, JoinControl):
                                joined=self.joined, uncached=uncached)
         sums = self._negotiate(vec)
         stop: BaseException | bool | None = bool(sums[neg.SHUTDOWN]) or None
+        self._peers_stopped = bool(stop) and not stop_local
         joined = None
         if sums[neg.WANT_FULL]:
             ready, needed, joined, stall_error = self._full_cycle(pending, now)

@@ -19,6 +19,7 @@ from accord.comm.base_communicator import split_rows
 from accord.comm.dtypes import scale_
 from accord.comm.ops import ReduceOp
 from accord.engine.compression import decompress_into
+from accord.engine.failure import CommunicationFailure
 from accord.engine.fusion import FusionBuffers, StagingBuffers, adjacent_span, copy_out, pack, plan_work, unpack
 from accord.engine.request import Op, Request
 from accord.engine.sets import ProcessSetRegistry
@@ -27,15 +28,6 @@ from accord.errors import AccordError, BackendError, CollectiveError, MismatchEr
 
 Outcome = tuple[Request, Any, "BaseException | None"]
 Complete = Callable[[Sequence[Outcome]], None]
-
-
-class CommunicationFailure(Exception):
-    """A collective failed in a way that leaves its communicator unusable."""
-
-    def __init__(self, requests: Sequence[Request], cause: BaseException) -> None:
-        super().__init__(f"{cause.__class__.__name__}: {cause}")
-        self.requests = list(requests)
-        self.cause = cause
 
 
 def wire_reduction(op: ReduceOp, dtype: torch.dtype, postscale: float, n: int) -> tuple[ReduceOp, float]:

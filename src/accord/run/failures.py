@@ -6,6 +6,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from accord.errors import RankFailedError, ShutdownError
+
 
 def signal_name(signum: int) -> str:
     """``9`` -> ``"SIGKILL"``; unknown numbers -> ``"signal 64"``."""
@@ -28,6 +30,9 @@ def exit_status(returncode: int) -> int:
 
 
 SSH_FAILED = 255  # ssh's status when it cannot connect or authenticate
+# Errors a worker raises because another process failed or left first (its collective lost a
+# peer; its peers shut down): the error file's "type" of such a failure.
+PEER_CAUSED = tuple(f"{e.__module__}.{e.__qualname__}" for e in (RankFailedError, ShutdownError))
 
 
 @dataclass
@@ -57,6 +62,11 @@ class Failure:
         return f"server {self.rank}" if self.kind == "server" else f"rank {self.rank}"
 
     @property
+    def peer_caused(self) -> bool:
+        """Whether its error file shows an error a peer's failure causes (:data:`PEER_CAUSED`)."""
+        return bool(self.error) and self.error.get("type") in PEER_CAUSED
+
+    @property
     def first_seen(self) -> float:
         """When it failed: the error file's timestamp when there is one (closer to the truth)."""
         if self.error and isinstance(self.error.get("timestamp"), (int, float)):
@@ -65,14 +75,18 @@ class Failure:
 
 
 def pick_root_cause(failures: Sequence[Failure]) -> Failure:
-    """The first failure: a server's, else the earliest error-file timestamp, else earliest seen,
-    then lowest rank.
+    """The first failure: a server's, else one not caused by a peer, then the earliest error-file
+    timestamp, else earliest seen, then lowest rank.
 
     A server comes first because workers fail when a server goes away (their error files may
     carry an earlier time than the launcher's poll that saw the server end), never the reverse:
-    servers keep serving when a worker dies.
+    servers keep serving when a worker dies. A worker whose collective lost a peer, or whose
+    peers shut down, failed because of another one (:attr:`Failure.peer_caused`), even when it
+    exited first: the failing worker's exit (atexit handlers, torch's teardown) can take longer
+    than its peers' reaction to it.
     """
-    return min(failures, key=lambda f: (f.kind not in ("server", "scheduler"), f.first_seen, f.rank))
+    return min(failures, key=lambda f: (f.kind not in ("server", "scheduler"), f.peer_caused,
+                                        f.first_seen, f.rank))
 
 
 def _indent(text: str, pad: str = "    ") -> str:

@@ -60,6 +60,10 @@ from accord.run.sync import FolderCopy
 from accord.run.worker_env import JobEnv
 
 _POLL = 0.05
+# When every failure seen so far was caused by a peer (see failures.PEER_CAUSED), how long the
+# job keeps watching for that peer's own failure before stopping: the failing worker may still be
+# running its exit handlers, and stopping it then would report the peer's error as the root cause.
+_SETTLE_S = 3.0
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -234,6 +238,7 @@ class _Job:
         failures: list[Failure] = []
         lost: list[Failure] = []  # elastic (--min-np): failed workers the job went on without
         missing: list[int] = []
+        settle_until: float | None = None
         while True:
             if self._signals:
                 break
@@ -251,7 +256,11 @@ class _Job:
                 # which ps-lite ends as its workers finish
                 elif m.returncode != 0 or cfg.ps != "mxnet":
                     failures.append(self._server_failure(m))
-            if failures or all(w.returncode is not None for w in self._workers):
+            if failures and settle_until is None:
+                settle_until = time.monotonic() + _SETTLE_S
+            if failures and (not all(f.peer_caused for f in failures) or time.monotonic() >= settle_until):
+                break
+            if all(w.returncode is not None for w in self._workers):
                 break
             if checkin is not None:
                 missing = checkin.poll()

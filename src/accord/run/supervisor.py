@@ -18,6 +18,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from accord.run.local import Guardian, signal_group, stop_groups
 from accord.run.runners import Runner, StartOptions, runner_for
+from accord.worker_contract import remove_shm_segments
 
 
 class ProcessHandle:
@@ -163,5 +164,9 @@ class Supervisor:
                 m.runner.ask_to_stop(m.proc)
 
     def close(self) -> None:
-        """The normal end: the guardian exits without killing anything."""
+        """The normal end: the guardian exits without killing anything. Then the shared-memory
+        segments of local members that were killed while creating one are removed."""
         self.guardian.close()
+        for m in self.members:
+            if not m.remote and m.proc.poll() is not None:
+                remove_shm_segments(m.proc.pid)
