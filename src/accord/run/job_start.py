@@ -114,8 +114,9 @@ class JobStarter:
         device = None if cfg.devices is None else pick_device(cfg.devices, self._devices_in_use(host),
                                                               slot.local_rank)
         added = worker_env(slot, job, tuning=cfg.tuning, user_env=environ, cpu_count=os.cpu_count() or 1,
-                           devices=None if device is None else (device,) * slot.local_size,
-                           error_file=err_path)
+                           devices=cfg.devices, error_file=err_path)
+        if device is not None:  # a free device rather than its local rank's (see pick_device)
+            added["CUDA_VISIBLE_DEVICES"] = device
         added.update(elastic_env(member_id, joining, cfg.min_np,
                                  cfg.elastic.elastic_timeout if cfg.elastic.elastic_timeout_given else None))
         try:
