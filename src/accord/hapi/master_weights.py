@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from accord.errors import with_hint
-from accord.hapi.steps import is_distributed_optimizer
+from accord.hapi.state import is_distributed_optimizer
 
 __all__ = ["KEPT_FLOAT32", "MasterWeights", "check_optimizer"]
 

@@ -16,7 +16,7 @@ from torch import nn
 from accord.hapi.metrics import Meters
 from accord.hapi.world import World
 
-__all__ = ["ModelState"]
+__all__ = ["ModelState", "is_distributed_optimizer"]
 
 
 @dataclass
@@ -71,3 +71,8 @@ class ModelState:
         reduce = None if name is None else (lambda v: self.world.allreduce_sum(v, name=name))
         logs, self.stop_training = self.meters.logs(self.stop_training, reduce)
         return logs
+
+
+def is_distributed_optimizer(optimizer: Any) -> bool:
+    """True for an ``accord.torch.DistributedOptimizer`` (duck-typed: no torch frontend import)."""
+    return hasattr(optimizer, "synchronize") and hasattr(optimizer, "skip_synchronize")

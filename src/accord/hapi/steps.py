@@ -13,18 +13,13 @@ from torch import nn
 
 from accord.errors import with_hint
 from accord.hapi.precision import autocast
-from accord.hapi.state import ModelState
+from accord.hapi.state import ModelState, is_distributed_optimizer
 
 if TYPE_CHECKING:
     from accord.hapi.master_weights import MasterWeights
 
 __all__ = ["backward_and_step", "eval_step", "first_output", "is_distributed_optimizer",
            "predict_step", "rows_of", "split_batch", "to_device", "to_label", "to_numpy", "train_step"]
-
-
-def is_distributed_optimizer(optimizer: Any) -> bool:
-    """True for an ``accord.torch.DistributedOptimizer`` (duck-typed: no torch frontend import)."""
-    return hasattr(optimizer, "synchronize") and hasattr(optimizer, "skip_synchronize")
 
 
 def split_batch(batch: Any) -> tuple[tuple[Any, ...], Any]:
