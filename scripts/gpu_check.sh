@@ -4,7 +4,7 @@
 # (copied, with the logs, to $OUT when that is set). Without a GPU it says so, runs nothing and
 # exits 0. Exit status otherwise: 0 when every gpu test passed, 1 when one failed.
 #
-#   bash scripts/gpu_check.sh            # about 8-9 minutes on one H100 (each part has a budget)
+#   bash scripts/gpu_check.sh            # 4-5 minutes on one H200 (each part has a budget: at most ~9)
 #
 # Which Python: $ACCORD_GPU_PYTHON, else the first of python3 and .venv/bin/python whose torch
 # sees a GPU (on the lent GPU machines python3 holds a CUDA build of torch; it has no network).

@@ -9,6 +9,7 @@ tensors); expected values come from tests/helpers/gpu_checks.py, computed on the
 import pytest
 from helpers import gpu_checks as g
 from helpers.gpu_checks import DEVICE, ON_CPU, skip_reason
+from helpers.gpu_plan_checks import planned_rank
 from helpers.ranks import run_ranks
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(120),
@@ -43,6 +44,11 @@ def _streams(rank, size):
 @pytest.mark.skipif(ON_CPU, reason="stream rules need CUDA streams")
 def test_stream_rules():
     g.assert_clean(run_ranks(_streams, 1, init="accord", timeout=50), 7)
+
+
+@pytest.mark.timeout(60)
+def test_planned_cycles_keep_values_and_stream_rules():
+    g.assert_clean(run_ranks(planned_rank, 1, "nccl", init="accord", timeout=50), 52)
 
 
 def _training(rank, size):

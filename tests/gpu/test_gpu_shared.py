@@ -9,6 +9,7 @@ Marked ``gpu``: skipped (with the reason) where torch sees no GPU.
 import pytest
 from helpers import gpu_checks as g
 from helpers.gpu_checks import DEVICE, ON_CPU, skip_reason
+from helpers.gpu_plan_checks import planned_rank
 from helpers.ranks import run_ranks
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(120),
@@ -105,6 +106,11 @@ def _streams(rank, size):
 @pytest.mark.skipif(ON_CPU, reason="stream rules need CUDA streams")
 def test_stream_rules_through_host_memory():
     g.assert_clean(run_ranks(_streams, 2, init="accord", timeout=50), 8)
+
+
+@pytest.mark.timeout(60)
+def test_planned_cycles_through_host_memory():
+    g.assert_clean(run_ranks(planned_rank, 2, "host", "shm", init="accord", timeout=50), 52)
 
 
 def _explicit_nccl(rank, size):

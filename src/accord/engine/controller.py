@@ -328,7 +328,8 @@ class Controller(PlannedCycles, CallerRuns, JoinControl):
             ready = [self._pending.pop(by_id[i].name) for i in ready_ids if i in by_id]
             self.planner.observe(neg.steady(sums, self.cache) and not self._pending
                                  and len(ready) == len(ready_ids), ready_ids, ready,
-                                 self.settings.fusion_threshold, self._scattered())
+                                 self.settings.fusion_threshold,
+                                 self._scattered(ready[0].signature.device if ready else "cpu"))
             if self.planner.plan is not None:
                 self._plan_since = now
         if tl is not None:

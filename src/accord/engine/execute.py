@@ -118,15 +118,17 @@ class Executor:
         completed and False is returned (the same on every rank).
         """
         for index, item in enumerate(plan_work(ready, self.fusion_threshold)):
-            if index == 0 and control is not None:
-                if not self._controlled(item, control):
-                    return False
-                continue
             first = item[0]
             # The current CUDA device is per thread and this thread never chose one: run a CUDA
             # item under its tensors' device, so metadata and buffers land there, not on cuda:0.
             device = torch.cuda.device(first.tensor.device) if first.tensor is not None and \
                 first.tensor.is_cuda else contextlib.nullcontext()
+            if index == 0 and control is not None:
+                self._wait_for_data(item)
+                with device:
+                    if not self._controlled(item, control):
+                        return False
+                continue
             try:
                 comm = self.sets.communicator(first.process_set_id, first.signature.device or "cpu")
                 if comm is None:
@@ -149,10 +151,11 @@ class Executor:
         return True
 
     def _controlled(self, item: list[Request], control: float) -> bool:
-        """Run ``item`` (a floating SUM/AVERAGE allreduce, CPU) through the fusion buffer with
-        ``control`` appended; complete it only when the summed control is 0."""
+        """Run ``item`` (a floating SUM/AVERAGE allreduce; its CUDA data already written, see
+        :meth:`_wait_for_data`) through a buffer with ``control`` appended; complete it only
+        when the summed control is 0. On CUDA, reading the control waits for the collective."""
         first = item[0]
-        comm = self.sets.communicator(first.process_set_id, "cpu")
+        comm = self.sets.communicator(first.process_set_id, first.signature.device or "cpu")
         if comm is None:
             raise CollectiveError(f"rank is not in process set {first.process_set_id}")
         sig = first.signature
@@ -182,6 +185,7 @@ class Executor:
         else:
             first.output.copy_(data.view(lone.shape))
             outcomes = [(first, first.output, None)]
+        _wait_for_gpu(item)  # the copies out, before any handle completes
         if self.timeline is not None:
             self._span(item, "MEMCPY_IN_FUSION_BUFFER", t0, t1)
             self._span(item, "ALLREDUCE", t1, t2)

@@ -8,8 +8,8 @@ members stop negotiating and only verify, inside the data collective itself:
 - **Entering.** After :data:`STREAK` consecutive cycles whose negotiation showed exactly the
   same cached names ready on every member, nothing else pending anywhere (no partial counts, no
   new or uncached names, no shutdown or join), and a first work item that is a floating
-  SUM/AVERAGE allreduce on the CPU with non-zero scale factors, every member enters a planned
-  state with that plan. The decision uses only the summed vector and the cache, so all members
+  SUM/AVERAGE allreduce (CPU or CUDA tensors) with non-zero scale factors, every member enters
+  a planned state with that plan. The decision uses only the summed vector and the cache, so all members
   make it in the same cycle.
 - **A planned cycle.** A member runs the plan once all of its names are submitted again (same
   signatures): the plan's first work item travels through the fusion buffer with one extra
@@ -37,19 +37,24 @@ from accord.engine.join import stand_in
 from accord.engine.request import Op, Request, Signature
 
 STREAK = 3  # identical negotiated cycles before planning
-# A lone request is normally reduced in place; planned, it goes through the fusion buffer (two
-# copies): worth it only while the negotiation saved costs more than copying the bytes.
-LONE_MAX_BYTES = 256 * 1024
+# A lone request is normally reduced in place; planned, it goes through a staging buffer (two
+# copies): worth it only while the negotiation saved costs more than copying the bytes. On the
+# CPU that is up to about 256 KB; a GPU copies at terabytes a second, so there a 16 MB request
+# costs ~20 us of copies against ~100 us for the negotiation and the two thread hand-offs
+# (measured on an H200, benchmarks/results/gpu).
+LONE_MAX_BYTES = {"cpu": 256 * 1024, "cuda": 16 * 1024 * 1024}
 
 
 @dataclass(frozen=True)
 class Plan:
     """The cached names of one repeated cycle, in execution order, and the first work item's
-    (name, signature) pairs (what a member that deviates sends zeros for)."""
+    (name, signature) pairs (what a member that deviates sends zeros for); ``device_index``:
+    this rank's CUDA device of that item (-1 on the CPU), where such zeros must live."""
 
     ids: tuple[int, ...]
     names: tuple[str, ...]
     first: tuple[tuple[str, Signature], ...]
+    device_index: int = -1
 
 
 def plannable(ready: Sequence[Request], fusion_threshold: int,
@@ -63,12 +68,13 @@ def plannable(ready: Sequence[Request], fusion_threshold: int,
     if not ready:
         return None
     first = plan_work(ready, fusion_threshold)[0]
-    if (len(first) > 1 and scattered) or (len(first) == 1 and first[0].nbytes > LONE_MAX_BYTES):
-        return None
     r = first[0]
     sig = r.signature
+    if sig.device not in LONE_MAX_BYTES or (len(first) > 1 and scattered) or (
+            len(first) == 1 and first[0].nbytes > LONE_MAX_BYTES[sig.device]):
+        return None
     wire = r.wire_dtype or (r.tensor.dtype if r.tensor is not None else None)
-    if (r.op is not Op.ALLREDUCE or sig.device != "cpu" or wire is None or not wire.is_floating_point
+    if (r.op is not Op.ALLREDUCE or wire is None or not wire.is_floating_point
             or ReduceOp(sig.reduce_op) not in (ReduceOp.SUM, ReduceOp.AVERAGE)
             or sig.prescale == 0 or sig.postscale == 0):
         return None
@@ -96,7 +102,9 @@ class Planner:
         if self._streak >= STREAK:
             first = plannable(ready, fusion_threshold, scattered)
             if first is not None:
-                self.plan = Plan(key, tuple(r.name for r in ready), first)
+                tensor = ready[0].tensor  # the first work item starts with it (plan_work)
+                index = tensor.device.index if tensor is not None and tensor.is_cuda else None
+                self.plan = Plan(key, tuple(r.name for r in ready), first, -1 if index is None else index)
 
     def leave(self) -> None:
         """Back to negotiating every cycle (every member does it in the same cycle)."""
@@ -122,9 +130,10 @@ class PlannedCycles:
     timeline: Any
     cycles: int
 
-    def _scattered(self) -> bool:
-        """Whether the set's CPU communicator reduces batches in place of a fusion buffer."""
-        comm = self.sets.communicator(self.set_id, "cpu")
+    def _scattered(self, device: str = "cpu") -> bool:
+        """Whether the set's communicator for ``device`` reduces batches in place of a fusion
+        buffer."""
+        comm = self.sets.communicator(self.set_id, device)
         return getattr(comm, "supports_allreduce_many", None) is not None
 
     def _plan_pause(self) -> float:
@@ -177,7 +186,7 @@ class PlannedCycles:
             return False
         if not (stop_local or self.joined or extra or self._urgent or now >= self._plan_deadline()):
             return False  # the rest of the plan is still to come
-        standins = [stand_in(n, sig, self.members) for n, sig in plan.first]
+        standins = [stand_in(n, sig, self.members, plan.device_index) for n, sig in plan.first]
         self.executor.run(standins, control=1.0)  # tells every member; completes nothing
         self.planner.leave()
         return False
