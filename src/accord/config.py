@@ -51,6 +51,9 @@ def finite_float(text: str) -> float:
 
 
 # Horovod's level names (HOROVOD_LOG_LEVEL) as Python logging levels; Python has no trace.
+# ACCORD_TIMELINE/HOROVOD_TIMELINE=DYNAMIC (as in Horovod): the timeline is enabled, but no file
+# is written until hvd.start_timeline(path).
+DYNAMIC_TIMELINE = "DYNAMIC"
 LOG_LEVELS = {"trace": 5, "debug": 10, "info": 20, "warning": 30, "error": 40, "fatal": 50}
 
 

@@ -1,7 +1,8 @@
 """Bad command-line input to accordrun (and accord-mxnet-launch) found by an audit of every flag:
 each case exits 2 with a HINT, starts nothing, and never raises a traceback, hangs or fills the
-memory. Also the elastic launcher's --gpus check when the first discovery printed no host, and
-the padding of an elastic job's --output-filename folders."""
+memory. Also the elastic launcher's --gpus check when the first discovery printed no host, the
+padding of an elastic job's --output-filename folders, and the checks of slot counts,
+--fusion-threshold-mb, --timeline-filename, the --autotune-* values and --master-addr."""
 from __future__ import annotations
 
 import os
@@ -10,12 +11,13 @@ import sys
 import pytest
 
 from accord.errors import ConfigError
-from accord.run import elastic_driver, mxnet_launch
+from accord.run import elastic_driver, mxnet_launch, timeline_path
 from accord.run.assignment import MAX_WORKERS
 from accord.run.cli import build_parser, main
 from accord.run.discovery import DiscoveryError, DiscoveryResult, parse_discovery_output
 from accord.run.elastic_config import ElasticConfig
 from accord.run.launch_config import config_from_args
+from accord.run.tuning import tuning_env
 from tests.helpers.elastic_fakes import FakePoller, FakeStore, FakeSupervisor
 
 pytestmark = pytest.mark.timeout(60)
@@ -205,3 +207,155 @@ def test_a_host_that_grows_past_the_gpus_gets_one_worker_per_device(tmp_path):
 ])
 def test_rank_folders_are_padded_for_the_most_workers_the_job_may_have(argv, size):
     assert _cfg(*argv, "python3").rank_dir_size == size
+
+
+# --- slot counts, fusion threshold, timeline path, autotune values, --master-addr ----------------
+
+@pytest.mark.parametrize("hosts", ["a:+2", "a: 2", "a:1_0", "a:\u0662", "a:2,b:+1"])
+def test_a_slot_count_must_be_plain_digits(hosts):
+    """int() takes a sign, spaces, underscores and other scripts' digits; a slot count does not."""
+    with pytest.raises(ConfigError, match="(?s)must be an integer in plain digits.*HINT"):
+        _cfg("-H", hosts, "python3")
+
+
+@pytest.mark.parametrize("line", ["a slots=+2", "a slots=1_0", "a slots=2 max_slots=+4", "a:+2"])
+def test_a_hostfile_slot_count_must_be_plain_digits(tmp_path, line):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text(f"{line}\n")
+    with pytest.raises(ConfigError, match="(?s)hosts:1: slots for 'a' must be an integer in plain digits.*HINT"):
+        _cfg("--hostfile", str(hostfile), "python3")
+
+
+def test_plain_slot_counts_still_work(tmp_path):
+    assert [(h.hostname, h.slots) for h in _cfg("-H", "a:2,b", "python3").hosts] == [("a", 2), ("b", 1)]
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("a slots=2 max_slots=4\nb:3\n")
+    assert [(h.hostname, h.slots) for h in _cfg("--hostfile", str(hostfile), "python3").hosts] == [("a", 2), ("b", 3)]
+
+
+@pytest.mark.parametrize("value", ["1048577", "1e300", "9.3e12"])
+def test_a_fusion_threshold_above_1_tib_is_refused(value):
+    with pytest.raises(ConfigError, match="(?s)--fusion-threshold-mb must be at most 1048576: that is 1 TiB.*HINT"):
+        _cfg("-np", "1", "--fusion-threshold-mb", value, "python3")
+
+
+def test_a_fusion_threshold_in_the_config_file_has_the_same_bound(tmp_path, capsys):
+    pytest.importorskip("yaml")
+    path = tmp_path / "hvd.yaml"
+    path.write_text("params:\n  fusion_threshold_mb: 1e+30\n")
+    _refused(capsys, ["-np", "1", "--config-file", str(path), *HARMLESS], "must be at most 1048576")
+
+
+def test_a_negative_fusion_threshold_was_already_refused():
+    """Not new: the tuning table's ">=0" minimum refuses it (kept here as the proof)."""
+    with pytest.raises(ConfigError, match="(?s)--fusion-threshold-mb must be >= 0, got -1.*HINT"):
+        _cfg("-np", "1", "--fusion-threshold-mb", "-1", "python3")
+
+
+def test_fusion_thresholds_up_to_the_bound_still_work():
+    for value, variable in (("64", str(64 << 20)), ("0", "0"), ("0.5", str(1 << 19)), ("1048576", str(1 << 40))):
+        assert tuning_env(_cfg("-np", "1", "--fusion-threshold-mb", value, "python3").tuning)[
+            "ACCORD_FUSION_THRESHOLD"] == variable
+
+
+def test_a_timeline_path_that_is_a_folder_or_below_a_file_is_refused_when_rank_0_is_here(tmp_path, capsys):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    _refused(capsys, ["-np", "1", "--timeline-filename", str(tmp_path), *HARMLESS], "is a folder on this host")
+    for path in (a_file / "tl.json", a_file / "below" / "tl.json"):
+        _refused(capsys, ["-np", "1", "--timeline-filename", str(path), *HARMLESS],
+                 f"{str(a_file)!r} is a file on this host")
+    assert sorted(os.listdir(tmp_path)) == ["a_file"]
+
+
+def test_a_missing_timeline_folder_is_only_a_warning_where_rank_0_is_here(tmp_path, monkeypatch, capsys):
+    """The program may create the folder before hvd.init(): said, not refused."""
+    monkeypatch.setattr("accord.run.launcher.launch", lambda cfg: 0)
+    assert main(["-np", "1", "--timeline-filename", str(tmp_path / "new" / "tl.json"), "python3"]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith("accordrun: warning: --timeline-filename") and "does not exist on this host" in err
+    assert main(["-np", "1", "--timeline-filename", str(tmp_path / "tl.json"), "python3"]) == 0  # a folder that exists
+    assert capsys.readouterr().err == ""
+
+
+def test_a_timeline_path_is_not_checked_where_rank_0_is_remote(tmp_path):
+    """This host's files say nothing of rank 0's host: a missing folder, or one that is a folder
+    here, is neither refused nor warned about."""
+    for path in (tmp_path / "missing" / "tl.json", tmp_path):
+        cfg = _cfg("-H", "rank0-elsewhere:1,localhost:1", "--timeline-filename", str(path), "python3")
+        assert timeline_path.check(cfg) == []
+
+
+def test_timeline_filename_dynamic_is_horovods_keyword_not_a_file(tmp_path, monkeypatch, capsys):
+    """horovodrun --timeline-filename DYNAMIC hands the keyword to the workers (no file until
+    hvd.start_timeline); it is neither made absolute nor checked as a path."""
+    monkeypatch.chdir(tmp_path)
+    cfg = _cfg("-np", "1", "--timeline-filename", "DYNAMIC", "python3", cwd=str(tmp_path))
+    assert tuning_env(cfg.tuning)["ACCORD_TIMELINE"] == "DYNAMIC"
+    assert timeline_path.check(cfg) == []
+    monkeypatch.setattr("accord.run.launcher.launch", lambda cfg: 0)
+    assert main(["-np", "1", "--timeline-filename", "DYNAMIC", "python3"]) == 0
+    assert capsys.readouterr().err == ""
+    # a relative file name is still made absolute (workers may start in another folder)
+    rel = _cfg("-np", "1", "--timeline-filename", "tl.json", "python3", cwd=str(tmp_path))
+    assert tuning_env(rel.tuning)["ACCORD_TIMELINE"] == os.path.join(str(tmp_path), "tl.json")
+
+
+@pytest.mark.parametrize("flag, value, fragment", [
+    ("--autotune-warmup-samples", "0", "must be a whole number >= 1"),
+    ("--autotune-warmup-samples", "-2", "must be a whole number >= 1"),
+    ("--autotune-steps-per-sample", "+3", "must be a whole number >= 1"),
+    ("--autotune-bayes-opt-max-samples", "three", "must be a whole number >= 1"),
+    ("--autotune-gaussian-process-noise", "-0.1", "must be a finite number >= 0"),
+    ("--autotune-gaussian-process-noise", "nan", "must be a finite number >= 0"),
+    ("--autotune-gaussian-process-noise", "x", "must be a finite number >= 0"),
+])
+def test_autotune_values_no_autotuner_could_use_are_refused(capsys, flag, value, fragment):
+    _refused(capsys, ["-np", "1", f"{flag}={value}", *HARMLESS], f"{flag} {fragment}")
+
+
+@pytest.mark.parametrize("key, value, fragment", [
+    ("warmup_samples", "0", "must be a whole number >= 1"),
+    ("steps_per_sample", "-1", "must be a whole number >= 1"),
+    ("bayes_opt_max_samples", "0", "must be a whole number >= 1"),
+    ("gaussian_process_noise", "-1.5", "must be a finite number >= 0"),
+    ("gaussian_process_noise", ".nan", "must be a finite number >= 0"),
+])
+def test_autotune_values_in_the_config_file_are_refused(tmp_path, capsys, key, value, fragment):
+    pytest.importorskip("yaml")
+    path = tmp_path / "hvd.yaml"
+    path.write_text(f"autotune:\n  {key}: {value}\n")
+    _refused(capsys, ["-np", "1", "--config-file", str(path), *HARMLESS], f"--config-file: autotune.{key} {fragment}")
+
+
+def test_usable_autotune_values_are_still_accepted_and_ignored(monkeypatch, capsys):
+    monkeypatch.setattr("accord.run.launcher.launch", lambda cfg: 0)
+    assert main(["-np", "1", "--autotune", "--autotune-warmup-samples", "3", "--autotune-steps-per-sample", "10",
+                 "--autotune-bayes-opt-max-samples", "20", "--autotune-gaussian-process-noise", "0", "python3"]) == 0
+    assert "ignored" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value, fragment", [
+    ("node 1", "contains whitespace"),
+    ("node1\t", "contains whitespace"),
+    ("tcp://node1:29500", "is a URL"),
+    ("node1:29500", "has a port (29500)"),
+    ("10.0.0.1:29500", "has a port (29500)"),
+    ("[fe80::1]:29500", "has a port (29500)"),
+    ("node1/train", "is not a host name or IP address"),
+])
+def test_a_master_addr_that_no_host_has_is_refused(value, fragment):
+    with pytest.raises(ConfigError) as info:
+        _cfg("-np", "1", "--master-addr", value, "python3")
+    assert f"--master-addr {value!r} {fragment}" in str(info.value) and "\nHINT: " in str(info.value)
+
+
+def test_a_master_addr_with_a_port_or_scheme_points_to_master_port():
+    for value in ("node1:29500", "tcp://node1:29500"):
+        with pytest.raises(ConfigError, match="HINT: .*--master-addr node1 --master-port 29500"):
+            _cfg("-np", "1", "--master-addr", value, "python3")
+
+
+@pytest.mark.parametrize("value", ["node1", "node1.example.com", "10.0.0.5", "fe80::1", "[fe80::1]", "my_host-2"])
+def test_host_names_and_addresses_are_still_master_addrs(value):
+    assert _cfg("-np", "1", "--master-addr", value, "python3").master_addr == value

@@ -5,11 +5,8 @@ import math
 from dataclasses import dataclass
 
 from accord import config
+from accord.config import DYNAMIC_TIMELINE
 from accord.errors import ConfigError, with_hint
-
-# HOROVOD_TIMELINE=DYNAMIC (as in Horovod) enables the timeline without a file: none is written
-# until start_timeline(path) names one. It is a keyword, not a file name.
-DYNAMIC_TIMELINE = "DYNAMIC"
 
 
 @dataclass(frozen=True)

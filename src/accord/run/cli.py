@@ -12,7 +12,7 @@ from typing import NoReturn, Sequence
 
 from accord import config
 from accord.errors import ConfigError, LaunchError
-from accord.run import elastic_config, horovod_config, horovod_flags, tuning
+from accord.run import elastic_config, horovod_config, horovod_flags, timeline_path, tuning
 from accord.run.launch_config import DEFAULT_GRACE, LOG_LEVELS, config_from_args
 from accord.run.ssh import STRICT_POLICIES
 from accord.version import __version__
@@ -148,6 +148,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stderr.write(f"accordrun: warning: {warning}\n")
         config.set_variables(horovod_flags.worker_variables(ns))  # the workers inherit them
         cfg = config_from_args(ns, config.snapshot())
+        for warning in timeline_path.check(cfg):  # needs the slots: rank 0's host
+            sys.stderr.write(f"accordrun: warning: {warning}\n")
     except (ConfigError, LaunchError) as exc:
         sys.stderr.write(f"accordrun: error: {exc}\n")
         return 2

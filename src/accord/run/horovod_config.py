@@ -12,6 +12,7 @@ import argparse
 from typing import Any, Callable
 
 from accord.errors import ConfigError, with_hint
+from accord.run import autotune_values
 
 # (section, key) -> (namespace dest, how the value is read)
 _KEYS: dict[tuple[str, str], tuple[str, Callable[[Any], Any]]] = {
@@ -99,8 +100,9 @@ def apply(ns: argparse.Namespace) -> list[str]:
     """Fill ``ns`` from ``ns.hvd_config_file`` (when given); return warnings (unknown keys).
 
     Raises:
-        ConfigError: the file is missing or not YAML, a value has the wrong type, or it names
-            the MPI controller (accordrun does not start mpirun).
+        ConfigError: the file is missing or not YAML, a value has the wrong type (or, for the
+            autotune counts and noise, is out of range), or it names the MPI controller
+            (accordrun does not start mpirun).
     """
     path = getattr(ns, "hvd_config_file", None)
     if path is None:  # an empty path is refused by _load, as a missing file
@@ -126,6 +128,7 @@ def apply(ns: argparse.Namespace) -> list[str]:
                 dest, kind = _KEYS[(section, key)]
                 if _unset(ns, dest) and value is not None:
                     setattr(ns, dest, _read(value, kind, where))
+                    autotune_values.check_value(dest, getattr(ns, dest), f"--config-file: {where}")
             else:
                 unknown.append(where)
     if not unknown:

@@ -9,7 +9,8 @@ Three kinds (horovodrun 0.28.1's parser is the reference):
   ``--stall-check`` (on by default), and the hidden ``--no-*`` forms of horovodrun's defaults;
 - about features accord does not have (autotuning, NCCL stream count, thread affinity, MPI's
   threading level, hierarchical allgather, timestamps in Horovod's own log lines): accepted, and
-  the launcher says once that they are ignored, since they change speed or logs, not results;
+  the launcher says once that they are ignored, since they change speed or logs, not results
+  (an autotune value no autotuner could use is refused all the same: :mod:`accord.run.autotune_values`);
 - ``--mpi``, ``--jsrun``, ``--mpi-args``, ``--binding-args`` (accordrun does not start mpirun or
   jsrun): refused with exit 2 and a HINT.
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 
 from accord.errors import ConfigError, with_hint
+from accord.run import autotune_values
 
 # dest -> (the flag as shown, takes a value)
 _IGNORED: dict[str, tuple[str, bool]] = {
@@ -80,11 +82,13 @@ def check(ns: argparse.Namespace) -> list[str]:
     """Warnings for the ignored flags given (one line each).
 
     Raises:
-        ConfigError: a refused flag was given (what to do instead in the HINT).
+        ConfigError: a refused flag was given (what to do instead in the HINT), or an
+            ``--autotune-*`` value no autotuner could use (:mod:`accord.run.autotune_values`).
     """
     for dest, (flag, _, hint) in _REFUSED.items():
         if _given(ns, dest):
             raise ConfigError(with_hint(f"horovodrun's {flag} is not supported by accordrun", hint))
+    autotune_values.check_flags(ns)
     ignored = [flag for dest, (flag, _) in _IGNORED.items() if _given(ns, dest)]
     if not ignored:
         return []

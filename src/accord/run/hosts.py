@@ -18,6 +18,8 @@ from accord.network_interfaces import interface_address
 # Host names and IPv4 addresses; IPv6 literals must be bracketed: "[fe80::1]:2".
 _NAME = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9._-]*[A-Za-z0-9_])?$")
 _BRACKETED = re.compile(r"^\[([0-9A-Fa-f:.%a-zA-Z]+)\]$")
+# A slot count as written: ASCII digits; a minus sign is let through to the "at least 1" message.
+_SLOTS = re.compile(r"-?[0-9]+")
 LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "localhost.localdomain", "ip6-localhost"})
 
 
@@ -46,14 +48,20 @@ def _check_name(name: str, where: str) -> str:
     return name
 
 
+def is_host_name(text: str) -> bool:
+    """True for a host name or IPv4 address as ``-H`` takes them (no port, no brackets)."""
+    return _NAME.fullmatch(text) is not None
+
+
 def _check_slots(text: str, host: str, where: str) -> int:
-    try:
-        slots = int(text)
-    except ValueError:
+    """A slot count of plain digits (int() alone would also take "+2", " 2", "1_0", "٢")."""
+    if not _SLOTS.fullmatch(text):
         raise ConfigError(with_hint(
-            f"{where}: slots for {host!r} must be an integer, got {text!r}",
-            f"write {host}:N with N the number of workers that host may run",
-        )) from None
+            f"{where}: slots for {host!r} must be an integer in plain digits, got {text!r}",
+            f"write {host}:N (or '{host} slots=N' in a hostfile) with N the number of workers that "
+            "host may run, without a sign or spaces",
+        ))
+    slots = int(text)
     if slots <= 0:
         raise ConfigError(with_hint(
             f"{where}: host {host!r} has {slots} slots; every host needs at least 1",

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from accord import config
+from accord.config import DYNAMIC_TIMELINE
 from accord.errors import ConfigError, with_hint
 from accord.network_interfaces import interface_address
 from accord.run import elastic_config, exit_release, flag_values, program
@@ -279,7 +280,8 @@ def _tuning(ns: argparse.Namespace, environ: Mapping[str, str], interface: str |
     # a level: --verbose means at least 1; PS_VERBOSE=2 keeps its 2 for the servers
     verbose = max(1 if ns.verbose else 0, int(config.get("ACCORD_VERBOSE", environ)))
     given = {o.name: getattr(ns, o.name) for o in tuning_table.OPTIONS if o.cli}
-    if ns.timeline_filename:
+    # DYNAMIC is Horovod's keyword (no file until hvd.start_timeline), not a file name
+    if ns.timeline_filename and ns.timeline_filename != DYNAMIC_TIMELINE:
         given["timeline_filename"] = os.path.abspath(ns.timeline_filename)
     return tuning_table.make_tuning({**given, "log_level": log_level, "network_interface": interface,
                                      "verbose": verbose, "start_timeout": ns.start_timeout}, "accordrun")
@@ -328,7 +330,7 @@ def config_from_args(ns: argparse.Namespace, environ: Mapping[str, str], cwd: st
         ranks_filter=ranks_filter,
         tuning=tuning,
         store_port=flag_values.port(ns.store_port, "--store-port"),
-        master_addr=ns.master_addr,
+        master_addr=flag_values.master_addr(ns.master_addr),
         master_port=flag_values.port(ns.master_port, "--master-port"),
         interface_ip=interface_ip,
         verbose=tuning.verbose > 0,

@@ -25,13 +25,21 @@ def _mebibytes_to_bytes(value: float) -> str:
     return str(int(round(value * 1024 * 1024)))
 
 
+# The largest fusion buffer accepted, in MiB: 2**20 MiB is 1 TiB, beyond any device's memory
+# and far below where the byte count (MiB * 2**20) would overflow the engine's int64.
+MAX_FUSION_MB = 2 ** 20
+_FUSION_BOUND = (MAX_FUSION_MB, "that is 1 TiB, and every rank holds a fusion buffer of this size in "
+                                "memory, more than any device has (Horovod's default is 64 MiB)")
+
+
 @dataclass(frozen=True)
 class TuningOption:
     """One row of the table.
 
     ``name`` is the :class:`Tuning` field, the spawn keyword and the argparse dest. ``kind``:
     ``float``, ``int``, ``str``, ``flag`` (on when given: the variable gets ``flag_value``) or
-    ``level`` (an int, 0 = off). ``minimum``: ``">0"`` or ``">=0"`` for numbers. ``cli``: False
+    ``level`` (an int, 0 = off). ``minimum``: ``">0"`` or ``">=0"`` for numbers; ``maximum``:
+    the largest number accepted and why, for the message. ``cli``: False
     when accordrun's flag for it lives with another group of :mod:`accord.run.cli` (it still maps
     to the variable here).
     """
@@ -44,6 +52,7 @@ class TuningOption:
     minimum: str | None = None
     cli: bool = True
     flag_value: str = "1"
+    maximum: tuple[float, str] | None = None
 
     @property
     def flag(self) -> str:
@@ -65,7 +74,8 @@ class TuningOption:
 
 OPTIONS: tuple[TuningOption, ...] = (
     TuningOption("fusion_threshold_mb", "ACCORD_FUSION_THRESHOLD", "float",
-                 "fusion buffer size in MiB (0: no fusion)", _mebibytes_to_bytes, ">=0"),
+                 f"fusion buffer size in MiB, 0 to {MAX_FUSION_MB} (0: no fusion)", _mebibytes_to_bytes,
+                 ">=0", maximum=_FUSION_BOUND),
     TuningOption("cycle_time_ms", "ACCORD_CYCLE_TIME", "float", "engine cycle time in milliseconds",
                  render_number, ">0"),
     TuningOption("timeline_filename", "ACCORD_TIMELINE", "str", "write a chrome://tracing timeline here"),
@@ -132,6 +142,15 @@ def check_number(value: float | None, flag: str, minimum: str | None) -> None:
         raise ConfigError(with_hint(f"{flag} must be {bound}, got {value:g}", f"pass {flag} with a value {bound}"))
 
 
+def check_maximum(value: float, option: TuningOption) -> None:
+    """Refuse a number above ``option.maximum``, saying why the bound is there."""
+    if option.maximum is None or value <= option.maximum[0]:
+        return
+    bound, why = option.maximum
+    raise ConfigError(with_hint(f"{option.flag} must be at most {render_number(bound)}: {why}; got {value:.15g}",
+                                f"pass {option.flag} with a value of at most {render_number(bound)}"))
+
+
 def make_tuning(values: Mapping[str, Any], where: str) -> Any:
     """A :class:`Tuning` from ``{option name: value}``, numbers checked.
 
@@ -146,6 +165,7 @@ def make_tuning(values: Mapping[str, Any], where: str) -> Any:
         option = BY_NAME[name]
         if option.kind in ("float", "int") and value is not None:
             check_number(float(value), option.flag, option.minimum)
+            check_maximum(float(value), option)
     by_variable: dict[str, list[str]] = {}
     for name, value in values.items():
         if BY_NAME[name].given(value):
