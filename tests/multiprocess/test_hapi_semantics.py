@@ -7,7 +7,9 @@
   zeros, or die on a ZeroDivisionError);
 - ``work_load_list`` as a numpy array; AMP O1 (bfloat16 on CPU) keeps the ranks identical;
 - ``fit(elastic=True)``: callbacks see the real epochs (checkpoint names, eval_freq), drop_last
-  applies, and EarlyStopping stops training (each epoch used to be a separate 1-epoch fit).
+  applies, and EarlyStopping stops training (each epoch used to be a separate 1-epoch fit);
+- ``evaluate`` where a rank's share is empty gives the global means; over no sample at all it is
+  a ValueError on every rank (it used to report loss 0.0 over 0 samples).
 
 One set of ranks runs every scenario (``_job``); each test checks one part of what it returned.
 """
@@ -15,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 from helpers.ranks import run_ranks
-from helpers.small_nets import _data, _net, _weights
+from helpers.small_nets import _data, _net, _weights, numpy_metrics
 from torch import nn
 
 pytestmark = pytest.mark.timeout(120)
@@ -101,11 +103,30 @@ def _elastic(rank, tmp):
             "files": sorted(os.listdir(save_dir)) if rank == 0 else None}
 
 
+def _per_rank_loader(x, y):
+    """One rank's own DataLoader (evaluate uses it as is: the rank's share)."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    return DataLoader(TensorDataset(torch.from_numpy(x), torch.from_numpy(y)), batch_size=2)
+
+
+def _evaluations(rank):
+    x, y = _data(N, 0)
+    model = _model(rank)  # rank 0's initial weights (_net(seed=0)) on every rank
+    # 1 sample over 2 ranks: rank 0's contiguous share is empty, rank 1 holds the sample.
+    one = model.evaluate((x[:1], y[:1]), batch_size=4, verbose=0)
+    # Per-rank DataLoaders: nothing on rank 0, 3 samples on rank 1.
+    own = model.evaluate(_per_rank_loader(x[:3 * rank], y[:3 * rank]), verbose=0)
+    return {"one": one, "own": own}
+
+
 def _job(rank, size, tmp):
     import accord.torch as hvd
 
     x, y = _data(N, 0)
     refused = {
+        "eval_empty": lambda: _model(rank).evaluate((x[:0], y[:0]), verbose=0),
+        "eval_empty_loaders": lambda: _model(rank).evaluate(_per_rank_loader(x[:0], y[:0]), verbose=0),
         "empty": lambda: _model(rank).fit((x[:0], y[:0]), batch_size=4, verbose=0),
         "no_step": lambda: _model(rank).fit((x, y), batch_size=30, drop_last=True, verbose=0),
         "log_freq": lambda: _model(rank).fit((x, y), batch_size=4, log_freq=0, verbose=0),
@@ -115,6 +136,7 @@ def _job(rank, size, tmp):
     out["padded"] = _outcome(lambda: _padded(rank))
     out["weighted"] = _outcome(lambda: _weighted(rank))
     out["amp"] = _outcome(lambda: _amp(rank))
+    out["evaluations"] = _outcome(lambda: _evaluations(rank))
     out["elastic"] = _outcome(lambda: _elastic(rank, tmp))
     hvd.shutdown()
     return out
@@ -174,6 +196,26 @@ def test_a_fit_that_cannot_train_fails_on_every_rank(results, case, words):
         status, message = r[case]
         assert status == "raised" and message.startswith("ValueError: "), message
         assert words in message and "\nHINT: " in message, message
+
+
+@pytest.mark.parametrize("case", ["eval_empty", "eval_empty_loaders"])
+def test_evaluate_over_no_sample_fails_on_every_rank(results, case):
+    for r in results:
+        status, message = r[case]
+        assert status == "raised" and message.startswith("ValueError: eval_data gives no sample "), message
+        assert "on any of the 2 rank(s) (its length is 0)" in message and "\nHINT: " in message
+
+
+def test_evaluate_with_an_empty_share_gives_the_global_means(results):
+    x, y = _data(N, 0)
+    weights = _weights(_net(seed=0))
+    for name, n in (("one", 1), ("own", 3)):
+        _, want = numpy_metrics(weights, x[:n], y[:n])
+        for r in results:
+            got = _ok(r["evaluations"])[name]
+            assert got["samples"] == n, (name, got)
+            np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-12, err_msg=name)
+            assert got["acc"] == pytest.approx(want["acc_top1"]), name
 
 
 def test_numpy_work_load_list_trains_like_a_list(results):

@@ -12,20 +12,38 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
+from accord.errors import with_hint
 from accord.hapi.callbacks import CallbackList
 from accord.hapi.state import ModelState
 from accord.hapi.steps import split_batch, to_numpy
 from accord.hapi.world import World
 
-__all__ = ["EVAL_METRICS", "eval_loop", "predict_loop"]
+__all__ = ["EVAL_METRICS", "eval_loop", "no_samples_error", "predict_loop"]
 
 EVAL_METRICS = "accord.hapi.eval.metrics"  # the name of the end-of-evaluation allreduce
 
 
+def no_samples_error(what: str, loader: Any, size: int) -> ValueError:
+    """The error for an evaluation over no (labelled) sample; ``loader`` reads ``what``."""
+    length = len(loader.dataset) if hasattr(loader.dataset, "__len__") else "?"
+    why = "" if length in (0, "?") else ", and none of its batches has a label"
+    return ValueError(with_hint(
+        f"{what} gives no sample to evaluate on any of the {size} rank(s) (its length is "
+        f"{length}{why}): the loss and metrics are means over the samples, undefined over none",
+        f"pass a non-empty {what} of (inputs..., label) samples; with one DataLoader per rank, "
+        "at least one rank's must yield a batch"))
+
+
 def eval_loop(state: ModelState, eval_batch: Callable[[Sequence[Any], Any], Any], loader: Any,
-              cbks: CallbackList, log_freq: int) -> dict[str, Any]:
-    """Evaluate on this rank's ``loader`` with ``eval_batch(inputs, label)`` (``Model.eval_batch``,
-    which accumulates into ``state.meters``); returns the global logs (same on every rank)."""
+              cbks: CallbackList, log_freq: int, what: str = "eval_data") -> dict[str, Any]:
+    """Evaluate on this rank's ``loader`` (over ``what``) with ``eval_batch(inputs, label)``
+    (``Model.eval_batch``, which accumulates into ``state.meters``); returns the global logs
+    (same on every rank).
+
+    Raises:
+        ValueError: no rank evaluated a labelled sample while there is a loss or metric to report
+            (every rank raises: the decision is taken on the summed count).
+    """
     state.sync_once()
     state.meters.reset()
     steps = len(loader)
@@ -40,6 +58,12 @@ def eval_loop(state: ModelState, eval_batch: Callable[[Sequence[Any], Any], Any]
             logs.update(state.logs(None))
         cbks.on_eval_batch_end(step, logs)
     final = state.logs(EVAL_METRICS)
+    # Paddle's Model.evaluate raises here too (a KeyError: with no batch its logs never get a
+    # "loss" or metric entry), and returns {} only when it has nothing to report; we used to
+    # report loss 0.0 over 0 samples. The count is the sum over ranks, so a rank whose shard is
+    # empty still reports the global means, and either every rank raises or none does.
+    if final["samples"] == 0 and state.meters.all():
+        raise no_samples_error(what, loader, state.world.size)
     cbks.on_eval_end({**final, "steps": steps})
     return final
 

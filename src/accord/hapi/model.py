@@ -240,7 +240,8 @@ class Model:
             ValueError: ``work_load_list`` does not fit the job (one weight per rank, a
                 non-empty share each) or the optimizer; a count that is not a positive int
                 (``epochs``: >= 0); ``train_data`` that gives no step (empty, or ``drop_last``
-                with ``batch_size`` above each rank's share), on every rank.
+                with ``batch_size`` above each rank's share), or an empty ``eval_data``
+                (before training when it is a Dataset or arrays), on every rank.
         """
         check_fit_args(batch_size, epochs, eval_freq, log_freq, save_freq)
         if elastic:
@@ -262,6 +263,10 @@ class Model:
 
         Returns:
             ``{"loss": ..., <metric names>: ..., "samples": N}``, the same on every rank.
+        Raises:
+            ValueError: ``eval_data`` gives no labelled sample on any rank (a mean over no
+                samples is undefined; Paddle raises too), on every rank alike. A rank whose
+                share is empty is fine: the means are over all ranks' samples.
         """
         loader = data.eval_loader(eval_data, batch_size, self.world.size, self.world.rank,
                                   "eval_data", num_workers)

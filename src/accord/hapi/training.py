@@ -26,7 +26,7 @@ from accord.comm.ops import ReduceOp
 from accord.errors import with_hint
 from accord.hapi import data
 from accord.hapi.callbacks import Callback, CallbackList, LRScheduler, config_callbacks
-from accord.hapi.evaluation import eval_loop
+from accord.hapi.evaluation import eval_loop, no_samples_error
 from accord.hapi.state import ModelState
 from accord.hapi.steps import is_distributed_optimizer, rows_of, split_batch, train_step
 from accord.hapi.workload import StepPlan, weighted_plan
@@ -193,14 +193,16 @@ def fit(state: ModelState, model: Any, train_data: Any, eval_data: Any, batch_si
         eval_freq: int, log_freq: int, save_dir: str | None, save_freq: int, verbose: int,
         drop_last: bool, shuffle: bool, num_workers: int, callbacks: Sequence[Callback] | None,
         seed: int, work_load_list: Sequence[float] | None, first_epoch: int = 0,
-        after_epoch: Callable[[int, dict[str, Any]], None] | None = None) -> dict[str, list[float]]:
+        after_epoch: Callable[[int, dict[str, Any]], None] | None = None,
+        stop_training: bool = False) -> dict[str, list[float]]:
     """``Model.fit`` (see there for the arguments and the returned history) on ``state``.
 
     ``model`` is what callbacks see as ``self.model`` (the ``Model``); its ``eval_batch`` runs
     the evaluation batches. ``first_epoch`` and ``after_epoch(epoch, epoch_history)`` serve
     elastic training (:mod:`accord.hapi.elastic`): it resumes at a committed epoch, its loader
     may hold only the rest of that epoch (so the steps are counted again every epoch), and it
-    commits after each epoch; an empty epoch is then allowed.
+    commits after each epoch; an empty epoch is then allowed. ``stop_training`` is the stop
+    it resumes with (agreed before a re-formation): the loop ends at its first log step.
     """
     world = state.world
     loader = data.train_loader(train_data, batch_size, world.size, world.rank, shuffle, seed,
@@ -210,11 +212,16 @@ def fit(state: ModelState, model: Any, train_data: Any, eval_data: Any, batch_si
         _check_has_steps(shape, loader, batch_size, drop_last, world.size)
     evaluator = None if eval_data is None else data.eval_loader(
         eval_data, batch_size, world.size, world.rank, "eval_data", num_workers)
+    if evaluator is not None and evaluator is not eval_data and len(evaluator.dataset) == 0:
+        # Known before training (the whole set, the same on every rank): better than failing
+        # after the first epochs in eval_loop. (Paddle's fit goes on: with no batch, the eval
+        # callbacks get the logs dict its training epoch last filled, a shared default.)
+        raise no_samples_error("eval_data", evaluator, world.size)
     cbks = config_callbacks(callbacks, model, {"epochs": epochs, "steps": shape.steps,
                                                "metrics": state.metrics_names()},
                             log_freq, verbose, save_freq, save_dir, training=True)
     history: dict[str, list[float]] = defaultdict(list)
-    state.stop_training = False
+    state.stop_training = stop_training
     logs: dict[str, Any] = {}
     cbks.on_train_begin(logs)
     for epoch in range(first_epoch, epochs):
