@@ -56,13 +56,13 @@ class ShutdownError(CollectiveError):
 
 
 class InvalidArgumentError(AccordError, ValueError, RuntimeError):
-    """A collective's arguments were refused on this rank before anything was submitted (a rank
-    outside the process set, a root or splits that do not fit, an op the collective lacks, a
-    name already in flight), or on every rank before any data moved, when the ranks' first
-    exchange finds one rank's arguments unusable (alltoall without splits on a dim 0 that does
-    not divide among the ranks). Horovod raises a RuntimeError for most of these
-    (HorovodInternalError), so this is both a ValueError and a RuntimeError (see
-    docs/horovod-parity.md)."""
+    """A collective's arguments were refused: on this rank before anything was submitted when no
+    peer waits for it (a process set this rank is not in, a name already in flight), else on
+    every rank of the set at ``synchronize()`` once all have submitted the name (a tensor,
+    root, op or splits that one rank cannot use: refused on that rank alone, its peers would
+    wait forever; or alltoall without splits on a dim 0 that does not divide among the ranks).
+    Horovod raises a RuntimeError for most of these (HorovodInternalError), so this is both a
+    ValueError and a RuntimeError (see docs/horovod-parity.md)."""
 
 
 class WorkerFailedError(AccordError, RuntimeError):

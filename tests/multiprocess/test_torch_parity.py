@@ -28,7 +28,9 @@ def _errors_and_optimizer_state(rank, size):
         "reducescatter_max": lambda: hvd.reducescatter(t, op=hvd.Max),
         "alltoall_splits_sum": lambda: hvd.alltoall(t, splits=[1, 1]),
         "alltoall_splits_count": lambda: hvd.alltoall(t, splits=[4]),
-        "allgather_scalar": lambda: hvd.allgather_async(torch.tensor(1.0)),  # hvd.allgather: IndexError in both
+        # raised at synchronize() on every rank (as Horovod's core does), not at submission
+        "allgather_scalar": lambda: hvd.synchronize(hvd.allgather_async(torch.tensor(1.0))),
+        "allgather_scalar_autograd": lambda: hvd.allgather(torch.tensor(1.0)),  # Horovod: IndexError
         "broadcast_root_outside": lambda: hvd.broadcast(t, root_rank=size + 3),
         "unregistered_set": lambda: hvd.allreduce(t, process_set=hvd.ProcessSet([0, 1])),
     }

@@ -138,6 +138,29 @@ def test_mismatch_waits_for_every_member_then_is_reported_to_all():
     assert d.errors == {} and d.partial == [Partial("x", 1, (0, 1), (2,), 0)]
 
 
+def test_refused_arguments_wait_for_every_member_then_fail_as_invalid_everywhere():
+    # A request a rank refused (Request.refuse) carries its problem in the signature: once every
+    # member holds the name it fails as InvalidArgumentError on all of them, never runs or is cached.
+    bad = sig()._replace(problem="Tensor is required to be contiguous. (shape [3], strides [2])\n"
+                                 "HINT: call .contiguous() on the tensor before allreduce")
+    per_rank = [{"x": (sig(), 0.0)}, {"x": (bad, 1.0)}, {}]
+    cache = ResponseCache()
+    d = decide(exch(per_rank), cache, 1)
+    assert d.errors == {} and d.partial == [Partial("x", 0, (0, 1), (2,), 1.0)]
+    per_rank[2] = {"x": (bad, 0.0)}
+    d = decide(exch(per_rank), cache, 2)
+    assert d.invalid == {"x"} and d.ready == [] and not d.partial and len(cache) == 0
+    assert d.errors["x"] == ("allreduce 'x': invalid arguments on ranks [1, 2]:\n  ranks 1, 2: Tensor is "
+                             "required to be contiguous. (shape [3], strides [2])\n"
+                             "HINT: call .contiguous() on the tensor before allreduce")
+    # the same problem on every rank (identical signatures) fails all the same
+    d = decide(exch([{"x": (bad, 0.0)}] * 2), ResponseCache(), 1)
+    assert d.invalid == {"x"} and "ranks 0, 1: Tensor is required" in d.errors["x"]
+    # the problem travels in the payload; a signature without one keeps its 10 fields
+    assert neg.decode_pending(neg.encode_pending([("x", bad, 0.5)]))[0] == {"x": (bad, 0.5)}
+    assert len(sig().to_json()) == 10 and Signature.from_json(bad.to_json()) == bad != sig()
+
+
 def test_partial_presence_stays_pending_with_missing_ranks_and_oldest_age():
     per_rank = [{"a": (sig(), 5.0), "b": (sig(), 1.0)}, {"b": (sig(), 2.0)}, {"a": (sig(), 7.5)}]
     cache = ResponseCache()

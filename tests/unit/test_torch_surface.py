@@ -105,13 +105,14 @@ def test_names_follow_horovod_and_are_scoped_per_process_set():
                                                     "allgather.noname.2_2of2@ps5"]
 
 
-def test_check_tensor_rejects_what_horovod_rejects():
-    with pytest.raises(ValueError, match="Tensor is required to be contiguous"):
-        gateway.check_tensor(torch.ones(3, 4).t(), "allreduce")
-    with pytest.raises(ValueError, match="torch.Tensor"):
-        gateway.check_tensor([1, 2], "allreduce")
-    t = torch.ones(2)
-    assert gateway.check_tensor(t, "allreduce") is t
+def test_tensor_problem_names_what_horovod_rejects():
+    # Not raised at submission: the request carries it to every rank (test_mismatch_matrix.py)
+    assert gateway.tensor_problem(torch.ones(3, 4).t(), "allreduce").startswith(
+        "Tensor is required to be contiguous. (shape [4, 3], strides [1, 4])\nHINT:")
+    assert "allreduce expects a torch.Tensor, got list" in gateway.tensor_problem([1, 2], "allreduce")
+    assert "does not take sparse tensors" in gateway.tensor_problem(torch.ones(2).to_sparse(), "allreduce")
+    assert gateway.tensor_problem(torch.ones(2), "allreduce") == ""
+    assert gateway.wire([1, 2]).shape == (0,)  # what a refused non-tensor submits
 
 
 def test_unknown_handles():

@@ -30,6 +30,7 @@ import torch
 from accord.comm.backend import Communicator
 from accord.comm.ops import ReduceOp
 from accord.engine import negotiate as neg
+from accord.engine.announce import awaited_names, classify
 from accord.engine.caller_runs import CallerRuns
 from accord.engine.execute import Executor
 from accord.engine.failure import CommunicationFailure, pending_at_stop
@@ -88,6 +89,7 @@ class Controller(PlannedCycles, CallerRuns, JoinControl):
         self._inflight: dict[str, Request] = {}  # submitted and not yet completed, by name
         self._groups = GroupsInFlight()  # the group keys among them (one size per key)
         self._pending: dict[str, Request] = {}  # controller thread only: waiting for agreement
+        self._awaited: frozenset[str] = frozenset()  # names peers announced, not submitted here
         self._stop_requested = False
         self._stop_cause: BaseException | None = None  # why a forced stop was asked for
         self._peers_stopped = False  # the negotiated stop came from other members only
@@ -297,16 +299,7 @@ class Controller(PlannedCycles, CallerRuns, JoinControl):
         tl = self.timeline
         if tl is not None and pending:
             tl.cycle(now)
-        by_id: dict[int, Request] = {}  # pending requests that match a cache entry
-        unknown = uncached = False
-        for r in pending:
-            i = self.cache.id_of(r.name, r.signature)
-            if i is not None:
-                by_id[i] = r
-            elif not r.announced:
-                unknown = True
-            else:
-                uncached = True
+        by_id, unknown, uncached = classify(pending, self.cache, self._awaited)
         oldest = min((r.submitted_at for r in pending), default=None)
         want_full = unknown or self.joined or self.stall.due(now, oldest)
         vec = neg.build_vector(by_id, len(self.cache), want_full=want_full, shutdown=stop_local,
@@ -351,6 +344,7 @@ class Controller(PlannedCycles, CallerRuns, JoinControl):
         """
         self.planner.leave()
         decision, joined = self._full_exchange(pending, now)
+        self._awaited = awaited_names(decision.partial, self.rank)
         for name, message in decision.errors.items():
             r = self._pending.pop(name, None)
             if r is not None:

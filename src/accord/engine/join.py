@@ -41,6 +41,7 @@ import torch
 
 from accord.comm.ops import ReduceOp
 from accord.engine.request import RAGGED_OPS, REDUCING_OPS, ROOTED_OPS, Handle, Op, Request, Signature
+from accord.errors import with_hint
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -94,3 +95,15 @@ class JoinState:
             return None
         self._seen = set()
         return max(fresh or now)
+
+
+def joined_root_message(name: str, sig: Signature) -> str:
+    """The error for a rooted op whose root rank has called join() instead of submitting it."""
+    if sig.op in (Op.BROADCAST.value, Op.SCATTER.value):
+        why = "so there is no data to send"
+    else:
+        why = "so no rank would receive the result"
+    return with_hint(f"{sig.op} {name!r}: root rank {sig.root} has joined (hvd.join()) without "
+                     f"submitting it, {why}",
+                     "submit rooted collectives on the root before it calls join(), or pick a "
+                     "root rank that has not joined")

@@ -22,9 +22,10 @@ from typing import Iterable, Mapping, Sequence
 
 from accord.comm.ops import ReduceOp
 from accord.engine.group_sizes import group_size_problem, group_sizes
+from accord.engine.join import joined_root_message
 from accord.engine.naming import Group
 from accord.engine.request import RAGGED_OPS, ROOTED_OPS, Op, Signature
-from accord.engine.validate import root_outside_message
+from accord.engine.validate import refused_message, root_outside_message
 from accord.errors import with_hint
 
 WANT_FULL, SHUTDOWN, JOINED, UNCACHED = 0, 1, 2, 3
@@ -132,7 +133,6 @@ def peers_wait_on_me(sums: Sequence[int], mine: Vector, uncached_mine: bool) -> 
     if sums[UNCACHED] - int(uncached_mine) > 0:
         return True
     return any(total and not mine[HEADER + i] for i, total in enumerate(sums[HEADER:len(mine)]))
-
 
 
 # --- full exchange --------------------------------------------------------------------------
@@ -257,13 +257,17 @@ def decide(exchange: Exchange, cache: ResponseCache, tick: int) -> Decision:
             decision.errors[name] = problem
             continue
         missing = tuple(r for r in group if r not in holders and r not in joined_set)
-        if len(set(sigs.values())) > 1:
+        refused = {r: s.problem for r, s in sigs.items() if s.problem}  # arguments a rank refused
+        if refused or len(set(sigs.values())) > 1:
             # As in Horovod, a mismatch is reported once every member has submitted the name:
             # reported earlier, a member that submits it later would wait for peers that have
             # already moved on (a hang instead of an error on every rank).
             if missing:
                 age = max(a for _, a in holders.values())
                 decision.partial.append(Partial(name, sig.process_set, tuple(sorted(holders)), missing, age))
+            elif refused:
+                decision.errors[name] = refused_message(name, sig.op, refused)
+                decision.invalid.add(name)
             else:
                 decision.errors[name] = mismatch_message(name, sigs)
             continue
@@ -331,18 +335,6 @@ def _members(set_id: int, holders: Mapping[int, object], sets: Mapping[int, Mapp
     seen = ", ".join(f"rank {r} has {list(v)}" for r, v in sorted(views.items()))
     return (), with_hint(f"process set {set_id} differs between ranks: {seen}",
                          "call add_process_set / remove_process_set on every rank, in the same order")
-
-
-def joined_root_message(name: str, sig: Signature) -> str:
-    """The error for a rooted op whose root rank has called join() instead of submitting it."""
-    if sig.op in (Op.BROADCAST.value, Op.SCATTER.value):
-        why = "so there is no data to send"
-    else:
-        why = "so no rank would receive the result"
-    return with_hint(f"{sig.op} {name!r}: root rank {sig.root} has joined (hvd.join()) without "
-                     f"submitting it, {why}",
-                     "submit rooted collectives on the root before it calls join(), or pick a "
-                     "root rank that has not joined")
 
 
 # --- mismatch messages ----------------------------------------------------------------------

@@ -50,8 +50,9 @@ class Signature(NamedTuple):
     """Everything ranks must agree on for one name before the collective may run.
 
     ``shape`` is the full shape, or all but dim 0 for ragged ops. ``reduce_op`` / ``root`` are
-    -1 where the op has none. ``wire_dtype`` is the dtype after compression. (A NamedTuple:
-    one is built per submitted request, so construction cost matters.)
+    -1 where the op has none. ``wire_dtype`` is the dtype after compression. ``problem``: why
+    this rank's arguments are unusable ("" when they are fine; see :attr:`Request.problem`).
+    (A NamedTuple: one is built per submitted request, so construction cost matters.)
     """
 
     op: str
@@ -64,20 +65,25 @@ class Signature(NamedTuple):
     prescale: float
     postscale: float
     process_set: int
+    problem: str = ""
 
     def to_json(self) -> list:
-        """A JSON-friendly list (field order as declared)."""
-        return [self.op, self.dtype, self.wire_dtype, list(self.shape), self.device,
+        """A JSON-friendly list (field order as declared; ``problem`` only when set)."""
+        data = [self.op, self.dtype, self.wire_dtype, list(self.shape), self.device,
                 self.reduce_op, self.root, self.prescale, self.postscale, self.process_set]
+        if self.problem:
+            data.append(self.problem)
+        return data
 
     @classmethod
     def from_json(cls, data: Sequence) -> "Signature":
         """Inverse of :meth:`to_json` (validates field count and types)."""
-        if len(data) != 10:
-            raise ValueError(f"signature has {len(data)} fields, expected 10")
-        op, dtype, wire, shape, device, red, root, pre, post, pset = data
+        if len(data) not in (10, 11):
+            raise ValueError(f"signature has {len(data)} fields, expected 10 or 11")
+        op, dtype, wire, shape, device, red, root, pre, post, pset = data[:10]
         return cls(str(op), str(dtype), str(wire), tuple(int(d) for d in shape), str(device),
-                   int(red), int(root), float(pre), float(post), int(pset))
+                   int(red), int(root), float(pre), float(post), int(pset),
+                   str(data[10]) if len(data) == 11 else "")
 
 
 class Handle:
@@ -146,6 +152,10 @@ class Request:
     the result back into ``output`` while it moves the data (a deferred cast compression);
     None when ``tensor`` already is what goes on the wire. ``group``: (key, size) of the
     grouped call it belongs to (:mod:`accord.engine.naming`), None for a single request.
+    ``problem``: why this rank's arguments are unusable, a message with a ``HINT:`` ("" when
+    they are fine). Such a request is still submitted, never run: its signature carries the
+    problem to the other ranks, and the negotiation fails the name on every rank (see
+    :func:`accord.engine.validate.refused_message`).
     """
 
     name: str
@@ -165,6 +175,7 @@ class Request:
     ready_event: Any = None  # CUDA event recorded at submit (data ready on the producer stream)
     wire_dtype: torch.dtype | None = None
     group: tuple[str, int] | None = None
+    problem: str = ""
     handle: Handle = field(init=False)
     signature: Signature = field(init=False)
     submitted_at: float = field(init=False)
@@ -177,6 +188,8 @@ class Request:
         if self.dtype is None and self.tensor is not None:
             self.dtype = self.tensor.dtype
         self.signature = signature_of(self)
+        if self.problem:
+            self.signature = self.signature._replace(problem=self.problem)
         t = self.tensor
         if t is None:
             self.nbytes = 0
@@ -185,6 +198,11 @@ class Request:
         else:
             self.nbytes = t.numel() * self.wire_dtype.itemsize
 
+    def refuse(self, problem: str) -> None:
+        """Mark the request unusable (see ``problem``); the first problem found is kept."""
+        if not self.problem:
+            self.problem = problem
+            self.signature = self.signature._replace(problem=problem)
 
 
 def signature_of(request: Request) -> Signature:
@@ -217,19 +235,20 @@ def build_request(op: Op, tensor: torch.Tensor | None, name: str, *, in_place: b
                   prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                   process_set_id: int = 0, splits: Sequence[int] | None = None,
                   wire_buffers: dict[str, torch.Tensor] | None = None,
-                  group: tuple[str, int] | None = None) -> Request:
+                  group: tuple[str, int] | None = None, problem: str = "") -> Request:
     """Make a request the way frontends do: compress now, decide who owns what.
 
     ``in_place`` (allreduce, broadcast): the result is written into ``tensor``. Otherwise the
     engine never writes into ``tensor``; it must not change until the handle completes.
     ``wire_buffers``: name -> compressed tensor of an earlier request under this name, reused
     (and updated) by compressors that can write into a buffer. The caller guarantees that no
-    request under ``name`` is still in flight.
+    request under ``name`` is still in flight. ``problem``: what the frontend refuses in the
+    arguments (:attr:`Request.problem`); such a request is not compressed, it never runs.
     """
     if in_place and op not in (Op.ALLREDUCE, Op.BROADCAST):
         raise ValueError(f"{op.value} cannot run in place: its output has another shape")
     cast = None
-    if compression is NoneCompressor or tensor is None:
+    if compression is NoneCompressor or tensor is None or problem:
         wire, ctx = tensor, None  # the common case (gradients, no compression) costs nothing here
     elif op is Op.ALLREDUCE and in_place and (cast := deferred_cast(compression, tensor)) is not None:
         wire, ctx = tensor, None  # a deferred cast: the engine casts while it moves the data
@@ -245,4 +264,5 @@ def build_request(op: Op, tensor: torch.Tensor | None, name: str, *, in_place: b
         root_rank=root_rank, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
         process_set_id=process_set_id, splits=None if splits is None else tuple(int(s) for s in splits),
         compression=compression, dtype=None if tensor is None else tensor.dtype, ctx=ctx,
-        owned=in_place or (tensor is not None and wire is not tensor), wire_dtype=cast, group=group)
+        owned=in_place or (tensor is not None and wire is not tensor), wire_dtype=cast, group=group,
+        problem=problem)

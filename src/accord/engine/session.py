@@ -237,13 +237,16 @@ def submit_group(op: Op | str, tensors: Sequence[torch.Tensor | None], name: str
                  reduce_op: ReduceOp = ReduceOp.SUM, root_rank: int = -1,
                  prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                  process_set_id: int = GLOBAL_ID, splits: Sequence[int] | None = None,
-                 grouped: bool = True, waited: bool = False) -> list[Handle]:
+                 grouped: bool = True, waited: bool = False,
+                 problems: Sequence[str] | None = None) -> list[Handle]:
     """Submit one collective per tensor as one group, all or none: if one request is refused
     (invalid, or its name in flight), none is queued. The requests are named
     ``<name>_<i>of<n>`` (``name`` defaulting to ``"<op>.noname.<n>"``, see
     :mod:`accord.engine.naming`); with ``grouped=False`` and one tensor, as :func:`submit`
     names it. ``waited``: the caller synchronizes the handles at once (a synchronous call).
-    Returns one handle per tensor, in order.
+    ``problems``: per tensor, what the frontend refuses in this rank's arguments ("" where
+    nothing): those requests are queued all the same and fail on every rank of the set
+    (:attr:`~accord.engine.request.Request.problem`). Returns one handle per tensor, in order.
     """
     session = _current()
     op = Op(op)
@@ -255,7 +258,7 @@ def submit_group(op: Op | str, tensors: Sequence[torch.Tensor | None], name: str
     else:
         names = [session.names.name(op.value, name, process_set_id)]
     requests = []
-    for tensor, request_name in zip(tensors, names):
+    for i, (tensor, request_name) in enumerate(zip(tensors, names)):
         wire_buffers = None
         if recurs and compression is not NoneCompressor and not session.engine.in_flight(request_name):
             # Named requests recur (gradients, every step): their compressed copies reuse one
@@ -266,7 +269,7 @@ def submit_group(op: Op | str, tensors: Sequence[torch.Tensor | None], name: str
             op, tensor, request_name, in_place=in_place, compression=compression,
             reduce_op=reduce_op, root_rank=root_rank, prescale_factor=prescale_factor,
             postscale_factor=postscale_factor, process_set_id=process_set_id, splits=splits,
-            wire_buffers=wire_buffers, group=group))
+            wire_buffers=wire_buffers, group=group, problem=problems[i] if problems else ""))
     return session.engine.enqueue_many(requests, waited)
 
 

@@ -1,15 +1,26 @@
-"""Local checks of a request before it is queued: membership, root, scatter splits, op and dtype.
+"""Checks of a request before it is queued: membership, scatter splits, op and dtype.
 
-They raise :class:`~accord.errors.InvalidArgumentError` (a ValueError and, as in Horovod, a
-RuntimeError) on the submitting rank only (Horovod raises these locally too); problems that need
-the other ranks' view (shape or dtype mismatches) are found by the negotiation. Alltoall splits
-are per-rank data and are not checked here: the communicator checks them when the ranks
-exchange them, and bad splits on one rank then raise on every rank
-(:func:`accord.comm.agreement.alltoall_splits`) instead of leaving the others waiting.
+Two kinds of refusal, both :class:`~accord.errors.InvalidArgumentError` (a ValueError and, as in
+Horovod, a RuntimeError):
+
+- What no peer waits for is raised here, on the submitting rank: a process set this rank does
+  not know or is not a member of (no peer of the set expects it to submit), no tensor, no
+  communicator for the device, a cast only the engine's own requests ask for.
+- What may differ between ranks (per-call arguments and per-rank data: the reduce op, scale
+  factors of a bool tensor, root's scatter splits, and what a frontend refuses in a tensor) is
+  not raised here: refused on one rank alone, its peers, which submitted a fine request under
+  the same name, would wait for that rank forever. The request is marked instead
+  (:meth:`~accord.engine.request.Request.refuse`) and queued; the negotiation fails the name on
+  every member once all have submitted it (:func:`refused_message`), as it does for a root
+  outside the set (:func:`root_outside_message`). Alltoall splits are checked where the ranks
+  exchange them (:func:`accord.comm.agreement.alltoall_splits`), to the same effect.
+
+Problems that need the other ranks' view (shape or dtype mismatches) are found by the
+negotiation.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import torch
 
@@ -20,7 +31,8 @@ from accord.errors import InvalidArgumentError, with_hint
 
 
 def validate(r: Request, sets: ProcessSetRegistry, rank: int) -> None:
-    """Raise InvalidArgumentError if ``r`` cannot run on ``rank`` (see the module docstring)."""
+    """Raise InvalidArgumentError if ``r`` cannot run on ``rank`` and no peer waits for it, or
+    mark ``r`` refused when peers may (see the module docstring)."""
     try:
         group = sets.members(r.process_set_id)
     except KeyError:
@@ -34,12 +46,6 @@ def validate(r: Request, sets: ProcessSetRegistry, rank: int) -> None:
         if r.tensor is None:
             raise InvalidArgumentError(f"{r.op.value} {r.name!r} needs a tensor")
         sets.communicator(r.process_set_id, r.signature.device)  # raises if none
-    if r.op in REDUCING_OPS:
-        if r.reduce_op == ReduceOp.ADASUM:
-            raise InvalidArgumentError(with_hint(f"{r.op.value} {r.name!r}: Adasum is not supported",
-                                       "use Sum or Average"))
-        if r.dtype == torch.bool and (r.prescale_factor != 1 or r.postscale_factor != 1):
-            raise InvalidArgumentError(f"{r.op.value} {r.name!r}: bool tensors cannot be scaled")
     if r.wire_dtype is not None and not (
             r.op is Op.ALLREDUCE and r.owned and r.tensor is not None and r.tensor.is_floating_point()
             and r.wire_dtype.is_floating_point):
@@ -47,12 +53,47 @@ def validate(r: Request, sets: ProcessSetRegistry, rank: int) -> None:
             f"{r.op.value} {r.name!r}: a {None if r.tensor is None else r.tensor.dtype} tensor cannot be "
             f"cast to {r.wire_dtype} by the engine",
             "only in-place allreduces of floating tensors travel in another floating dtype"))
+    problem = _problem(r, len(group), rank)
+    if problem:
+        r.refuse(problem)
+
+
+def _problem(r: Request, set_size: int, rank: int) -> str:
+    """What is wrong with ``r``'s per-call arguments on this rank ("" when nothing is)."""
+    if r.op in REDUCING_OPS:
+        if r.reduce_op == ReduceOp.ADASUM:
+            return with_hint(f"{r.op.value} does not support Adasum", "use Sum or Average")
+        if r.dtype == torch.bool and (r.prescale_factor != 1 or r.postscale_factor != 1):
+            return with_hint(f"a bool tensor cannot be scaled (prescale {r.prescale_factor}, postscale "
+                             f"{r.postscale_factor})", "scale bool tensors by 1, or reduce another dtype")
+    # Gather and root's scatter split dim 0 (the communicators take it before any exchange).
+    if (r.op is Op.GATHER or (r.op is Op.SCATTER and r.root_rank == rank)) and r.tensor.dim() == 0:
+        return with_hint(f"{r.op.value} needs a tensor with at least one dimension, got a scalar",
+                         "reshape it, e.g. tensor.reshape(1)")
     if r.splits is not None and r.op is Op.SCATTER and r.root_rank == rank:
-        if len(r.splits) != len(group) or sum(r.splits) != r.tensor.shape[0] or min(r.splits) < 0:
-            raise InvalidArgumentError(with_hint(
-                f"{r.op.value} {r.name!r}: splits {list(r.splits)} must have {len(group)} "
-                f"non-negative entries summing to dim 0 ({r.tensor.shape[0]})",
-                "pass one row count per rank of the process set"))
+        rows = r.tensor.shape[0]
+        if len(r.splits) != set_size or sum(r.splits) != rows or min(r.splits, default=0) < 0:
+            return with_hint(f"root's splits {list(r.splits)} must have {set_size} non-negative entries "
+                             f"summing to dim 0 ({rows})", "pass one row count per rank of the process set")
+    return ""
+
+
+def refused_message(name: str, op: str, problems: Mapping[int, str]) -> str:
+    """The error of a name that some members submitted with unusable arguments (global rank ->
+    its request's ``problem``). The negotiation raises it on every member
+    (InvalidArgumentError) once all have submitted the name; identical problems are listed once."""
+    ranks_of: dict[str, list[int]] = {}
+    for r in sorted(problems):
+        ranks_of.setdefault(problems[r], []).append(r)
+    lines, hints = [], []
+    for text, ranks in ranks_of.items():
+        what, _, hint = text.partition("\nHINT: ")
+        who = f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+        lines.append(f"  {who}: {what}")
+        if hint and hint not in hints:
+            hints.append(hint)
+    return with_hint(f"{op} {name!r}: invalid arguments on ranks {sorted(problems)}:\n" + "\n".join(lines),
+                     "; ".join(hints) or f"fix the {op} arguments on those ranks")
 
 
 def root_outside_message(name: str, op: str, root: int, set_id: int, members: Sequence[int]) -> str:

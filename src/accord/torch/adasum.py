@@ -19,6 +19,7 @@ from typing import Any, Sequence
 import torch
 
 from accord.engine.compression import Compressor, NoneCompressor
+from accord.errors import with_hint
 from accord.torch import gateway
 
 # Below this squared norm a gradient counts as zero: its coefficient stays 1. Horovod 0.28's
@@ -58,14 +59,20 @@ def reduce_gathered(gathered: torch.Tensor, like: torch.Tensor, postscale: float
 
 def start(tensors: Sequence[torch.Tensor], inplace: bool, name: str | None, prescale: float,
           postscale: float, set_id: int, grouped: bool,
-          compression: type[Compressor] | Compressor = NoneCompressor) -> int:
+          compression: type[Compressor] | Compressor = NoneCompressor,
+          problems: Sequence[str] = ()) -> int:
     """Start Adasum of ``tensors`` (one allgather per tensor); return the facade's handle.
-    ``compression`` applies to what is gathered; the tree is evaluated in float64."""
-    flats = []
+    ``compression`` applies to what is gathered; the tree is evaluated in float64.
+    ``problems``: per tensor, what the caller refuses in it (see :func:`gateway.start`); a tensor
+    that is not floating is refused the same way, on every rank at ``synchronize()``."""
+    flats, problems = [], list(problems) or [""] * len(tensors)
     for i, t in enumerate(tensors):
-        if not (t.is_floating_point() or t.is_complex()):
-            what = f"allreduce.{name}" if name else f"tensor {i}"
-            raise ValueError(f"Adasum needs floating point tensors, got {t.dtype} for {what!r}")
+        if not problems[i] and not (t.is_floating_point() or t.is_complex()):
+            problems[i] = with_hint(f"Adasum needs floating point tensors, got {t.dtype}",
+                                    "use Sum or Average for other dtypes, or pass a floating tensor")
+        if problems[i]:
+            flats.append(gateway.wire(t))  # never runs: the request is refused on every rank
+            continue
         flat = t.detach().reshape(1, -1)
         if prescale != 1.0:
             flat = flat * prescale
@@ -82,4 +89,5 @@ def start(tensors: Sequence[torch.Tensor], inplace: bool, name: str | None, pres
         return outs if grouped else outs[0]
 
     return gateway.start("allgather", flats, name, set_id, finish, grouped=grouped,
-                         keep=tuple(tensors), prefix="allreduce", compression=compression)
+                         keep=tuple(tensors), prefix="allreduce", compression=compression,
+                         problems=problems)

@@ -5,6 +5,14 @@
 Semantics follow Horovod 0.28: out-of-place variants leave the input untouched, in-place ones
 (trailing underscore) write the result into it; ``root_rank`` is a global rank; a name given
 here is prefixed with the op (``allreduce.<name>``), and unnamed requests are numbered.
+
+Arguments that may be wrong on one rank only (a non-contiguous, sparse or 0-d tensor, a reduce
+op or splits that do not fit) are not raised at submission: the request carries the problem
+(``problems`` of :func:`accord.torch.gateway.start`) and every rank of the set raises
+InvalidArgumentError (a ValueError and a RuntimeError) at ``synchronize()``, instead of this rank
+alone raising while its peers wait for it forever. What is wrong identically on every rank
+(an empty group, ``op`` with ``average``, Adasum on a set it does not support) is still raised
+at submission.
 """
 from __future__ import annotations
 
@@ -15,9 +23,9 @@ import torch
 
 from accord.comm.ops import ReduceOp
 from accord.engine.compression import Compressor, NoneCompressor
-from accord.errors import InvalidArgumentError, with_hint
+from accord.errors import with_hint
 from accord.torch import adasum, gateway
-from accord.torch.gateway import check_tensor
+from accord.torch.gateway import tensor_problem, wire
 from accord.torch.process_sets import ProcessSet, global_process_set, set_id_of
 
 Average, Sum, Adasum = ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.ADASUM
@@ -61,25 +69,23 @@ def allreduce_tensors(tensors: Sequence[torch.Tensor], inplace: bool, name: str 
     ``waited``: the caller synchronizes at once (the synchronous forms)."""
     what = "grouped_allreduce" if grouped else "allreduce"
     tensors = list(tensors)
-    if grouped and not tensors:
+    if grouped and not tensors:  # (no request could carry the error to the peers)
         raise ValueError(with_hint(f"{what} needs at least one tensor", "pass a non-empty list"))
-    for t in tensors:
-        check_tensor(t, what)
+    problems = [tensor_problem(t, what) for t in tensors]
     set_id = set_id_of(process_set)
     if op == Adasum:
         _check_adasum(process_set)
-        return adasum.start(tensors, inplace, name, prescale, postscale, set_id, grouped, compression)
-    # The engine sees detached aliases (same memory): its thread runs with grad mode on and must
-    # neither record autograd history nor trip the in-place check on leaves (parameters).
+        return adasum.start(tensors, inplace, name, prescale, postscale, set_id, grouped, compression,
+                            problems)
 
     def finish(results: list[Any]) -> Any:
         values = tensors if inplace else results
         return list(values) if grouped else values[0]
 
-    return gateway.start("allreduce", [t.detach() for t in tensors], name, set_id, finish,
+    return gateway.start("allreduce", [wire(t) for t in tensors], name, set_id, finish,
                          grouped=grouped, keep=tuple(tensors), in_place=inplace,
                          compression=compression, reduce_op=op, prescale_factor=prescale,
-                         postscale_factor=postscale, waited=waited)
+                         postscale_factor=postscale, waited=waited, problems=problems)
 
 
 def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
@@ -148,11 +154,13 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: ReduceOp,
 
 # --- allgather ----------------------------------------------------------------------------------
 
-def _check_ragged(tensor: torch.Tensor, what: str) -> None:
-    check_tensor(tensor, what)
-    if tensor.dim() == 0:
-        raise InvalidArgumentError(with_hint(f"{what} needs a tensor with at least one dimension, got a scalar",
-                                   "reshape it, e.g. tensor.reshape(1)"))
+def _ragged_problem(tensor: torch.Tensor, what: str) -> str:
+    """:func:`tensor_problem`, or a 0-d tensor (ragged ops concatenate or split dim 0)."""
+    problem = tensor_problem(tensor, what)
+    if not problem and tensor.dim() == 0:
+        problem = with_hint(f"{what} needs a tensor with at least one dimension, got a scalar (shape [])",
+                            "reshape it, e.g. tensor.reshape(1)")
+    return problem
 
 
 def _check_group(tensors: Sequence[torch.Tensor], what: str) -> list[torch.Tensor]:
@@ -165,32 +173,31 @@ def _check_group(tensors: Sequence[torch.Tensor], what: str) -> list[torch.Tenso
 def allgather_async(tensor: torch.Tensor, name: str | None = None,
                     process_set: ProcessSet = global_process_set) -> int:
     """Start concatenating every rank's ``tensor`` along dim 0 (first dims may differ)."""
-    _check_ragged(tensor, "allgather")
-    return gateway.start("allgather", [tensor.detach()], name, set_id_of(process_set), _first,
-                         keep=(tensor,))
+    return gateway.start("allgather", [wire(tensor)], name, set_id_of(process_set), _first,
+                         keep=(tensor,), problems=[_ragged_problem(tensor, "allgather")])
 
 
 def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = None,
                             process_set: ProcessSet = global_process_set) -> int:
     """Allgather a list of tensors as one group; ``synchronize()`` returns a list."""
     tensors = _check_group(tensors, "grouped_allgather")
-    for t in tensors:
-        _check_ragged(t, "grouped_allgather")
-    return gateway.start("allgather", [t.detach() for t in tensors], name, set_id_of(process_set),
-                         list, grouped=True, keep=tuple(tensors))
+    return gateway.start("allgather", [wire(t) for t in tensors], name, set_id_of(process_set),
+                         list, grouped=True, keep=tuple(tensors),
+                         problems=[_ragged_problem(t, "grouped_allgather") for t in tensors])
 
 
 # --- broadcast ----------------------------------------------------------------------------------
 
 def _broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None,
                      process_set: ProcessSet, inplace: bool) -> int:
-    check_tensor(tensor, "broadcast")
+    problem = tensor_problem(tensor, "broadcast")
     if not isinstance(root_rank, int) or isinstance(root_rank, bool):
-        raise ValueError(with_hint(f"root_rank must be an int, got {root_rank!r}",
-                                   "pass the global rank that holds the value"))
+        problem = problem or with_hint(f"root_rank must be an int, got {root_rank!r}",
+                                       "pass the global rank that holds the value")
+        root_rank = -1
     finish = (lambda results: tensor) if inplace else _first
-    return gateway.start("broadcast", [tensor.detach()], name, set_id_of(process_set), finish,
-                         keep=(tensor,), in_place=inplace, root_rank=root_rank)
+    return gateway.start("broadcast", [wire(tensor)], name, set_id_of(process_set), finish,
+                         keep=(tensor,), in_place=inplace, root_rank=root_rank, problems=[problem])
 
 
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None,
@@ -207,20 +214,19 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = No
 
 # --- alltoall -----------------------------------------------------------------------------------
 
-def _splits_list(splits: Any) -> list[int] | None:
+def _splits_list(splits: Any) -> tuple[list[int] | None, str]:
+    """(the splits as ints, or None; what is wrong with them, "" when nothing)."""
     if splits is None:
-        return None
+        return None, ""
     if isinstance(splits, torch.Tensor):
         if splits.dim() != 1 or splits.is_floating_point() or splits.is_complex():
-            raise InvalidArgumentError(with_hint(f"splits must be a 1-D integer tensor, got {splits.dtype} "
-                                       f"of shape {list(splits.shape)}",
-                                       "pass one row count per rank, e.g. torch.tensor([2, 1])"))
-        return [int(v) for v in splits.tolist()]
+            return None, with_hint(f"splits must be a 1-D integer tensor, got {splits.dtype} of shape "
+                                   f"{list(splits.shape)}", "pass one row count per rank, e.g. torch.tensor([2, 1])")
+        return [int(v) for v in splits.tolist()], ""
     values = list(splits)
     if any(not isinstance(v, int) or isinstance(v, bool) for v in values):
-        raise InvalidArgumentError(with_hint(f"splits must be integers, got {values!r}",
-                                   "pass one row count per rank"))
-    return values
+        return None, with_hint(f"splits must be integers, got {values!r}", "pass one row count per rank")
+    return values, ""
 
 
 def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
@@ -230,14 +236,15 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = 
     ``synchronize()`` returns ``(output, received_splits)``; ``received_splits`` is an int32
     tensor (or the dtype of a ``splits`` tensor). Splits with the wrong count, a negative entry
     or a sum other than dim 0 raise InvalidArgumentError at ``synchronize()`` on every rank of
-    the set, naming the ranks that passed them.
+    the set, naming the ranks that passed them; so do splits that are not integers and a 0-d
+    or non-contiguous tensor.
     """
-    _check_ragged(tensor, "alltoall")
     # Splits are per-rank data: their counts and sums are checked when the ranks exchange
     # them before any data moves (accord.comm.agreement), so that bad splits on one rank fail
     # the call everywhere. Refused here, that rank would never submit it and its peers would
-    # wait for it until a stall shutdown.
-    split_values = _splits_list(splits)
+    # wait for it until a stall shutdown; splits that are not integers are refused by the
+    # negotiation instead (the request carries the problem).
+    split_values, split_problem = _splits_list(splits)
     set_id = set_id_of(process_set)
     out_dtype = splits.dtype if isinstance(splits, torch.Tensor) else torch.int32
 
@@ -245,20 +252,23 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = 
         output, received = results[0]
         return output, torch.tensor(list(received), dtype=out_dtype)
 
-    return gateway.start("alltoall", [tensor.detach()], name, set_id, finish, keep=(tensor,),
-                         splits=split_values)
+    return gateway.start("alltoall", [wire(tensor)], name, set_id, finish, keep=(tensor,),
+                         splits=split_values,
+                         problems=[_ragged_problem(tensor, "alltoall") or split_problem])
 
 
 # --- reducescatter ------------------------------------------------------------------------------
 
-def _check_reducescatter(tensor: torch.Tensor, op: ReduceOp, what: str) -> None:
-    check_tensor(tensor, what)
-    if tensor.dim() == 0:
-        raise InvalidArgumentError(with_hint(f"{what} cannot scatter a scalar tensor",
-                                   "pass a tensor with at least one dimension"))
-    if op not in (Sum, Average):
-        raise InvalidArgumentError(with_hint(f"{what} supports only Sum and Average, got {ReduceOp(op).name}",
-                                   "use op=hvd.Sum or op=hvd.Average"))
+def _reducescatter_problem(tensor: torch.Tensor, op: ReduceOp, what: str) -> str:
+    """:func:`tensor_problem`, a 0-d tensor, or a reduce op other than Sum and Average."""
+    problem = tensor_problem(tensor, what)
+    if not problem and tensor.dim() == 0:
+        problem = with_hint(f"{what} cannot scatter a scalar tensor (shape [])",
+                            "pass a tensor with at least one dimension")
+    if not problem and op not in (Sum, Average):
+        problem = with_hint(f"{what} supports only Sum and Average, got {ReduceOp(op).name}",
+                            "use op=hvd.Sum or op=hvd.Average")
+    return problem
 
 
 def reducescatter_tensors(tensors: Sequence[torch.Tensor], name: str | None, op: ReduceOp,
@@ -268,12 +278,11 @@ def reducescatter_tensors(tensors: Sequence[torch.Tensor], name: str | None, op:
     what = "grouped_reducescatter" if grouped else "reducescatter"
     op = ReduceOp(op)
     tensors = _check_group(tensors, what) if grouped else list(tensors)
-    for t in tensors:
-        _check_reducescatter(t, op, what)
-    return gateway.start("reducescatter", [t.detach() for t in tensors], name,
+    return gateway.start("reducescatter", [wire(t) for t in tensors], name,
                          set_id_of(process_set), list if grouped else _first, grouped=grouped,
                          keep=tuple(tensors), reduce_op=op, prescale_factor=prescale,
-                         postscale_factor=postscale, compression=compression)
+                         postscale_factor=postscale, compression=compression,
+                         problems=[_reducescatter_problem(t, op, what) for t in tensors])
 
 
 def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: ReduceOp = Average,

@@ -83,36 +83,58 @@ def elastic() -> bool:
 
 # --- submitting and waiting ----------------------------------------------------------------------
 
-def check_tensor(tensor: Any, what: str) -> torch.Tensor:
-    """Reject what Horovod rejects before submitting: non-tensors and non-contiguous tensors."""
+_STRIDED = torch.strided  # (a module global: read for every tensor submitted)
+
+
+def tensor_problem(tensor: Any, what: str) -> str:
+    """What Horovod refuses in a tensor before submitting ("" when nothing): a non-tensor, a
+    sparse or a non-contiguous tensor. Not raised here: whether a tensor is usable may differ
+    between ranks, so the request carries the problem (``problems`` of :func:`start`) and the
+    engine raises it on every rank of the set at ``synchronize()``; refused here, on this rank
+    alone, the other ranks would wait for it forever."""
+    if isinstance(tensor, torch.Tensor) and tensor.layout is _STRIDED and tensor.is_contiguous():
+        return ""  # the common case first: gradients, one call per tensor
     if not isinstance(tensor, torch.Tensor):
-        raise ValueError(with_hint(f"{what} expects a torch.Tensor, got {type(tensor).__name__}",
-                                   "pass a tensor (torch.as_tensor(value))"))
-    if tensor.is_sparse:
-        raise ValueError(with_hint(f"{what} does not take sparse tensors",
-                                   "use sparse_allreduce_async, or .to_dense() first"))
-    if not tensor.is_contiguous():
-        raise ValueError(with_hint("Tensor is required to be contiguous.",
-                                   f"call .contiguous() on the tensor before {what} "
-                                   f"(shape {list(tensor.shape)}, strides {list(tensor.stride())})"))
-    return tensor
+        return with_hint(f"{what} expects a torch.Tensor, got {type(tensor).__name__}",
+                         "pass a tensor (torch.as_tensor(value))")
+    if tensor.layout is not _STRIDED:
+        return with_hint(f"{what} does not take sparse tensors (layout {tensor.layout})",
+                         "use sparse_allreduce_async, or .to_dense() first")
+    return with_hint(f"Tensor is required to be contiguous. (shape {list(tensor.shape)}, "
+                     f"strides {list(tensor.stride())})", f"call .contiguous() on the tensor before {what}")
+
+
+def wire(tensor: Any) -> torch.Tensor:
+    """What the engine gets for ``tensor``: a detached alias (the engine's thread must neither
+    record autograd history nor trip the in-place check on leaves), or an empty stand-in for a
+    non-tensor or a sparse tensor, which cannot be submitted (their request is refused, see
+    :func:`tensor_problem`, and never runs)."""
+    if isinstance(tensor, torch.Tensor) and tensor.layout is _STRIDED:
+        return tensor.detach()
+    return torch.empty(0)
 
 
 def start(op: str, tensors: Sequence[torch.Tensor | None], name: str | None, process_set_id: int,
           finish: Finish, *, grouped: bool = False, keep: tuple = (), prefix: str | None = None,
-          **request: Any) -> int:
+          problems: Sequence[str] = (), **request: Any) -> int:
     """Submit one (grouped) call and return its integer handle.
 
     ``name`` is the user's: the requests are named ``<prefix>.<name>`` (``prefix`` defaults to
     ``op``); ``finish(results)`` builds the caller's value from the engine results. ``request``
     goes to :func:`accord.engine.session.submit_group` (``in_place``, ``compression``, ...).
+    ``problems``: per tensor, what this rank refuses in its arguments ("" where nothing): such
+    a request is submitted all the same and fails on every rank of the set at ``synchronize()``
+    (InvalidArgumentError), see :attr:`accord.engine.request.Request.problem`.
 
     Raises:
         HorovodInternalError: accord is not initialized.
-        ValueError: a request is invalid or its name is in flight (nothing was submitted).
+        ValueError: a request is invalid for this rank alone (a process set it is not in) or its
+            name is in flight (nothing was submitted).
     """
     require_initialized()
     full = None if name is None else f"{prefix or op}.{name}"
+    if any(problems):
+        request["problems"] = problems
     engine_handles = session.submit_group(op, tensors, full, process_set_id=process_set_id,
                                           grouped=grouped, **request)
     with _lock:

@@ -122,7 +122,8 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
     Example: ``avg = hvd.allreduce(torch.tensor([rank]), op=hvd.Average)``.
     """
     op = A.handle_average_backwards_compatibility(op, average)
-    if not (tensor.requires_grad and torch.is_grad_enabled()):
+    # (getattr: a non-tensor is refused by the engine on every rank, not here on this one)
+    if not (getattr(tensor, "requires_grad", False) and torch.is_grad_enabled()):
         # Nothing to differentiate: the autograd Function would only add its own overhead,
         # which for a small synchronous allreduce is a noticeable share of the call.
         return _allreduce_now(tensor, op, name, prescale_factor, postscale_factor, process_set, compression)
@@ -196,8 +197,11 @@ class HorovodAllgather(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, tensor, name, process_set):
+        # dim 0 is read once the result is in: a 0-d tensor fails the call on every rank there,
+        # while reading it first would raise on this rank alone and leave the others waiting.
+        out = synchronize(A.allgather_async(tensor, name, process_set))
         ctx.dim, ctx.process_set = tensor.shape[0], process_set
-        return synchronize(A.allgather_async(tensor, name, process_set))
+        return out
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -216,8 +220,9 @@ class HorovodGroupedAllgather(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, name, process_set, *tensors):
-        ctx.dims, ctx.process_set = [t.shape[0] for t in tensors], process_set
-        return tuple(synchronize(A.grouped_allgather_async(list(tensors), name, process_set)))
+        out = tuple(synchronize(A.grouped_allgather_async(list(tensors), name, process_set)))
+        ctx.dims, ctx.process_set = [t.shape[0] for t in tensors], process_set  # (as in HorovodAllgather)
+        return out
 
     @staticmethod
     def backward(ctx, *grad_output):
