@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
 from accord.comm.ops import ReduceOp
+from accord.engine.group_failure import group_failures
 from accord.engine.group_sizes import group_size_problem, group_sizes
 from accord.engine.join import joined_root_message
 from accord.engine.naming import Group
@@ -235,7 +236,8 @@ def decide(exchange: Exchange, cache: ResponseCache, tick: int) -> Decision:
     """Classify every name submitted anywhere; update ``cache`` with the ready ones.
 
     A joined rank counts as present for every name, except as the root of a rooted op it did
-    not submit (it has no data to send and nobody to receive for): that is an error. Mutates
+    not submit (it has no data to send and nobody to receive for): that is an error. A member
+    of a group that fails fails the whole group (:mod:`accord.engine.group_failure`). Mutates
     ``cache`` identically on every rank (the exchange is the same everywhere).
     """
     per_rank = exchange.pending
@@ -285,6 +287,12 @@ def decide(exchange: Exchange, cache: ResponseCache, tick: int) -> Decision:
         else:
             ready.append((name, sig, len(group)))
             decision.agreed[name] = (sig, group)
+    # A grouped call runs all or none: a failed member fails its ready siblings (group_failure.py).
+    siblings, invalid = group_failures({n: s.op for n, s, _ in ready}, decision.errors, decision.invalid, groups)
+    decision.errors.update(siblings)
+    decision.invalid |= invalid
+    ready = [e for e in ready if e[0] not in siblings]
+    decision.agreed = {n: a for n, a in decision.agreed.items() if n not in siblings}
     # New ids follow the submission order of the lowest rank holding each name (then the name):
     # the same on every rank, and usually the order tensors were produced in, so a batch of
     # gradients that are views of one flat buffer lies back to back (see fusion.adjacent_span).
