@@ -89,8 +89,8 @@ def _planned_engine(rank, size):
     from helpers.engine_comm import start_engine
 
     eng = start_engine(rank, size, idle_interval=30.0, stall_check_disable=True)
-    for _ in range(12):
-        eng.synchronize(_submit(eng, torch.ones(4), "w"))
+    for _ in range(12):  # (_parked: on a loaded machine the thread may not be parked yet)
+        eng.synchronize(_submit(_parked(eng), torch.ones(4), "w"))
     return eng, eng.stats()["lent_cycles"]
 
 

@@ -156,7 +156,7 @@ def _errors(rank, size):
     # dtypes that differ
     with pytest.raises(mx.base.MXNetError, match="dtype"):
         hvd.allreduce(mx.nd.ones(2, dtype="float32" if rank else "float64"), name="bad_dtype")
-    with pytest.raises(TypeError, match="NDArray"):
+    with pytest.raises(mx.base.MXNetError, match="takes an mxnet NDArray"):  # on every rank
         hvd.allreduce(np.ones(2))
     with pytest.raises(ValueError, match="supersedes"):
         hvd.allreduce(mx.nd.ones(2), average=True, op=hvd.Sum)
@@ -166,7 +166,7 @@ def _errors(rank, size):
         hvd.alltoall(mx.nd.ones((size + 1, 2)), name="uneven")
     assert isinstance(info.value, ValueError) and isinstance(info.value, mx.base.MXNetError)
     # splits: an NDArray must hold int32 (Horovod's core refuses other dtypes), and be 1-D;
-    # refused on the submitting rank before anything is sent
+    # refused on every rank of the set (test_mxnet_refused_arguments.py: one rank alone)
     rows = mx.nd.ones((2 * size, 2))
     for bad in (mx.nd.ones(size, dtype="float32") * 2, mx.nd.ones(size, dtype="int64") * 2):
         with pytest.raises(mx.base.MXNetError, match="32-bit integers") as info:

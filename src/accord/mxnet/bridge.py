@@ -56,14 +56,18 @@ def is_ndarray(value: Any) -> bool:
     return isinstance(value, mx.nd.NDArray)
 
 
-def check_ndarray(value: Any, what: str) -> None:
-    """Raise a clear TypeError unless ``value`` is a dense NDArray."""
+def ndarray_problem(value: Any, what: str) -> str:
+    """What the collectives refuse in an argument ("" when nothing): a non-NDArray or a sparse
+    NDArray. Returned, not raised: whether an argument is usable may differ between ranks, so
+    the request carries the problem and every rank of the set raises it (see
+    :mod:`accord.mxnet.mpi_ops`)."""
     if not is_ndarray(value):
-        raise TypeError(with_hint(f"{what} takes an mxnet NDArray, got {type(value).__name__}",
-                                  "pass mx.nd.array(...) (accord.torch takes torch tensors)"))
+        return with_hint(f"{what} takes an mxnet NDArray, got {type(value).__name__}",
+                         "pass mx.nd.array(...) (accord.torch takes torch tensors)")
     if getattr(value, "stype", "default") != "default":
-        raise TypeError(with_hint(f"{what} takes a dense NDArray, got storage type {value.stype!r}",
-                                  "convert it with .tostype('default')"))
+        return with_hint(f"{what} takes a dense NDArray, got storage type {value.stype!r}",
+                         "convert it with .tostype('default')")
+    return ""
 
 
 def read_view(array: Any) -> torch.Tensor:

@@ -10,10 +10,10 @@ import types
 from typing import Any
 
 from accord.engine import objects, session
-from accord.errors import CollectiveError, with_hint
+from accord.errors import AccordError, CollectiveError, InvalidArgumentError, with_hint
 from accord.mxnet import basics
 from accord.mxnet.bridge import mx, mxnet_error
-from accord.mxnet.mpi_ops import broadcast_
+from accord.mxnet.mpi_ops import broadcast_, root_of
 from accord.mxnet.process_sets import ProcessSet, global_process_set, set_id
 
 
@@ -74,12 +74,21 @@ def _broadcast_after_init(param: Any, root_rank: int, name: str) -> None:
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> Any:
-    """Return ``root_rank``'s ``obj`` on every rank of the set (pickled; see the module note)."""
+    """Return ``root_rank``'s ``obj`` on every rank of the set (pickled; see the module note).
+
+    A ``root_rank`` that is not an int fails on every rank of the set: this rank takes part
+    with root -1, which no peer passes (a MismatchError there, naming the roots) and no set
+    holds, and raises InvalidArgumentError itself. (Raised before taking part, its peers would
+    wait for it forever; passed on as it is, the engine cannot encode it.)
+    """
     if not session.is_initialized():
         raise mxnet_error(CollectiveError(with_hint(basics.NOT_INITIALIZED, "call hvd.init() first")))
+    root, problem = root_of(root_rank)
     try:
-        return objects.broadcast_object(obj, root_rank, name, set_id(process_set))
-    except CollectiveError as exc:
+        return objects.broadcast_object(obj, root, name, set_id(process_set))
+    except AccordError as exc:
+        if problem:
+            raise mxnet_error(InvalidArgumentError(f"broadcast_object: {problem}")) from exc
         raise mxnet_error(exc) from None
 
 
@@ -90,5 +99,5 @@ def allgather_object(obj: Any, name: str | None = None,
         raise mxnet_error(CollectiveError(with_hint(basics.NOT_INITIALIZED, "call hvd.init() first")))
     try:
         return objects.allgather_object(obj, name, set_id(process_set))
-    except CollectiveError as exc:
+    except AccordError as exc:
         raise mxnet_error(exc) from None

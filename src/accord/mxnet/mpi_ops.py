@@ -8,9 +8,19 @@ ready). Every call returns once the result is written (see :mod:`accord.mxnet.br
 MXNet operators pushed afterwards read finished values. Errors raised by the engine (e.g.
 shapes that differ between ranks: raised on every rank) are both accord's error and an
 ``mx.base.MXNetError``, as Horovod's MXNet ops raise.
+
+Arguments that may be wrong on one rank only (a non-NDArray or a sparse NDArray, a 0-d array
+where dim 0 is concatenated or split, a reduce op reducescatter cannot run, alltoall splits
+that are not 1-D integers, a ``root_rank`` that is not an int) are not raised where they are
+found: refused on one rank alone, its peers would wait for it forever. The request is submitted
+carrying the problem (a stand-in tensor where there is no NDArray to view) and every rank of the
+set raises InvalidArgumentError (a ValueError, a RuntimeError and an MXNetError) when it waits,
+naming the rank. What is wrong identically on every rank, or concerns no peer, is raised at
+once: not initialized, a process set this rank cannot use, ``op`` together with ``average``.
 """
 from __future__ import annotations
 
+import numbers
 from typing import Any, Sequence
 
 import numpy as np
@@ -18,16 +28,14 @@ import torch
 
 from accord.comm.ops import ReduceOp
 from accord.engine import session
-from accord.engine.compression import Compressor, NoneCompressor
 from accord.engine.request import Op
-from accord.errors import CollectiveError, InvalidArgumentError, with_hint
+from accord.errors import CollectiveError, with_hint
 from accord.mxnet import basics
-from accord.mxnet.bridge import check_ndarray, mx, mxnet_error, read_view, to_ndarray, write_view
+from accord.mxnet.bridge import mx, mxnet_error, ndarray_problem, read_view, to_ndarray, write_view
 from accord.mxnet.process_sets import ProcessSet, global_process_set, set_id
 
 Average, Sum, Adasum = ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.ADASUM
 Min, Max, Product = ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT
-
 
 
 def op_name(op: Op, name: str | None) -> str | None:
@@ -36,36 +44,44 @@ def op_name(op: Op, name: str | None) -> str | None:
     return None if name is None else f"{op.value}.{name}"
 
 
-def reduce_op(average: bool | None, op: Any) -> ReduceOp:
-    """Resolve Horovod's ``average=`` and accord's optional ``op=`` (default Average).
+def _as_op(op: Any, what: str) -> tuple[ReduceOp, str]:
+    """``op`` as a ReduceOp, or (Sum, what is wrong with it)."""
+    try:
+        return ReduceOp(op), ""
+    except (ValueError, TypeError):
+        return Sum, with_hint(f"{what}: unknown reduce op {op!r}",
+                              "use hvd.Average, hvd.Sum, hvd.Min, hvd.Max or hvd.Product")
+
+
+def reduce_op(average: bool | None, op: Any, what: str = "allreduce") -> tuple[ReduceOp, str]:
+    """Resolve Horovod's ``average=`` and accord's optional ``op=`` (default Average): the op,
+    and what is wrong with ``op`` ("" when nothing; the caller's request carries it).
 
     Raises:
-        ValueError: both given.
+        ValueError: both given (the same call on every rank: no peer waits on a different one).
     """
     if op is not None:
         if average is not None:
             raise ValueError("The op parameter supersedes average. Please provide only one of them.")
-        return ReduceOp(op)
-    return Sum if average is False else Average
+        return _as_op(op, what)
+    return (Sum if average is False else Average), ""
 
 
 def submit(op: Op, tensors: Sequence[torch.Tensor], name: str | None, process_set: ProcessSet, *,
-           grouped: bool = False, **kwargs: Any) -> list[Any]:
+           grouped: bool = False, problems: Sequence[str] = (), **kwargs: Any) -> list[Any]:
     """Submit one collective per tensor (one all-or-none group when ``grouped``); return the
-    engine handles (wait with :func:`wait_all`).
+    engine handles (wait with :func:`wait_all`). ``problems``: per tensor, what this rank
+    refuses in its arguments ("" where nothing): such requests fail on every rank of the set.
 
     Raises:
         CollectiveError (also MXNetError): not initialized.
-        ValueError: a request the engine refuses locally (bad root, process set); bad alltoall
-            splits raise on every rank of the set, where the ranks exchange them.
+        ValueError: a request the engine refuses locally (a process set this rank cannot use).
     """
     if not session.is_initialized():
         raise mxnet_error(CollectiveError(with_hint(basics.NOT_INITIALIZED, "call hvd.init() first")))
     sid = set_id(process_set)
-    full = op_name(op, name)
-    if grouped:
-        return session.submit_group(op, list(tensors), full, process_set_id=sid, **kwargs)
-    return [session.submit(op, tensors[0], full, process_set_id=sid, **kwargs)]
+    return session.submit_group(op, list(tensors), op_name(op, name), process_set_id=sid,
+                                grouped=grouped, problems=problems if any(problems) else None, **kwargs)
 
 
 def wait_all(handles: Sequence[Any]) -> list[Any]:
@@ -89,24 +105,44 @@ def run(op: Op, tensors: Sequence[torch.Tensor], name: str | None, process_set: 
     return wait_all(submit(op, tensors, name, process_set, grouped=grouped, **kwargs))
 
 
-def _checked(tensors: Sequence[Any], what: str) -> list[Any]:
-    for t in tensors:
-        check_ndarray(t, what)
-    return list(tensors)
+def _stand_in() -> torch.Tensor:
+    """What the engine gets for a refused argument: its request never runs, and there may be
+    no NDArray to view."""
+    return torch.empty(0)
 
 
-def _allreduce_into(tensors: list[Any], outputs: list[Any], average: bool | None, name: str | None,
-                    prescale_factor: float, postscale_factor: float, process_set: ProcessSet,
-                    op: Any, grouped: bool, compression: type[Compressor] | Compressor = NoneCompressor) -> None:
-    rop = reduce_op(average, op)
-    views = []
-    for t, o in zip(tensors, outputs):
+def _ragged_problem(array: Any, what: str) -> str:
+    """:func:`ndarray_problem`, or a 0-d array (these ops concatenate or split dim 0)."""
+    problem = ndarray_problem(array, what)
+    if not problem and array.ndim == 0:
+        problem = with_hint(f"{what} needs an NDArray with at least one dimension, got a scalar "
+                            f"(shape ())", "reshape it, e.g. array.reshape((1,))")
+    return problem
+
+
+# --- allreduce ----------------------------------------------------------------------------------
+
+def _allreduce(tensors: list[Any], inplace: bool, what: str, average: bool | None, op: Any,
+               name: str | None, prescale_factor: float, postscale_factor: float,
+               process_set: ProcessSet, grouped: bool) -> list[Any]:
+    """Allreduce ``tensors`` into themselves or into new NDArrays; return those."""
+    rop, op_problem = reduce_op(average, op, what)
+    problems = [ndarray_problem(t, what) or op_problem for t in tensors]
+    views, outputs = [], []
+    for t, problem in zip(tensors, problems):
+        if problem:
+            views.append(_stand_in())
+            outputs.append(t)  # (never returned: every rank raises)
+            continue
+        o = t if inplace else mx.nd.empty(t.shape, ctx=t.context, dtype=t.dtype)
         view = write_view(o)
         if o is not t:
             view.copy_(read_view(t))
         views.append(view)
+        outputs.append(o)
     run(Op.ALLREDUCE, views, name, process_set, grouped=grouped, in_place=True, reduce_op=rop,
-        prescale_factor=prescale_factor, postscale_factor=postscale_factor, compression=compression)
+        prescale_factor=prescale_factor, postscale_factor=postscale_factor, problems=problems)
+    return outputs
 
 
 def allreduce(tensor: Any, average: bool | None = None, name: str | None = None, priority: int = 0,
@@ -116,20 +152,16 @@ def allreduce(tensor: Any, average: bool | None = None, name: str | None = None,
 
     ``op`` (accord: Sum, Average, Min, Max, Product) may replace ``average``.
     """
-    check_ndarray(tensor, "allreduce")
-    out = mx.nd.empty(tensor.shape, ctx=tensor.context, dtype=tensor.dtype)
-    _allreduce_into([tensor], [out], average, name, prescale_factor, postscale_factor, process_set,
-                    op, grouped=False)
-    return out
+    return _allreduce([tensor], False, "allreduce", average, op, name, prescale_factor,
+                      postscale_factor, process_set, grouped=False)[0]
 
 
 def allreduce_(tensor: Any, average: bool | None = None, name: str | None = None, priority: int = 0,
                prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                process_set: ProcessSet = global_process_set, op: Any = None) -> Any:
     """In-place :func:`allreduce`; returns ``tensor``."""
-    check_ndarray(tensor, "allreduce_")
-    _allreduce_into([tensor], [tensor], average, name, prescale_factor, postscale_factor,
-                    process_set, op, grouped=False)
+    _allreduce([tensor], True, "allreduce_", average, op, name, prescale_factor, postscale_factor,
+               process_set, grouped=False)
     return tensor
 
 
@@ -137,94 +169,140 @@ def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None, name:
                       priority: int = 0, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                       process_set: ProcessSet = global_process_set, op: Any = None) -> list[Any]:
     """Allreduce a list of NDArrays as one group (fused); return new NDArrays."""
-    tensors = _checked(tensors, "grouped_allreduce")
-    if not tensors:
+    tensors = list(tensors)
+    if not tensors:  # as Horovod (no request could carry an error to the peers)
         return tensors
-    outs = [mx.nd.empty(t.shape, ctx=t.context, dtype=t.dtype) for t in tensors]
-    _allreduce_into(tensors, outs, average, name, prescale_factor, postscale_factor, process_set,
-                    op, grouped=True)
-    return outs
+    return _allreduce(tensors, False, "grouped_allreduce", average, op, name, prescale_factor,
+                      postscale_factor, process_set, grouped=True)
 
 
 def grouped_allreduce_(tensors: Sequence[Any], average: bool | None = None, name: str | None = None,
                        priority: int = 0, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                        process_set: ProcessSet = global_process_set, op: Any = None) -> list[Any]:
     """In-place :func:`grouped_allreduce`; returns ``tensors``."""
-    arrays = _checked(tensors, "grouped_allreduce_")
+    arrays = list(tensors)
     if arrays:
-        _allreduce_into(arrays, arrays, average, name, prescale_factor, postscale_factor,
-                        process_set, op, grouped=True)
+        _allreduce(arrays, True, "grouped_allreduce_", average, op, name, prescale_factor,
+                   postscale_factor, process_set, grouped=True)
     return tensors
+
+
+# --- allgather and broadcast --------------------------------------------------------------------
+
+def _allgather(tensors: list[Any], name: str | None, process_set: ProcessSet, grouped: bool,
+               what: str) -> list[Any]:
+    problems = [_ragged_problem(t, what) for t in tensors]
+    views = [_stand_in() if p else read_view(t) for t, p in zip(tensors, problems)]
+    results = run(Op.ALLGATHER, views, name, process_set, grouped=grouped, problems=problems)
+    return [to_ndarray(r) for r in results]
 
 
 def allgather(tensor: Any, name: str | None = None, priority: int = 0,
               process_set: ProcessSet = global_process_set) -> Any:
     """Concatenate every rank's ``tensor`` along dimension 0 (first dimensions may differ)."""
-    check_ndarray(tensor, "allgather")
-    return to_ndarray(run(Op.ALLGATHER, [read_view(tensor)], name, process_set)[0])
+    return _allgather([tensor], name, process_set, False, "allgather")[0]
 
 
 def grouped_allgather(tensors: Sequence[Any], name: str | None = None, priority: int = 0,
                       process_set: ProcessSet = global_process_set) -> list[Any]:
     """:func:`allgather` of a list of NDArrays as one group."""
-    tensors = _checked(tensors, "grouped_allgather")
+    tensors = list(tensors)
     if not tensors:
         return tensors
-    results = run(Op.ALLGATHER, [read_view(t) for t in tensors], name, process_set, grouped=True)
-    return [to_ndarray(r) for r in results]
+    return _allgather(tensors, name, process_set, True, "grouped_allgather")
+
+
+def root_of(root_rank: Any) -> tuple[int, str]:
+    """``root_rank`` as an int, or (-1, what is wrong with it): Horovod passes it to C as an
+    int, which refuses floats and strings (``int()`` would have truncated 0.5 silently)."""
+    if isinstance(root_rank, numbers.Integral) and not isinstance(root_rank, bool):
+        return int(root_rank), ""
+    return -1, with_hint(f"root_rank must be an int, got {root_rank!r}",
+                         "pass the global rank that holds the value")
+
+
+def _broadcast(tensor: Any, root_rank: Any, name: str | None, process_set: ProcessSet, what: str) -> None:
+    root, root_problem = root_of(root_rank)
+    problem = ndarray_problem(tensor, what) or root_problem
+    view = _stand_in() if problem else write_view(tensor)
+    run(Op.BROADCAST, [view], name, process_set, in_place=True, root_rank=root, problems=[problem])
 
 
 def broadcast_(tensor: Any, root_rank: int, name: str | None = None, priority: int = 0,
                process_set: ProcessSet = global_process_set) -> Any:
     """Overwrite ``tensor`` with ``root_rank``'s value (in place); returns ``tensor``."""
-    check_ndarray(tensor, "broadcast_")
-    run(Op.BROADCAST, [write_view(tensor)], name, process_set, in_place=True, root_rank=int(root_rank))
+    _broadcast(tensor, root_rank, name, process_set, "broadcast_")
     return tensor
 
 
 def broadcast(tensor: Any, root_rank: int, name: str | None = None, priority: int = 0,
               process_set: ProcessSet = global_process_set) -> Any:
     """Return ``root_rank``'s ``tensor`` on every rank as a new NDArray (input unchanged)."""
-    check_ndarray(tensor, "broadcast")
-    return broadcast_(tensor.copy(), root_rank, name, priority, process_set)
+    copy = tensor.copy() if not ndarray_problem(tensor, "broadcast") else tensor
+    _broadcast(copy, root_rank, name, process_set, "broadcast")
+    return copy
 
+
+# --- alltoall -----------------------------------------------------------------------------------
 
 def alltoall(tensor: Any, splits: Any = None, name: str | None = None, priority: int = 0,
              process_set: ProcessSet = global_process_set) -> Any:
     """Send ``splits[i]`` rows of ``tensor`` to rank i of the set (equal parts without
     ``splits``, a list of ints or a 1-D int32 NDArray) and return the rows received; with
-    ``splits`` also the received splits (an int32 NDArray), as Horovod does."""
-    check_ndarray(tensor, "alltoall")
-    counts = None if splits is None else split_counts(splits)
-    result, received = run(Op.ALLTOALL, [read_view(tensor)], name, process_set, splits=counts)[0]
+    ``splits`` also the received splits (an int32 NDArray), as Horovod does. Splits with the
+    wrong count, a negative entry or a sum other than dim 0 fail on every rank of the set (the
+    ranks exchange them before any data moves), and so do splits refused here."""
+    counts, split_problem = split_counts(splits)
+    problem = _ragged_problem(tensor, "alltoall") or split_problem
+    view = _stand_in() if problem else read_view(tensor)
+    result, received = run(Op.ALLTOALL, [view], name, process_set, splits=counts, problems=[problem])[0]
     out = to_ndarray(result)
     if splits is None:
         return out
     return out, mx.nd.array([int(s) for s in received], dtype="int32")
 
 
-def split_counts(splits: Any) -> list[int]:
-    """Rows per rank from Horovod's ``splits``: a list of numbers (truncated to integers, as
-    Horovod's conversion to int32 does) or a 1-D int32 NDArray.
-
-    Raises:
-        InvalidArgumentError (also MXNetError): an NDArray of another dtype, or splits with more
-            than one dimension (Horovod's core refuses both).
-    """
+def split_counts(splits: Any) -> tuple[list[int] | None, str]:
+    """Rows per rank from Horovod's ``splits`` (None for None): a list of numbers (truncated to
+    integers, as Horovod's conversion to int32 does) or a 1-D int32 NDArray; with what is wrong
+    with them ("" when nothing): an NDArray of another dtype, more than one dimension (Horovod's
+    core refuses both), or values that are not finite numbers."""
+    if splits is None:
+        return None, ""
     if isinstance(splits, mx.nd.NDArray):
         if np.dtype(splits.dtype) != np.int32:
-            raise mxnet_error(InvalidArgumentError(with_hint(
-                f"alltoall splits must hold 32-bit integers, got an NDArray of "
-                f"{np.dtype(splits.dtype).name} {tuple(splits.shape)}",
-                "pass splits.astype('int32') (or a list of ints)")))
+            return None, with_hint(f"alltoall splits must hold 32-bit integers, got an NDArray of "
+                                   f"{np.dtype(splits.dtype).name} {tuple(splits.shape)}",
+                                   "pass splits.astype('int32') (or a list of ints)")
         values = splits.asnumpy()
     else:
-        values = np.asarray(splits)
+        try:
+            values = np.asarray(splits)
+        except (ValueError, TypeError):  # e.g. ragged nested lists
+            values = np.asarray(None)
+        if values.dtype.kind not in "biuf" or not np.isfinite(values).all():
+            return None, with_hint(f"alltoall splits must be numbers, got {splits!r}",
+                                   "pass one row count per rank of the process set")
     if values.ndim > 1:
-        raise mxnet_error(InvalidArgumentError(with_hint(
-            f"alltoall splits must be 1-D, got shape {tuple(values.shape)}",
-            "pass one row count per rank of the process set")))
-    return [int(s) for s in values.reshape(-1)]
+        return None, with_hint(f"alltoall splits must be 1-D, got shape {tuple(values.shape)}",
+                               "pass one row count per rank of the process set")
+    return [int(s) for s in values.reshape(-1)], ""
+
+
+# --- reducescatter ------------------------------------------------------------------------------
+
+def _reducescatter(tensors: list[Any], op: Any, name: str | None, process_set: ProcessSet,
+                   prescale_factor: float, postscale_factor: float, grouped: bool, what: str) -> list[Any]:
+    rop, op_problem = _as_op(op, what)
+    if not op_problem and rop not in (Sum, Average):
+        op_problem = with_hint(f"{what} supports only Sum and Average, got {rop.name}",
+                               "use op=hvd.Sum or op=hvd.Average")
+    problems = [_ragged_problem(t, what) or op_problem for t in tensors]
+    views = [_stand_in() if p else read_view(t) for t, p in zip(tensors, problems)]
+    results = run(Op.REDUCESCATTER, views, name, process_set, grouped=grouped,
+                  reduce_op=Average if op_problem else rop, prescale_factor=prescale_factor,
+                  postscale_factor=postscale_factor, problems=problems)
+    return [to_ndarray(r) for r in results]
 
 
 def reducescatter(tensor: Any, op: Any = Average, name: str | None = None, priority: int = 0,
@@ -232,19 +310,16 @@ def reducescatter(tensor: Any, op: Any = Average, name: str | None = None, prior
                   postscale_factor: float = 1.0) -> Any:
     """Reduce ``tensor`` over the ranks (Average or Sum) and return this rank's part of dim 0
     (the first ``dim0 % size`` ranks get one row more)."""
-    check_ndarray(tensor, "reducescatter")
-    result = run(Op.REDUCESCATTER, [read_view(tensor)], name, process_set, reduce_op=ReduceOp(op),
-                 prescale_factor=prescale_factor, postscale_factor=postscale_factor)[0]
-    return to_ndarray(result)
+    return _reducescatter([tensor], op, name, process_set, prescale_factor, postscale_factor,
+                          False, "reducescatter")[0]
 
 
 def grouped_reducescatter(tensors: Sequence[Any], op: Any = Average, name: str | None = None,
                           priority: int = 0, process_set: ProcessSet = global_process_set,
                           prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> list[Any]:
     """:func:`reducescatter` of a list of NDArrays as one group."""
-    tensors = _checked(tensors, "grouped_reducescatter")
+    tensors = list(tensors)
     if not tensors:
         return tensors
-    results = run(Op.REDUCESCATTER, [read_view(t) for t in tensors], name, process_set, grouped=True,
-                  reduce_op=ReduceOp(op), prescale_factor=prescale_factor, postscale_factor=postscale_factor)
-    return [to_ndarray(r) for r in results]
+    return _reducescatter(tensors, op, name, process_set, prescale_factor, postscale_factor,
+                          True, "grouped_reducescatter")
