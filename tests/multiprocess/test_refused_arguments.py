@@ -147,6 +147,15 @@ CASES = {
         lambda h, r: _engine("allreduce", _t(3, dtype=__import__("torch").bool), "bsc", reduce_op=h.Max,
                              prescale_factor=_pick(r, 1.0, 2.0)),
         "InvalidArgumentError", "rank 1: a bool tensor cannot be scaled (prescale 2.0, postscale 1.0)"),
+    "engine.broadcast_root_none": (
+        lambda h, r: _engine("broadcast", _t(3), "brn", in_place=True, root_rank=_pick(r, 0, None)),
+        "InvalidArgumentError", "rank 1: root_rank must be an int, got None\nHINT: pass the global rank"),
+    "engine.prescale_not_a_number": (
+        lambda h, r: _engine("allreduce", _t(3), "psn", prescale_factor=_pick(r, 1.0, "2")),
+        "InvalidArgumentError", "rank 1: prescale_factor must be a number, got '2'"),
+    "broadcast_object.root_none": (
+        lambda h, r: h.broadcast_object({"r": r}, root_rank=_pick(r, 0, None), name="bo"),
+        "InvalidArgumentError", "rank 1: root_rank must be an int, got None"),
     # --- a cached name, the bad rank first -----------------------------------------------------
     "cached.noncontiguous_first": (
         lambda h, r: _cached_then(h, r, _allreduce_w),

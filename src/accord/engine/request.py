@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import numbers
 import threading
 import time
 from dataclasses import dataclass, field
@@ -12,6 +13,7 @@ import torch
 
 from accord.comm.ops import ReduceOp
 from accord.engine.compression import Compressor, NoneCompressor, deferred_cast
+from accord.errors import with_hint
 
 
 class Op(str, enum.Enum):
@@ -33,6 +35,7 @@ OP_NAMES = {op: op.value for op in Op}  # a dict read is cheaper than Enum's .va
 RAGGED_OPS = frozenset({Op.ALLGATHER, Op.ALLTOALL, Op.GATHER, Op.SCATTER})
 ROOTED_OPS = frozenset({Op.BROADCAST, Op.REDUCE, Op.GATHER, Op.SCATTER})
 REDUCING_OPS = frozenset({Op.ALLREDUCE, Op.REDUCESCATTER, Op.REDUCE})
+_PLAIN_NUMBERS = (float, int)  # scale factors of these types need no check
 
 
 _DTYPE_NAMES: dict = {None: ""}
@@ -187,6 +190,9 @@ class Request:
         self.submitted_at = time.monotonic()
         if self.dtype is None and self.tensor is not None:
             self.dtype = self.tensor.dtype
+        if (type(self.root_rank) is not int or type(self.prescale_factor) not in _PLAIN_NUMBERS
+                or type(self.postscale_factor) not in _PLAIN_NUMBERS):
+            self._plain_arguments()
         self.signature = signature_of(self)
         if self.problem:
             self.signature = self.signature._replace(problem=self.problem)
@@ -198,11 +204,33 @@ class Request:
         else:
             self.nbytes = t.numel() * self.wire_dtype.itemsize
 
+    def _plain_arguments(self) -> None:
+        """Make the root a plain int and the scale factors plain floats (numpy numbers are
+        fine); anything else is refused (``problem``), with a neutral value in the signature:
+        raised here, on this rank alone, it would leave the peers waiting, and sent as is it
+        cannot be encoded for them."""
+        if isinstance(self.root_rank, numbers.Integral) and not isinstance(self.root_rank, bool):
+            self.root_rank = int(self.root_rank)
+        else:
+            if self.op in ROOTED_OPS:
+                self.refuse(with_hint(f"root_rank must be an int, got {self.root_rank!r}",
+                                      "pass the global rank of the root"))
+            self.root_rank = -1
+        for field_name in ("prescale_factor", "postscale_factor"):
+            value = getattr(self, field_name)
+            if isinstance(value, numbers.Real) and not isinstance(value, bool):
+                setattr(self, field_name, float(value))
+            else:
+                self.refuse(with_hint(f"{field_name} must be a number, got {value!r}",
+                                      f"pass {field_name} as a float (1.0: no scaling)"))
+                setattr(self, field_name, 1.0)
+
     def refuse(self, problem: str) -> None:
         """Mark the request unusable (see ``problem``); the first problem found is kept."""
         if not self.problem:
             self.problem = problem
-            self.signature = self.signature._replace(problem=problem)
+            if hasattr(self, "signature"):  # (not yet while __post_init__ checks the arguments)
+                self.signature = self.signature._replace(problem=problem)
 
 
 def signature_of(request: Request) -> Signature:

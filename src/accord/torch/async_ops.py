@@ -190,11 +190,8 @@ def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = 
 
 def _broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None,
                      process_set: ProcessSet, inplace: bool) -> int:
+    # (a root that is not an int is refused by the engine's request, on every rank)
     problem = tensor_problem(tensor, "broadcast")
-    if not isinstance(root_rank, int) or isinstance(root_rank, bool):
-        problem = problem or with_hint(f"root_rank must be an int, got {root_rank!r}",
-                                       "pass the global rank that holds the value")
-        root_rank = -1
     finish = (lambda results: tensor) if inplace else _first
     return gateway.start("broadcast", [wire(tensor)], name, set_id_of(process_set), finish,
                          keep=(tensor,), in_place=inplace, root_rank=root_rank, problems=[problem])
