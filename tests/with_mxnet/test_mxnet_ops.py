@@ -110,6 +110,7 @@ def _collectives(rank, size):
     if rank == 0:
         close(hvd.allreduce(mx.nd.ones(3) * 7, average=False, process_set=solo).asnumpy(), np.full(3, 7))
     close(hvd.allreduce(mx.nd.ones(2), average=False).asnumpy(), np.full(2, size))
+    close(hvd.allreduce(mx.nd.ones(2), average=0).asnumpy(), np.full(2, size))  # c_bool(0): Sum
     assert hvd.remove_process_set(solo) and solo.process_set_id is None
     assert not hvd.remove_process_set(hvd.global_process_set)
     _parameters(rank, size)

@@ -64,7 +64,8 @@ def reduce_op(average: bool | None, op: Any, what: str = "allreduce") -> tuple[R
         if average is not None:
             raise ValueError("The op parameter supersedes average. Please provide only one of them.")
         return _as_op(op, what)
-    return (Sum if average is False else Average), ""
+    # Horovod passes average as ctypes.c_bool(average): any false value (0, False) sums
+    return (Average if average is None or average else Sum), ""
 
 
 def submit(op: Op, tensors: Sequence[torch.Tensor], name: str | None, process_set: ProcessSet, *,
