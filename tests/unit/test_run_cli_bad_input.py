@@ -359,3 +359,24 @@ def test_a_master_addr_with_a_port_or_scheme_points_to_master_port():
 @pytest.mark.parametrize("value", ["node1", "node1.example.com", "10.0.0.5", "fe80::1", "[fe80::1]", "my_host-2"])
 def test_host_names_and_addresses_are_still_master_addrs(value):
     assert _cfg("-np", "1", "--master-addr", value, "python3").master_addr == value
+
+
+@pytest.mark.parametrize("flag", ["-np", "--nproc-per-node", "--store-port", "--master-port", "--ssh-port",
+                                  "--min-np", "--max-np", "--slots-per-host", "--reset-limit"])
+@pytest.mark.parametrize("value", ["+2", " 2", "1_0", "٢"])
+def test_counts_and_ports_must_be_plain_digits(capsys, flag, value):
+    """int() takes these; a typo like -np 1_0 would start 10 workers. (argparse exits itself.)"""
+    with pytest.raises(SystemExit) as exited:
+        main([flag, value, *HARMLESS])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("accordrun: error: argument ") and flag in err, err
+    assert f"must be a whole number in plain digits, got {value!r}" in err and "HINT:" in err, err
+
+
+def test_mxnet_launch_counts_must_be_plain_digits(capsys):
+    with pytest.raises(SystemExit) as exited:
+        mxnet_launch.main(["-n", "1_0", *HARMLESS])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "must be a whole number in plain digits, got '1_0'" in err and "HINT:" in err, err

@@ -13,6 +13,7 @@ from typing import NoReturn, Sequence
 from accord import config
 from accord.errors import ConfigError, LaunchError
 from accord.run import elastic_config, horovod_config, horovod_flags, timeline_path, tuning
+from accord.run.flag_values import whole_number
 from accord.run.launch_config import DEFAULT_GRACE, LOG_LEVELS, config_from_args
 from accord.run.ssh import STRICT_POLICIES
 from accord.version import __version__
@@ -59,12 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--help-env", action="store_true", help="list every environment variable accord reads")
 
     g = p.add_argument_group("workers and hosts")
-    g.add_argument("-np", "--num-proc", type=int,
+    g.add_argument("-np", "--num-proc", type=whole_number,
                    help="number of workers (default: all slots); elastic jobs: the fewest they start with")
     g.add_argument("-H", "--hosts", help="hosts and slots, e.g. node1:4,node2:4 (default localhost:NP)")
     g.add_argument("-hostfile", "--hostfile", help="file with 'host slots=N', 'host:N' or 'host' lines")
     g.add_argument("--ips", help="comma-separated host addresses (use with --nproc-per-node)")
-    g.add_argument("--nproc-per-node", type=int, help="workers per host for --ips (alone: on this host)")
+    g.add_argument("--nproc-per-node", type=whole_number, help="workers per host for --ips (alone: on this host)")
     g.add_argument("--gpus", "--devices", dest="devices",
                    help="devices for each host's workers, e.g. 0,1 (sets CUDA_VISIBLE_DEVICES per worker)")
 
@@ -88,9 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds for every rank to check in at the rendezvous (enforced when given)")
     g.add_argument("--grace-period", type=config.finite_float,
                    help=f"seconds between SIGTERM and SIGKILL when stopping workers (default {DEFAULT_GRACE:g})")
-    g.add_argument("--store-port", type=int, help="port of accord's rendezvous store (default: free port)")
+    g.add_argument("--store-port", type=whole_number, help="port of accord's rendezvous store (default: free port)")
     g.add_argument("--master-addr", help="MASTER_ADDR for env:// scripts (default: rank 0's host)")
-    g.add_argument("--master-port", type=int, help="MASTER_PORT for env:// scripts (default: free port)")
+    g.add_argument("--master-port", type=whole_number, help="MASTER_PORT for env:// scripts (default: free port)")
     g.add_argument("--network-interface", help="interface to bind and advertise (also DMLC_INTERFACE)")
     g.add_argument("--sync-dst-dir", metavar="DIR",
                    help="copy the working directory to DIR on every host with rsync over ssh "
@@ -101,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "teardown (a DDP model still holding its process group aborts there)")
 
     g = p.add_argument_group("ssh")
-    g.add_argument("-p", "--ssh-port", type=int, help="ssh port of the remote hosts")
+    g.add_argument("-p", "--ssh-port", type=whole_number, help="ssh port of the remote hosts")
     g.add_argument("-i", "--ssh-identity-file", help="ssh private key")
     g.add_argument("--ssh-strict-host-key-checking", choices=STRICT_POLICIES, default="accept-new",
                    help="ssh StrictHostKeyChecking policy (default accept-new)")

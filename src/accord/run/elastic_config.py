@@ -26,6 +26,7 @@ from typing import Any, Sequence
 from accord import config
 from accord.errors import ConfigError, with_hint
 from accord.run.discovery import DiscoveryError, run_discovery
+from accord.run.flag_values import whole_number
 from accord.run.hosts import HostSlots
 from accord.run.tuning import check_number
 
@@ -62,19 +63,19 @@ class ElasticConfig:
 
 def add_arguments(g: argparse._ArgumentGroup) -> None:
     """The elastic flags (the group "elastic" of accordrun's parser)."""
-    g.add_argument("--min-np", "--min-num-proc", dest="min_np", type=int,
+    g.add_argument("--min-np", "--min-num-proc", dest="min_np", type=whole_number,
                    help="keep the job running while at least this many workers are alive: a worker "
                         "that fails is left out and the others re-form without it (default with "
                         "--host-discovery-script: -np). With -H naming two or more hosts, or a "
                         "discovery script, the job starts on every slot up to --max-np and -np is "
                         "the fewest workers it needs; a failing worker's host is blacklisted")
-    g.add_argument("--max-np", "--max-num-proc", dest="max_np", type=int,
+    g.add_argument("--max-np", "--max-num-proc", dest="max_np", type=whole_number,
                    help="the most workers the job may have (at least -np; default: no limit)")
     g.add_argument("--host-discovery-script", metavar="SCRIPT",
                    help="elastic job: SCRIPT (run through the shell) prints the usable hosts, one "
                         "'host:slots' or 'host' line each; run every --discovery-interval, the job "
                         "grows onto new hosts and leaves hosts that disappear")
-    g.add_argument("--slots-per-host", type=int, help="slots of a host the script prints without ':slots'")
+    g.add_argument("--slots-per-host", type=whole_number, help="slots of a host the script prints without ':slots'")
     g.add_argument("--discovery-interval", type=config.finite_float, metavar="SECONDS",
                    help=f"seconds between runs of the discovery script (default {DEFAULT_DISCOVERY_INTERVAL:g})")
     g.add_argument("--elastic-timeout", type=config.finite_float, metavar="SECONDS",
@@ -82,7 +83,7 @@ def add_arguments(g: argparse._ArgumentGroup) -> None:
                         f"slots (with --host-discovery-script), and while below --min-np; "
                         f"also how long workers wait for each other when they re-form "
                         f"(default {DEFAULT_ELASTIC_TIMEOUT:g})")
-    g.add_argument("--reset-limit", type=int, help="fail the job after this many re-formations "
+    g.add_argument("--reset-limit", type=whole_number, help="fail the job after this many re-formations "
                    "(hosts added, removed or failed; changes before the workers re-formed count "
                    "once; default: no limit)")
     g.add_argument("--blacklist-cooldown-range", type=config.finite_float, nargs=2, metavar=("MIN", "MAX"),

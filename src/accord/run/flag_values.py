@@ -98,3 +98,14 @@ def master_addr(value: str | None) -> str | None:
     raise ConfigError(with_hint(f"{flag} {value!r} is not a host name or IP address",
                                 f"pass {flag} with a name like node1 or node1.example.com, or an address "
                                 "like 10.0.0.5 or fe80::1"))
+
+
+_WHOLE = re.compile(r"-?[0-9]+")  # a minus sign is let through to each flag's range check
+
+
+def whole_number(text: str) -> int:
+    """An argparse ``type`` for counts and ports: plain digits only (``int()`` would also take
+    "+2", " 2", "1_0" or non-ASCII digits, so a typo like ``-np 1_0`` would start 10 workers)."""
+    if not _WHOLE.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"must be a whole number in plain digits, got {text!r}")
+    return int(text)

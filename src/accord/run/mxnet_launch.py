@@ -25,6 +25,7 @@ from typing import NoReturn, Sequence
 from accord import config
 from accord.errors import with_hint
 from accord.run.assignment import check_count
+from accord.run.flag_values import whole_number
 
 LAUNCHERS = ("local", "ssh")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -43,8 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     """MXNet 1.9.1's launch.py flags (those that apply on one or more ssh hosts)."""
     p = _Parser(prog="accord-mxnet-launch", description=__doc__,
                 formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
-    p.add_argument("-n", "--num-workers", required=True, type=int, help="number of workers")
-    p.add_argument("-s", "--num-servers", type=int, help="number of servers (default: -n)")
+    p.add_argument("-n", "--num-workers", required=True, type=whole_number, help="number of workers")
+    p.add_argument("-s", "--num-servers", type=whole_number, help="number of servers (default: -n)")
     p.add_argument("-H", "--hostfile", help="file with the hosts, one per line")
     p.add_argument("--launcher", choices=LAUNCHERS + UNSUPPORTED_LAUNCHERS,
                    help="local (every process here) or ssh (workers on the -H hosts)")
