@@ -119,6 +119,9 @@ CASES = {
     "alltoall.splits_not_integers": (
         lambda h, r: h.alltoall(_t(2), splits=_pick(r, [1, 1], [1.0, 1.0]), name="a2af"),
         "InvalidArgumentError", "rank 1: splits must be integers, got [1.0, 1.0]"),
+    "alltoall.splits_not_a_list": (
+        lambda h, r: h.alltoall(_t(2), splits=_pick(r, [1, 1], 2), name="a2an"),
+        "InvalidArgumentError", "rank 1: splits must be a list of integers, got int"),
     "alltoall.splits_float_tensor": (
         lambda h, r: h.alltoall(_t(2), splits=_pick(r, [1, 1], _t(2)), name="a2aft"),
         "InvalidArgumentError", "rank 1: splits must be a 1-D integer tensor, got torch.float32 of shape [2]"),

@@ -220,7 +220,11 @@ def _splits_list(splits: Any) -> tuple[list[int] | None, str]:
             return None, with_hint(f"splits must be a 1-D integer tensor, got {splits.dtype} of shape "
                                    f"{list(splits.shape)}", "pass one row count per rank, e.g. torch.tensor([2, 1])")
         return [int(v) for v in splits.tolist()], ""
-    values = list(splits)
+    try:
+        values = list(splits)
+    except TypeError:  # (not iterable: refused with the request, as other bad splits)
+        return None, with_hint(f"splits must be a list of integers, got {type(splits).__name__}",
+                               "pass one row count per rank, e.g. [2, 1]")
     if any(not isinstance(v, int) or isinstance(v, bool) for v in values):
         return None, with_hint(f"splits must be integers, got {values!r}", "pass one row count per rank")
     return values, ""
