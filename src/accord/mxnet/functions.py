@@ -6,6 +6,7 @@ accord.torch's (:mod:`accord.engine.objects` says what is checked before anythin
 """
 from __future__ import annotations
 
+import numbers
 import types
 from typing import Any
 
@@ -13,7 +14,7 @@ from accord.engine import objects, session
 from accord.errors import AccordError, CollectiveError, InvalidArgumentError, with_hint
 from accord.mxnet import basics
 from accord.mxnet.bridge import mx, mxnet_error
-from accord.mxnet.mpi_ops import broadcast_, root_of
+from accord.mxnet.mpi_ops import broadcast_
 from accord.mxnet.process_sets import ProcessSet, global_process_set, set_id
 
 
@@ -70,6 +71,16 @@ def _broadcast_after_init(param: Any, root_rank: int, name: str) -> None:
         _broadcast_copies(self.list_data(), root_rank, name)
 
     param._init_impl = types.MethodType(init_then_broadcast, param)
+
+
+def root_of(root_rank: Any) -> tuple[int, str]:
+    """``root_rank`` as an int, or (-1, what is wrong with it): Horovod passes it to C as an
+    int, which refuses floats and strings (``int()`` would have truncated 0.5 silently)."""
+    if isinstance(root_rank, numbers.Integral) and not isinstance(root_rank, bool):
+        return int(root_rank), ""
+    return -1, with_hint(f"root_rank must be an int, got {root_rank!r}",
+                         "pass the global rank that holds the value")
+
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,

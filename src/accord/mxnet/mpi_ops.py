@@ -20,7 +20,6 @@ once: not initialized, a process set this rank cannot use, ``op`` together with 
 """
 from __future__ import annotations
 
-import numbers
 from typing import Any, Sequence
 
 import numpy as np
@@ -213,20 +212,11 @@ def grouped_allgather(tensors: Sequence[Any], name: str | None = None, priority:
     return _allgather(tensors, name, process_set, True, "grouped_allgather")
 
 
-def root_of(root_rank: Any) -> tuple[int, str]:
-    """``root_rank`` as an int, or (-1, what is wrong with it): Horovod passes it to C as an
-    int, which refuses floats and strings (``int()`` would have truncated 0.5 silently)."""
-    if isinstance(root_rank, numbers.Integral) and not isinstance(root_rank, bool):
-        return int(root_rank), ""
-    return -1, with_hint(f"root_rank must be an int, got {root_rank!r}",
-                         "pass the global rank that holds the value")
-
-
 def _broadcast(tensor: Any, root_rank: Any, name: str | None, process_set: ProcessSet, what: str) -> None:
-    root, root_problem = root_of(root_rank)
-    problem = ndarray_problem(tensor, what) or root_problem
+    # (a root that is not an int is refused by the engine's request, on every rank)
+    problem = ndarray_problem(tensor, what)
     view = _stand_in() if problem else write_view(tensor)
-    run(Op.BROADCAST, [view], name, process_set, in_place=True, root_rank=root, problems=[problem])
+    run(Op.BROADCAST, [view], name, process_set, in_place=True, root_rank=root_rank, problems=[problem])
 
 
 def broadcast_(tensor: Any, root_rank: int, name: str | None = None, priority: int = 0,

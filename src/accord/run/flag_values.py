@@ -10,7 +10,7 @@ import urllib.parse
 from accord.errors import ConfigError, with_hint
 from accord.network_interfaces import is_ip_address
 from accord.run.assignment import check_count
-from accord.run.hosts import is_host_name
+from accord.run.hosts import PLAIN_INTEGER, is_host_name
 from accord.run.tuning import check_number
 
 
@@ -100,12 +100,9 @@ def master_addr(value: str | None) -> str | None:
                                 "like 10.0.0.5 or fe80::1"))
 
 
-_WHOLE = re.compile(r"-?[0-9]+")  # a minus sign is let through to each flag's range check
-
-
 def whole_number(text: str) -> int:
     """An argparse ``type`` for counts and ports: plain digits only (``int()`` would also take
     "+2", " 2", "1_0" or non-ASCII digits, so a typo like ``-np 1_0`` would start 10 workers)."""
-    if not _WHOLE.fullmatch(text):
+    if not PLAIN_INTEGER.fullmatch(text):
         raise argparse.ArgumentTypeError(f"must be a whole number in plain digits, got {text!r}")
     return int(text)

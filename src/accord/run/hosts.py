@@ -18,8 +18,9 @@ from accord.network_interfaces import interface_address
 # Host names and IPv4 addresses; IPv6 literals must be bracketed: "[fe80::1]:2".
 _NAME = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9._-]*[A-Za-z0-9_])?$")
 _BRACKETED = re.compile(r"^\[([0-9A-Fa-f:.%a-zA-Z]+)\]$")
-# A slot count as written: ASCII digits; a minus sign is let through to the "at least 1" message.
-_SLOTS = re.compile(r"-?[0-9]+")
+# A count as written: ASCII digits (int() also takes "+2", " 2", "1_0", non-ASCII digits); a
+# minus sign is let through to each count's "at least" message. Also used by flag_values.
+PLAIN_INTEGER = re.compile(r"-?[0-9]+")
 LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "localhost.localdomain", "ip6-localhost"})
 
 
@@ -55,7 +56,7 @@ def is_host_name(text: str) -> bool:
 
 def _check_slots(text: str, host: str, where: str) -> int:
     """A slot count of plain digits (int() alone would also take "+2", " 2", "1_0", "٢")."""
-    if not _SLOTS.fullmatch(text):
+    if not PLAIN_INTEGER.fullmatch(text):
         raise ConfigError(with_hint(
             f"{where}: slots for {host!r} must be an integer in plain digits, got {text!r}",
             f"write {host}:N (or '{host} slots=N' in a hostfile) with N the number of workers that "

@@ -34,11 +34,13 @@ def _nearest_existing(path: str) -> str:
 
 
 def check_path(path: str) -> list[str]:
-    """Check an absolute timeline path on this host; return warnings (a missing folder).
+    """Check a timeline path on this host (made absolute: the walk up to an existing folder
+    needs a root to end at); return warnings (a missing folder).
 
     Raises:
         ConfigError: ``path`` is an existing folder, or something above it is a file.
     """
+    path = os.path.abspath(path)
     if os.path.isdir(path):
         raise ConfigError(with_hint(
             f"{FLAG} {path!r} is a folder on this host, where rank 0 runs; rank 0 writes the timeline "
@@ -69,4 +71,4 @@ def check(cfg: LaunchConfig) -> list[str]:
     # No slot yet (a discovery script that printed no host): rank 0's host is not known.
     if not path or path == DYNAMIC_TIMELINE or not cfg.slots or not is_local(cfg.slots[0].hostname):
         return []
-    return check_path(os.path.abspath(path))
+    return check_path(path)
