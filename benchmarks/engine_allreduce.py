@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     results_path = RESULTS if args.backend == "gloo" else RESULTS.replace(".json", f"_{args.backend}.json")
     if args.backend == "auto":  # on this one host auto means shm: same file
         results_path = RESULTS.replace(".json", "_shm.json")
-    from accord.run.spawn import spawn
+    from accord.run.functions.spawn import spawn
 
     result = spawn(_worker, args=(args.iters, args.warmup), nprocs=2)[0]
     record(result, results_path, "engine_allreduce.py", argv)

@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", default="gloo", help="engine CPU backend: gloo (default), shm or auto")
     args = parser.parse_args(argv)
     os.environ["ACCORD_CPU_BACKEND"] = args.backend  # inherited by the spawned ranks
-    from accord.run.spawn import spawn
+    from accord.run.functions.spawn import spawn
 
     result = spawn(_worker, args=(args.iters, args.warmup), nprocs=2)[0]
     path = os.path.join(RESULTS_DIR, f"fusion_threshold_{result['environment']['engine_backend']}.json")

@@ -4,7 +4,7 @@
 
 Each repetition times ``--ops`` allreduces of the same name through the engine, then the same
 count of raw ``dist.all_reduce`` calls (medians over repetitions, the first dropped). Also
-reports the engine's counters: with planned cycles (accord/engine/plan.py) a repeated step needs
+reports the engine's counters: with planned cycles (accord/engine/cycle/plan.py) a repeated step needs
 no negotiation, so cycles ~= collectives and negotiations stay at the few before the plan.
 Compare trees with PYTHONPATH=<tree>/src in one session. Writes
 benchmarks/results/lone_allreduce.json.
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=RESULTS)
     args = parser.parse_args(argv)
     os.environ["ACCORD_CPU_BACKEND"] = args.backend  # inherited by the spawned ranks
-    from accord.run.spawn import spawn
+    from accord.run.functions.spawn import spawn
 
     result = spawn(_worker, args=(args.ops, args.reps), nprocs=2)[0]
     result["backend"] = args.backend

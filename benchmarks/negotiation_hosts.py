@@ -5,7 +5,7 @@
 Hosts are faked with ACCORD_HOSTNAME (host0, host1) and ACCORD_HIERARCHICAL_ALLREDUCE=1, so the
 engine takes the path of a job spanning hosts: Gloo across "hosts", shared memory within one,
 and (since issue 13's change) its per-cycle negotiation host-first (see
-accord/engine/host_first.py). Alternating on the same ranks, medians after warm-up:
+accord/comm/host_first.py). Alternating on the same ranks, medians after warm-up:
 
 1. a lone 1 KB synchronous allreduce through the engine vs ``dist.all_reduce`` on a Gloo group
    of the four ranks (target on a real cluster: <= 1.3x);
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--out", default=RESULTS)
     args = parser.parse_args(argv)
-    from accord.run.spawn import spawn
+    from accord.run.functions.spawn import spawn
 
     result = spawn(_worker, args=(args.iters, args.warmup), nprocs=4)[0]
     record(result, args.out, "negotiation_hosts.py", argv)

@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=RESULTS, help="where to write the JSON result")
     args = parser.parse_args(argv)
     os.environ["ACCORD_CPU_BACKEND"] = args.backend  # inherited by the spawned ranks
-    from accord.run.spawn import spawn
+    from accord.run.functions.spawn import spawn
 
     per_rank = spawn(_worker, args=(args.ops,), nprocs=4)
     merged: dict[str, dict] = {}

@@ -43,7 +43,7 @@ def _worker(iters: int, warmup: int, chunk_bytes: int | None, spin_us: float) ->
 
     from accord.bench import stats
     from accord.comm import ReduceOp, get_backend
-    from accord.comm.shm import ShmBackend
+    from accord.comm.shm.backend import ShmBackend
     from accord.runtime.bootstrap import bootstrap
 
     torch.set_num_threads(1)
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spin-us", type=float, default=50.0, help="shm spin before sleeping")
     parser.add_argument("--out", default=RESULTS, help="where to write the JSON")
     args = parser.parse_args(argv)
-    from accord.run.spawn import spawn
+    from accord.run.functions.spawn import spawn
 
     result = spawn(_worker, args=(args.iters, args.warmup, args.chunk_bytes, args.spin_us), nprocs=2)[0]
     record(result, args.out, "shm_vs_gloo.py", argv)

@@ -16,7 +16,7 @@ def __getattr__(name: str) -> Any:
     # Lazy: `accord.spawn` loads the launcher's spawn module on first use, keeping `import accord`
     # free of side effects and of torch.
     if name == "spawn":
-        from accord.run.spawn import spawn
+        from accord.run.functions.spawn import spawn
 
         return spawn
     if name == "run":  # the launcher package, callable as Horovod's horovod.run

@@ -3,7 +3,7 @@ and the program a parameter server runs (:func:`server_command`).
 
 Both sides import this module from below (the launcher in :mod:`accord.run`, the worker side in
 :mod:`accord.runtime`), so neither reaches into the other; the environment variables themselves
-are documented in :mod:`accord.run.worker_env`.
+are documented in :mod:`accord.run.spec.worker_env`.
 
 Check-in: a worker that uses accord's init sets the store key ``CHECKIN_KEY.format(rank=r)``
 (``accord/checkin/<rank>``) once it has reached the launcher's store; the launcher's
@@ -24,7 +24,7 @@ root-cause report shows it instead of guessing from stderr. Two ways in:
 
 The file format (one JSON object): ``{"type", "message", "traceback", "timestamp", "pid"}``.
 
-Shared-memory segments (the ``shm`` backend, :mod:`accord.comm.shm_segment`) are files named
+Shared-memory segments (the ``shm`` backend, :mod:`accord.comm.shm.segment`) are files named
 ``accord-shm-<pid of their creator>-<random>`` in :func:`shm_segment_dir`. The creator's peers
 unlink one once they have mapped it; a creator killed before it shared the name leaves the file,
 and its launcher removes it (:func:`remove_shm_segments`) once the process has exited.

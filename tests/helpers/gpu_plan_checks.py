@@ -1,4 +1,4 @@
-"""Planned cycles on CUDA tensors (see accord/engine/plan.py), run on every rank of a job.
+"""Planned cycles on CUDA tensors (see accord/engine/cycle/plan.py), run on every rank of a job.
 
 A step that repeats (the same names, synchronously or as a fused batch) stops negotiating after a
 few cycles and runs as a plan, on the caller's own thread when it waits (caller_runs.py). On

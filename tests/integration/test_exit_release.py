@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from accord.run.exit_release import wrap
+from accord.run.processes.exit_release import wrap
 
 _spec = importlib.util.spec_from_file_location(
     "launcher_testlib", Path(__file__).parent / "scripts" / "launcher_testlib.py")

@@ -150,8 +150,8 @@ def test_launcher_does_not_import_torch():
     imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if "|" in line}
     assert "accord.run.cli" in imported and not any(m.split(".")[0] == "torch" for m in imported)
     # every module the launcher and spawn use, imported together
-    code = ("import sys, accord, accord.run.cli, accord.run.launcher, accord.run.spawn, "
-            "accord.run.job_store, accord.store.server, accord.store.connection; "
+    code = ("import sys, accord, accord.run.cli, accord.run.launcher, accord.run.functions.spawn, "
+            "accord.run.processes.job_store, accord.store.server, accord.store.connection; "
             "accord.spawn; print('torch' in sys.modules)")
     check = subprocess.run([lib.PYTHON, "-c", code], capture_output=True, text=True, timeout=20)
     assert check.stdout.strip() == "False", check.stderr

@@ -194,7 +194,7 @@ def test_remote_workers_reach_servers_on_the_launch_host(tmp_path, monkeypatch):
 
     from accord import config
     from accord.run.cli import build_parser
-    from accord.run.launch_config import config_from_args
+    from accord.run.config.launch_config import config_from_args
     from accord.run.launcher import launch
 
     script = _write(tmp_path, "kv_job.py", KV_JOB)

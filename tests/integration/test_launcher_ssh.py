@@ -12,7 +12,7 @@ import pytest
 
 from accord import config
 from accord.run.cli import build_parser
-from accord.run.launch_config import config_from_args
+from accord.run.config.launch_config import config_from_args
 from accord.run.launcher import launch
 
 _spec = importlib.util.spec_from_file_location(

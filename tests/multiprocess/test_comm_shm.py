@@ -106,7 +106,7 @@ def _suite(rank, size):
     from helpers.comm_checks import run_checks
 
     from accord.comm import get_backend
-    from accord.comm.shm import ShmBackend
+    from accord.comm.shm.backend import ShmBackend
 
     count, failures = run_checks(get_backend("shm"), rank, size)
     n, f = run_checks(ShmBackend(**TINY), rank, size)
@@ -145,7 +145,7 @@ def _hosts(rank, size):
     import torch
 
     from accord.comm import ReduceOp, get_backend
-    from accord.comm.shm import ShmBackend
+    from accord.comm.shm.backend import ShmBackend
     from accord.errors import BackendError
 
     with pytest.raises(BackendError) as info:  # ACCORD_HOSTNAME differs per rank
@@ -172,7 +172,7 @@ def _mismatch_and_close(rank, size):
     import torch
 
     from accord.comm import ReduceOp
-    from accord.comm.shm import ShmBackend
+    from accord.comm.shm.backend import ShmBackend
     from accord.errors import MismatchError, RankFailedError
 
     comm = ShmBackend().create(range(size))
@@ -263,7 +263,7 @@ def _through_the_engine(rank, size):
     import torch
 
     import accord.torch as hvd
-    from accord.comm.shm import ShmCommunicator
+    from accord.comm.shm.backend import ShmCommunicator
     from accord.engine import session
 
     hvd.init()
@@ -295,8 +295,8 @@ def test_selected_by_default_on_one_host_and_by_accord_cpu_backend(env):
 @pytest.mark.timeout(30)
 def test_futex_barrier_keeps_threads_in_step():
     """Two threads as two ranks on one anonymous mapping: nobody passes a barrier early."""
-    from accord.comm.shm_segment import ABORT_OFFSET, COUNTER_OFFSET
-    from accord.comm.shm_sync import FutexBarrier, PeerWatch, futex
+    from accord.comm.shm.segment import ABORT_OFFSET, COUNTER_OFFSET
+    from accord.comm.shm.sync import FutexBarrier, PeerWatch, futex
 
     assert futex() is not None  # Linux x86-64/arm64: the fast path is available
     buffer = mmap.mmap(-1, 4096)
@@ -327,7 +327,7 @@ def test_futex_barrier_keeps_threads_in_step():
 
 
 def test_segment_layout_keeps_areas_apart():
-    from accord.comm.shm_segment import ABORT_OFFSET, COUNTER_OFFSET, Layout
+    from accord.comm.shm.segment import ABORT_OFFSET, COUNTER_OFFSET, Layout
 
     lay = Layout(3, 4096)
     areas = sorted([lay.slot(b, r) for b in (0, 1) for r in range(3)] + [lay.result(b) for b in (0, 1)])

@@ -261,7 +261,7 @@ def test_engine_two_ranks(tmp_path):
         assert "Mismatched broadcast root ranks for 'm.root': rank 0 sent 0, rank 1 sent 1" in msgs["m.root"]
         steady = rep["steady"]
         assert steady["cycles"] > 0
-        # one negotiation a cycle, or none once the step repeats (planned cycles, engine/plan.py)
+        # one negotiation a cycle, or none once the step repeats (planned cycles, engine/cycle/plan.py)
         assert steady["negotiation_allreduces"] + steady["planned_cycles"] == steady["cycles"], steady
         assert steady["negotiation_allgathers"] == 0 and steady["full_exchanges"] == 0, steady
         assert steady["fusion_allocations"] == 0, steady

@@ -1,4 +1,4 @@
-"""A waiting caller runs the planned cycle on its own thread (accord/engine/caller_runs.py): values,
+"""A waiting caller runs the planned cycle on its own thread (accord/engine/cycle/caller_runs.py): values,
 results that do not alias the reused staging buffer, a peer leaving the plan while the caller
 runs it, and a peer dying under a collective run on the caller's thread. Real ranks over Gloo;
 expected values computed from each rank's inputs."""

@@ -46,5 +46,5 @@ def test_negotiation_goes_host_first_and_keeps_errors_on_every_rank():
             assert got == [[float(sum(r * 10 + k + step for r in range(4)))] * 3 for k in range(4)]
         assert res["mismatch"] == "Mismatched allreduce shapes for 'bad': ranks 0, 1, 2 sent [2], rank 3 sent [3]"
         assert res["after"] == [0, 1, 2, 3]
-        stats = res["stats"]  # a negotiation a cycle, except planned cycles (engine/plan.py)
+        stats = res["stats"]  # a negotiation a cycle, except planned cycles (engine/cycle/plan.py)
         assert stats["negotiations"] + stats["planned_cycles"] >= stats["cycles"] > 0

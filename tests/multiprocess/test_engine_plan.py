@@ -1,4 +1,4 @@
-"""Planned cycles (accord/engine/plan.py): once every rank repeats the same step, the engine runs
+"""Planned cycles (accord/engine/cycle/plan.py): once every rank repeats the same step, the engine runs
 it without a negotiation, the data collective carrying one control value; any rank that cannot
 follow leaves the plan for every rank with nothing completed, and errors are found as always.
 Two real ranks over Gloo; expected values computed from each rank's input."""

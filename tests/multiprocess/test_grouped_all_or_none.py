@@ -1,4 +1,4 @@
-"""A grouped call runs all of its tensors or none (real ranks; engine/group_failure.py).
+"""A grouped call runs all of its tensors or none (real ranks; engine/negotiation/all_or_none.py).
 
 Each case submits a group of three tensors whose middle member fails in the negotiation on
 every rank: arguments one rank refuses (a non-contiguous member of an in-place grouped
@@ -186,7 +186,7 @@ def test_a_group_with_a_failing_member_fails_as_a_whole_on_every_rank(case, vari
 # --- the decision itself (pure) ---------------------------------------------------------------
 
 def _exchange(sigs_per_rank, groups):
-    from accord.engine.negotiate import Exchange
+    from accord.engine.negotiation.negotiate import Exchange
 
     pending = [{n: (s, 1.0) for n, s in sigs.items()} for sigs in sigs_per_rank]
     return Exchange(pending, [{}] * len(pending), [], groups=[groups] * len(pending))
@@ -196,7 +196,7 @@ def _exchange(sigs_per_rank, groups):
 def test_decide_fails_every_member_of_a_group_with_a_failed_member():
     import torch
 
-    from accord.engine.negotiate import ResponseCache, decide
+    from accord.engine.negotiation.negotiate import ResponseCache, decide
     from accord.engine.request import Op, Request
 
     sig = Request("x", Op.ALLREDUCE, torch.ones(2)).signature

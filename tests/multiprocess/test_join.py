@@ -258,7 +258,7 @@ def _sig(op="allreduce", shape=(2, 3), root=-1, dtype="float32", wire="float16",
 
 
 def test_decide_with_joined_ranks_reports_signatures_and_refuses_joined_roots():
-    from accord.engine.negotiate import Exchange, ResponseCache, decide
+    from accord.engine.negotiation.negotiate import Exchange, ResponseCache, decide
 
     b = (_sig("broadcast", (3,), root=0), 0.0)
     per_rank = [{}, {"a": (_sig(), 0.0), "b": b, "c": (_sig("broadcast", (3,), root=1), 0.0)},
@@ -273,7 +273,7 @@ def test_decide_with_joined_ranks_reports_signatures_and_refuses_joined_roots():
 def test_stand_ins_match_the_agreed_signature():
     import torch
 
-    from accord.engine.join import stand_in
+    from accord.engine.negotiation.join import stand_in
     from accord.engine.request import Op, signature_of
 
     for sig in [_sig(), _sig("allgather", (3,)), _sig("broadcast", (4,), root=1),
@@ -292,7 +292,7 @@ def test_stand_ins_match_the_agreed_signature():
 
 
 def test_last_rank_to_join():
-    from accord.engine.join import JoinState
+    from accord.engine.negotiation.join import JoinState
 
     js = JoinState()
     assert js.observe([], 3) is None and js.observe([1], 3) is None and js.observe([1], 3) is None

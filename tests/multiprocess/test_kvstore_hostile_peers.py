@@ -16,7 +16,7 @@ import zmq
 from accord.kvstore import protocol
 from accord.kvstore.address import Advertised
 from accord.kvstore.connection import ServerConnections, pick_endpoint
-from accord.kvstore.discovery import SERVER_KEY
+from accord.kvstore.directory import SERVER_KEY
 from accord.store.connection import StoreConnection
 
 pytestmark = pytest.mark.timeout(90)

@@ -138,7 +138,7 @@ def test_servers_refuse_wrong_sizes_and_unknown_keys():
 def test_wrong_secret_is_refused_and_the_server_keeps_serving():
     from accord.errors import AuthenticationError
     from accord.kvstore.connection import ServerConnections
-    from accord.kvstore.discovery import SERVER_KEY
+    from accord.kvstore.directory import SERVER_KEY
     from accord.store.connection import StoreConnection
 
     with _cluster(1, 1) as cl:
@@ -166,7 +166,7 @@ def test_workers_on_the_servers_host_use_its_unix_socket_and_others_tcp(tmp_path
     import stat
 
     from accord.kvstore.connection import ServerConnections, pick_endpoint
-    from accord.kvstore.discovery import SERVER_KEY
+    from accord.kvstore.directory import SERVER_KEY
     from accord.store.connection import StoreConnection
 
     with _cluster(1, 1) as cl:

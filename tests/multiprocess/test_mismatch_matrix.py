@@ -6,7 +6,7 @@ root, group size, alltoall splits; sync, async, in-place, polled, grouped), or d
 Horovod allows (allgather/alltoall dim 0, splits, in-place against out-of-place, submission
 order), and the parent checks that every rank saw the same outcome. Cases already covered
 elsewhere (allreduce shape/dtype/root/op-name mismatches in test_engine.py and
-test_torch_ops.py, Sum against Max in test_torch_api_more.py, an uneven alltoall without
+test_torch_ops.py, Sum against Max in test_torch_api_variants.py, an uneven alltoall without
 splits) are not repeated. Layouts: 2 ranks, and a process set {0, 1} of 3 ranks. Backends: the
 default (shm on one host) and Gloo (ACCORD_CPU_BACKEND=gloo).
 
@@ -367,7 +367,7 @@ def _exchange(per_rank, joined=()):
     """An exchange where ``per_rank`` is, per rank, {name: (key, size) or None (not grouped)}."""
     import torch
 
-    from accord.engine.negotiate import Exchange
+    from accord.engine.negotiation.negotiate import Exchange
     from accord.engine.request import Op, Request
 
     sig = Request("x", Op.ALLREDUCE, torch.ones(2)).signature
@@ -377,7 +377,7 @@ def _exchange(per_rank, joined=()):
 
 
 def test_group_sizes_are_compared_once_every_member_holds_the_name():
-    from accord.engine.negotiate import ResponseCache, decide
+    from accord.engine.negotiation.negotiate import ResponseCache, decide
 
     two = {f"g_{i}of2": ("g", 2) for i in (1, 2)}
     three = {f"g_{i}of3": ("g", 3) for i in (1, 2, 3)}
@@ -400,7 +400,7 @@ def test_group_sizes_are_compared_once_every_member_holds_the_name():
 def test_a_request_on_a_set_stopped_by_another_sets_error_names_that_error():
     # Before: while the stop that another set's stall forced on this set was still being
     # negotiated, a new request here failed with "not running (shut down, ...)".
-    from accord.engine.controller import Controller
+    from accord.engine.cycle.controller import Controller
     from accord.engine.settings import EngineSettings
     from accord.errors import ShutdownError, StallError
 

@@ -13,7 +13,7 @@ afterwards succeeds on both ranks.
 The ``cached``/``planned`` cases submit under a name the response cache already holds (that the
 ranks run without negotiating), the refusing (or mismatching) rank first and its peer two
 seconds later: before, only the stall inspector's next full exchange (60 s) showed the conflict
-(engine/announce.py).
+(engine/negotiation/announce.py).
 """
 from __future__ import annotations
 

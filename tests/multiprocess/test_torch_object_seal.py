@@ -7,7 +7,7 @@ pytestmark = pytest.mark.timeout(60)
 
 def _objects(rank, size):
     import accord.torch as hvd
-    from accord.engine import objects as functions  # where the seals are made
+    from accord.frontend import object_collectives as functions  # where the seals are made
 
     hvd.init()
     got = hvd.broadcast_object({"lr": 0.1, "from": rank}, root_rank=0, name="cfg")
@@ -40,7 +40,7 @@ def _replays(rank, size):
     import os
 
     import accord.torch as hvd
-    from accord.engine import objects as functions  # where the seals are made
+    from accord.frontend import object_collectives as functions  # where the seals are made
 
     hvd.init()
     sealed, kind = {}, [""]

@@ -12,7 +12,7 @@ import pytest
 from accord import config
 from accord.run import mxnet_launch
 from accord.run.cli import build_parser
-from accord.run.launch_config import config_from_args
+from accord.run.config.launch_config import config_from_args
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DOCS = ["README.md", "SECURITY.md"] + sorted(
@@ -200,8 +200,8 @@ def test_the_engines_cycle_defaults_are_the_readmes():
 
 def test_launcher_flag_defaults_are_the_pages():
     """The defaults the flag tables of docs/launcher.md state, against the parser's."""
-    from accord.run import elastic_config
-    from accord.run.launch_config import DEFAULT_GRACE
+    from accord.run.config.launch_config import DEFAULT_GRACE
+    from accord.run.elastic import config as elastic_config
 
     page = _read("docs/launcher.md")
     assert "| `--grace-period S` | seconds between SIGTERM and SIGKILL when stopping workers (default 5) |" in page

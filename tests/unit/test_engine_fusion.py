@@ -5,8 +5,8 @@ import torch
 
 from accord.comm.base_communicator import split_rows
 from accord.comm.ops import ReduceOp
-from accord.engine.execute import wire_reduction
-from accord.engine.fusion import FusionBuffers, adjacent_span, copy_out, pack, plan_work, unpack
+from accord.engine.cycle.execute import wire_reduction
+from accord.engine.cycle.fusion import FusionBuffers, adjacent_span, copy_out, pack, plan_work, unpack
 from accord.engine.request import Op, Request
 
 pytestmark = pytest.mark.timeout(10)

@@ -1,8 +1,8 @@
 """Negotiation decisions (pure logic): cache ids, readiness, mismatch text, partial presence."""
 import pytest
 
-from accord.engine import negotiate as neg
-from accord.engine.negotiate import Exchange, Partial, ResponseCache, decide
+from accord.engine.negotiation import negotiate as neg
+from accord.engine.negotiation.negotiate import Exchange, Partial, ResponseCache, decide
 from accord.engine.request import Signature
 
 pytestmark = pytest.mark.timeout(10)

@@ -1,4 +1,4 @@
-"""Which steady cycles may run as a plan (accord/engine/plan.py), decided from signatures alone.
+"""Which steady cycles may run as a plan (accord/engine/cycle/plan.py), decided from signatures alone.
 
 CUDA requests are planned too, with a larger bound for a lone request than on the CPU (a GPU
 copies the staging bytes far faster than a negotiation takes). A CUDA signature is made here by
@@ -7,7 +7,7 @@ rewriting a CPU request's device: the rule reads nothing but the signature and t
 import torch
 
 from accord.comm.ops import ReduceOp
-from accord.engine.plan import LONE_MAX_BYTES, Planner, plannable
+from accord.engine.cycle.plan import LONE_MAX_BYTES, Planner, plannable
 from accord.engine.request import Op, Request
 
 THRESHOLD = 64 << 20

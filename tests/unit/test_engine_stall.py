@@ -3,9 +3,9 @@ import logging
 
 import pytest
 
-from accord.engine.negotiate import Partial
+from accord.engine.cycle.stall import StallInspector
+from accord.engine.negotiation.negotiate import Partial
 from accord.engine.settings import EngineSettings
-from accord.engine.stall import StallInspector
 from accord.errors import ConfigError, StallError
 
 pytestmark = pytest.mark.timeout(10)

@@ -1,7 +1,7 @@
 """Which worker commands the launcher runs through exit_release's RUNNER, and how it rewrites them."""
 import pytest
 
-from accord.run.exit_release import RUNNER, is_python, script_index, wrap
+from accord.run.processes.exit_release import RUNNER, is_python, script_index, wrap
 
 
 @pytest.mark.parametrize("program", ["python", "python3", "python3.11", "/usr/bin/python3.11",

@@ -19,7 +19,7 @@ import zmq
 
 from accord.kvstore import protocol
 from accord.kvstore.address import Advertised
-from accord.kvstore.server_socket import ParameterServer
+from accord.kvstore.server.zmq_socket import ParameterServer
 from accord.store import wire
 from accord.store.opcodes import Op, Status
 from accord.store.server import StoreServer

@@ -9,9 +9,9 @@ import torch
 
 from accord.errors import AuthenticationError, ConfigError
 from accord.kvstore import protocol
-from accord.kvstore.codec import dequantize_2bit
 from accord.kvstore.gradient_compression import compress
-from accord.kvstore.server_core import ServerCore
+from accord.kvstore.server.codec import dequantize_2bit
+from accord.kvstore.server.core import ServerCore
 from accord.kvstore.sharding import partition, wire_key
 
 pytestmark = pytest.mark.timeout(30)

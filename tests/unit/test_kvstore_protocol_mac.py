@@ -12,7 +12,7 @@ from cryptography.hazmat.primitives.poly1305 import Poly1305
 
 from accord.errors import AuthenticationError, ConfigError
 from accord.kvstore import protocol
-from accord.kvstore.server_socket import ParameterServer
+from accord.kvstore.server.zmq_socket import ParameterServer
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -177,7 +177,7 @@ def test_a_payload_seal_is_reused_only_for_the_same_unchanged_payloads():
 
 
 def test_the_server_reuses_a_stored_values_seal_until_the_value_changes():
-    from accord.kvstore.server_core import ServerCore
+    from accord.kvstore.server.core import ServerCore
 
     sent = []
 
@@ -248,7 +248,7 @@ def test_servers_keep_freed_message_buffers_on_glibc():
     import subprocess
     import sys
 
-    code = "from accord.kvstore.server_memory import retain_freed_memory as r; print(r())"
+    code = "from accord.kvstore.server.memory import retain_freed_memory as r; print(r())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "True"

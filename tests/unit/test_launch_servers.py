@@ -8,12 +8,12 @@ import pytest
 from accord import config
 from accord.errors import ConfigError, LaunchError
 from accord.run.cli import build_parser, main
-from accord.run.failures import Failure, format_root_cause, pick_root_cause
-from accord.run.launch_config import config_from_args
-from accord.run.output import OutputMux, format_line
-from accord.run.servers import ps_env, server_dirname, server_env, server_label
-from accord.run.tuning import Tuning, tuning_env
-from accord.run.worker_env import JobEnv, forwarded_env
+from accord.run.config.launch_config import config_from_args
+from accord.run.processes.failures import Failure, format_root_cause, pick_root_cause
+from accord.run.processes.output import OutputMux, format_line
+from accord.run.spec.server_roles import ps_env, server_dirname, server_env, server_label
+from accord.run.spec.tuning import Tuning, tuning_env
+from accord.run.spec.worker_env import JobEnv, forwarded_env
 from accord.worker_contract import SERVER_MODULE, server_command
 
 ENV = {"PATH": "/usr/bin:/bin"}

@@ -4,11 +4,11 @@ import pytest
 
 from accord.errors import ConfigError
 from accord.run.cli import build_parser
-from accord.run.failures import Failure, format_root_cause, pick_root_cause
-from accord.run.launch_config import config_from_args
+from accord.run.config.launch_config import config_from_args
 from accord.run.mxnet_launch import accordrun_argv, env_pairs, main, read_hostfile, round_robin
 from accord.run.mxnet_launch import build_parser as launch_parser
-from accord.run.mxnet_ps import MXNetJob, node_env, nodes
+from accord.run.processes.failures import Failure, format_root_cause, pick_root_cause
+from accord.run.spec.mxnet_roles import MXNetJob, node_env, nodes
 
 ENV = {"PATH": "/usr/bin:/bin"}
 

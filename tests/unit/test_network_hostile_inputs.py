@@ -20,8 +20,8 @@ import zmq
 from accord.kvstore import protocol
 from accord.kvstore.address import Advertised
 from accord.kvstore.connection import ServerConnections
-from accord.kvstore.server_core import ServerCore
-from accord.kvstore.server_socket import ParameterServer
+from accord.kvstore.server.core import ServerCore
+from accord.kvstore.server.zmq_socket import ParameterServer
 
 pytestmark = pytest.mark.timeout(30)
 

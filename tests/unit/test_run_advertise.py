@@ -2,7 +2,7 @@
 name lookup and the route probe are replaced)."""
 import pytest
 
-from accord.run import advertise
+from accord.run.spec import advertise
 
 
 @pytest.fixture

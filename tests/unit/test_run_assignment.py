@@ -4,8 +4,8 @@ import itertools
 import pytest
 
 from accord.errors import ConfigError
-from accord.run.assignment import assign_slots, hosts_of
-from accord.run.hosts import HostSlots
+from accord.run.spec.assignment import assign_slots, hosts_of
+from accord.run.spec.hosts import HostSlots
 
 
 def _expected(hosts, np_):

@@ -2,8 +2,8 @@
 import pytest
 
 from accord.run.cli import build_parser, main
-from accord.run.hosts import HostSlots
-from accord.run.launch_config import config_from_args
+from accord.run.config.launch_config import config_from_args
+from accord.run.spec.hosts import HostSlots
 
 ENV = {"PATH": "/usr/bin:/bin"}
 
@@ -35,7 +35,7 @@ def test_hosts_hostfile_ips_and_np_default(tmp_path):
 def test_this_hosts_own_address_in_ips_runs_here_without_ssh():
     """--ips naming only this host's own (non-loopback) address is a one-host job: no ssh, the
     store stays on loopback."""
-    from accord.run.hosts import this_host_addresses
+    from accord.run.spec.hosts import this_host_addresses
 
     own = sorted(str(a) for a in this_host_addresses() if not a.is_loopback and a.version == 4)
     if not own:

@@ -11,13 +11,15 @@ import sys
 import pytest
 
 from accord.errors import ConfigError
-from accord.run import elastic_driver, mxnet_launch, timeline_path
-from accord.run.assignment import MAX_WORKERS
+from accord.run import mxnet_launch
 from accord.run.cli import build_parser, main
-from accord.run.discovery import DiscoveryError, DiscoveryResult, parse_discovery_output
-from accord.run.elastic_config import ElasticConfig
-from accord.run.launch_config import config_from_args
-from accord.run.tuning import tuning_env
+from accord.run.config import timeline_path
+from accord.run.config.launch_config import config_from_args
+from accord.run.elastic import driver as elastic_driver
+from accord.run.elastic.config import ElasticConfig
+from accord.run.elastic.discovery import DiscoveryError, DiscoveryResult, parse_discovery_output
+from accord.run.spec.assignment import MAX_WORKERS
+from accord.run.spec.tuning import tuning_env
 from tests.helpers.elastic_fakes import FakePoller, FakeStore, FakeSupervisor
 
 pytestmark = pytest.mark.timeout(60)

@@ -12,18 +12,18 @@ from dataclasses import dataclass
 import pytest
 
 from accord.errors import ConfigError, LaunchError, RendezvousError
-from accord.run import elastic_driver
-from accord.run.assignment import Slot, assign_slots
-from accord.run.blacklist import Blacklist
 from accord.run.cli import build_parser, main
-from accord.run.discovery import DiscoveryError, DiscoveryResult, parse_discovery_output, run_discovery
-from accord.run.elastic_config import ElasticConfig
-from accord.run.elastic_plan import Plan, plan_changes, planned_slots, usable_hosts
-from accord.run.elastic_store import ElasticStore
-from accord.run.hosts import HostSlots
-from accord.run.job_store import JobStore
-from accord.run.launch_config import config_from_args, describe
-from accord.run.worker_env import elastic_env
+from accord.run.config.launch_config import config_from_args, describe
+from accord.run.elastic import driver as elastic_driver
+from accord.run.elastic.blacklist import Blacklist
+from accord.run.elastic.config import ElasticConfig
+from accord.run.elastic.discovery import DiscoveryError, DiscoveryResult, parse_discovery_output, run_discovery
+from accord.run.elastic.plan import Plan, plan_changes, planned_slots, usable_hosts
+from accord.run.elastic.store import ElasticStore
+from accord.run.processes.job_store import JobStore
+from accord.run.spec.assignment import Slot, assign_slots
+from accord.run.spec.hosts import HostSlots
+from accord.run.spec.worker_env import elastic_env
 from accord.runtime.topology import topology_from_hostnames
 from accord.worker_contract import (
     ELASTIC_DEAD_KEY,

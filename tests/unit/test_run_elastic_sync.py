@@ -1,5 +1,5 @@
-"""--sync-dst-dir in elastic jobs: the copy a host gets before its first worker (run/elastic_sync.py,
-the driver's use of it with fake copies), the rsync copies themselves (run/sync.py, with a fake
+"""--sync-dst-dir in elastic jobs: the copy a host gets before its first worker (run/elastic/sync.py,
+the driver's use of it with fake copies), the rsync copies themselves (run/processes/folder_copy.py, with a fake
 rsync on PATH), and parameter servers refused in elastic jobs (exit 2)."""
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import pytest
 from test_run_elastic import FakeMember, FakePoller, FakeStore, FakeSupervisor, _cfg, _discover
 
 from accord.errors import ConfigError, LaunchError
-from accord.run import elastic_driver
 from accord.run.cli import main
-from accord.run.elastic_config import ElasticConfig
-from accord.run.elastic_sync import HostCopies
-from accord.run.ssh import SshOptions
-from accord.run.sync import FolderCopy
+from accord.run.elastic import driver as elastic_driver
+from accord.run.elastic.config import ElasticConfig
+from accord.run.elastic.sync import HostCopies
+from accord.run.processes.folder_copy import FolderCopy
+from accord.run.processes.ssh import SshOptions
 from accord.worker_contract import ELASTIC_DEAD_KEY
 
 pytestmark = pytest.mark.timeout(30)

@@ -1,7 +1,7 @@
 """Exit statuses, signal names and the root-cause report."""
 import signal
 
-from accord.run.failures import (
+from accord.run.processes.failures import (
     Failure,
     describe_returncode,
     exit_status,

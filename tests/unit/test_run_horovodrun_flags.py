@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from accord.run.cli import build_parser, main
-from accord.run.launch_config import config_from_args
-from accord.run.tuning import tuning_env
+from accord.run.config.launch_config import config_from_args
+from accord.run.spec.tuning import tuning_env
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from accord.errors import ConfigError
-from accord.run.hosts import (
+from accord.run.spec.hosts import (
     HostSlots,
     is_local,
     parse_devices,

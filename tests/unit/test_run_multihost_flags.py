@@ -4,11 +4,11 @@ import pytest
 
 from accord.errors import ConfigError
 from accord.run.cli import build_parser
-from accord.run.failures import Failure, format_root_cause
-from accord.run.launch_config import config_from_args
-from accord.run.servers import server_placement
-from accord.run.ssh import SshOptions
-from accord.run.sync import rsync_argv
+from accord.run.config.launch_config import config_from_args
+from accord.run.processes.failures import Failure, format_root_cause
+from accord.run.processes.folder_copy import rsync_argv
+from accord.run.processes.ssh import SshOptions
+from accord.run.spec.server_roles import server_placement
 
 ENV = {"PATH": "/usr/bin:/bin"}
 

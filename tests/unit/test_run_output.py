@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from accord.run.output import LineSplitter, OutputMux, format_line
-from accord.run.rank_files import rank_dirname
+from accord.run.processes.output import LineSplitter, OutputMux, format_line
+from accord.run.processes.rank_files import rank_dirname
 
 
 def _feed(chunks):

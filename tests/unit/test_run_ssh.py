@@ -7,7 +7,7 @@ import time
 import pytest
 
 from accord.errors import ConfigError
-from accord.run.ssh import SshOptions, remote_script, secret_line, ssh_argv
+from accord.run.processes.ssh import SshOptions, remote_script, secret_line, ssh_argv
 
 SECRET = "5e" * 32
 

@@ -6,10 +6,10 @@ import time
 import pytest
 
 from accord.errors import ConfigError
-from accord.run import runners
-from accord.run.runners import LocalRunner, SshRunner, StartOptions, register_runner, runner_for
-from accord.run.ssh import SshOptions
-from accord.run.supervisor import Supervisor
+from accord.run.processes import runners
+from accord.run.processes.runners import LocalRunner, SshRunner, StartOptions, register_runner, runner_for
+from accord.run.processes.ssh import SshOptions
+from accord.run.processes.supervisor import Supervisor
 
 pytestmark = pytest.mark.timeout(60)
 

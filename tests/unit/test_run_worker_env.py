@@ -4,11 +4,11 @@ from types import SimpleNamespace
 import pytest
 
 from accord import config
-from accord.run.assignment import Slot, assign_slots
-from accord.run.hosts import HostSlots
 from accord.run.job_start import JobStarter
-from accord.run.tuning import Tuning, tuning_env
-from accord.run.worker_env import (
+from accord.run.spec.assignment import Slot, assign_slots
+from accord.run.spec.hosts import HostSlots
+from accord.run.spec.tuning import Tuning, tuning_env
+from accord.run.spec.worker_env import (
     JobEnv,
     forwarded_env,
     local_environment,
@@ -100,8 +100,8 @@ def test_spawn_and_accordrun_take_their_tuning_from_one_table():
     import argparse
 
     from accord.errors import ConfigError
-    from accord.run import tuning
     from accord.run.cli import build_parser
+    from accord.run.spec import tuning
 
     # every row is a Tuning field and an accord.spawn keyword; the tuning group's rows are flags
     assert [f for f in Tuning.__dataclass_fields__] == [o.name for o in tuning.OPTIONS]

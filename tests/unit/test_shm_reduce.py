@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from accord.comm.ops import ReduceOp
-from accord.comm.shm_reduce import chunk_pieces, combine
+from accord.comm.shm.reduce import chunk_pieces, combine
 
 pytestmark = pytest.mark.timeout(10)
 

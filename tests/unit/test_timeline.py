@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from accord.engine.timeline import Timeline
+from accord.engine.cycle.timeline import Timeline
 
 pytestmark = pytest.mark.timeout(10)
 

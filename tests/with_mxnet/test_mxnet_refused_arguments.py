@@ -116,7 +116,7 @@ CASES = {
 }
 
 
-# broadcast_object's root goes to accord.engine.objects, which takes no problem: the bad rank
+# broadcast_object's root goes to accord.frontend.object_collectives, which takes no problem: the bad rank
 # takes part with root -1 (see accord.mxnet.functions.broadcast_object)
 BROADCAST_OBJECT = "broadcast_object.root_not_an_int"
 OTHER = {BROADCAST_OBJECT: lambda h, r: h.broadcast_object({"r": r}, root_rank=None if r == BAD_RANK else 0,

@@ -25,7 +25,7 @@ def run_workers(fn: Callable[[Any], Any], options: Any, where: Placement, thread
     """
     if where.external:
         return fn(options)
-    from accord.run.spawn import spawn
+    from accord.run.functions.spawn import spawn
 
     results = spawn(fn, args=(options,), nprocs=where.size,
                     env={"OMP_NUM_THREADS": str(threads)}, grace_period=2.0)

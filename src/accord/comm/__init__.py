@@ -79,7 +79,7 @@ def _mpi() -> Backend:
 
 
 def _shm() -> Backend:
-    from accord.comm.shm import ShmBackend
+    from accord.comm.shm.backend import ShmBackend
 
     return ShmBackend()
 

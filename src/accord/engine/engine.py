@@ -1,7 +1,7 @@
 """The engine: one controller per process set this rank belongs to, each on its own thread.
 
 Callers :meth:`Engine.enqueue` requests and get handles; the engine routes each request to
-its process set's :class:`~accord.engine.controller.Controller`, which negotiates with the
+its process set's :class:`~accord.engine.cycle.controller.Controller`, which negotiates with the
 set's members only. So, as in Horovod, a collective on a process set never waits for a rank
 outside the set, and sets of disjoint ranks progress concurrently.
 
@@ -22,7 +22,7 @@ Controllers start with the engine (for sets already registered) or when a set is
 member. A controller that stops on an error (a rank failed, a stall shutdown) stops every other
 controller of this rank with that error.
 
-Join (:mod:`accord.engine.join`) is decided by the global set: join() returns once every rank
+Join (:mod:`accord.engine.negotiation.join`) is decided by the global set: join() returns once every rank
 has joined. While a rank is joined, every set controller of that rank serves its peers'
 collectives with stand-ins too (each set's exchange says which members are joined). Once all
 ranks have joined, each rank's set controllers leave the joined state, then the global
@@ -38,13 +38,13 @@ from typing import Any, Sequence
 import torch
 
 from accord.comm.backend import Communicator
-from accord.engine.controller import Controller
-from accord.engine.host_first import host_first
+from accord.comm.host_first import host_first
+from accord.engine.cycle.controller import Controller
+from accord.engine.cycle.timeline import Timeline
+from accord.engine.negotiation.validate import validate_group
 from accord.engine.request import Handle, Request
 from accord.engine.sets import GLOBAL_ID, ProcessSetRegistry
 from accord.engine.settings import EngineSettings
-from accord.engine.timeline import Timeline
-from accord.engine.validate import validate_group
 from accord.errors import BackendError, InvalidArgumentError, ShutdownError, with_hint
 
 
@@ -235,7 +235,7 @@ class Engine:
     def join(self, device: int = -1) -> int:
         """Horovod's join: this rank has no more data. Until every rank has joined, this rank
         takes part in the global set's collectives the others submit (see
-        :mod:`accord.engine.join`; other sets are described in this module's docstring).
+        :mod:`accord.engine.negotiation.join`; other sets are described in this module's docstring).
 
         Args:
             device: CUDA device index for stand-in tensors of CUDA collectives (-1: current).
@@ -314,8 +314,8 @@ class Engine:
     def stats(self) -> dict[str, int]:
         """Counters summed over this rank's controllers: cycles, negotiation collectives, full
         exchanges, data collectives, planned cycles (no negotiation, see
-        :mod:`accord.engine.plan`), planned cycles run on a waiting caller's thread (see
-        :mod:`accord.engine.caller_runs`), fusion buffer allocations."""
+        :mod:`accord.engine.cycle.plan`), planned cycles run on a waiting caller's thread (see
+        :mod:`accord.engine.cycle.caller_runs`), fusion buffer allocations."""
         with self._lock:
             controllers = list(self._controllers.values()) + self._retired
         return {"cycles": sum(c.cycles for c in controllers),

@@ -8,7 +8,7 @@ controllers, two sets may use the same name at once. A group's requests are ``<b
 
 A group also has a *key*: the name one request under its base would have. Ranks that pass
 different numbers of tensors under one name get different request names, so the negotiation
-compares group sizes under the key instead (:mod:`accord.engine.negotiate`). That comparison is
+compares group sizes under the key instead (:mod:`accord.engine.negotiation.negotiate`). That comparison is
 exact because one rank never has two sizes of a key in flight (:class:`GroupsInFlight`).
 """
 from __future__ import annotations

@@ -158,7 +158,7 @@ class Request:
     ``problem``: why this rank's arguments are unusable, a message with a ``HINT:`` ("" when
     they are fine). Such a request is still submitted, never run: its signature carries the
     problem to the other ranks, and the negotiation fails the name on every rank (see
-    :func:`accord.engine.validate.refused_message`).
+    :func:`accord.engine.negotiation.validate.refused_message`).
     """
 
     name: str

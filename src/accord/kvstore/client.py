@@ -33,7 +33,7 @@ from accord.kvstore import optimizers as opt
 from accord.kvstore import protocol
 from accord.kvstore.base import Key, KVStoreBase
 from accord.kvstore.connection import ServerConnections
-from accord.kvstore.discovery import PREFIX, SERVER_KEY, store_address
+from accord.kvstore.directory import PREFIX, SERVER_KEY, store_address
 from accord.kvstore.gradient_compression import TwoBitCompression, create_compression
 from accord.kvstore.local import as_optimizer
 from accord.kvstore.sharding import Part, partition, wire_key

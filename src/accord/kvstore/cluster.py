@@ -22,7 +22,7 @@ from typing import Any, Mapping
 
 from accord import config
 from accord.errors import LaunchError, with_hint
-from accord.kvstore.discovery import SERVER_KEY
+from accord.kvstore.directory import SERVER_KEY
 from accord.worker_contract import server_command
 
 __all__ = ["LocalCluster", "server_environment", "start_servers"]

@@ -41,7 +41,7 @@ can send a single message. And no frame may exceed :func:`frame_limit` (ZMQ_MAXM
 on the announced length before the frame is buffered; the peer is dropped). That limit covers
 the PLAIN handshake command too, which ZeroMQ reads before asking the server: a stranger can make
 a server hold up to one frame per connection until the handshake timeout
-(:class:`~accord.kvstore.server_socket.ParameterServer`). PLAIN sends the password in clear: a
+(:class:`~accord.kvstore.server.zmq_socket.ParameterServer`). PLAIN sends the password in clear: a
 peer that can read the job's traffic on the wire may learn it and then make a server buffer
 messages (each frame bounded) but still not get one past the MACs. After the tags, a header
 nested deeper than :data:`MAX_HEADER_DEPTH` is refused (the JSON codec recurses).

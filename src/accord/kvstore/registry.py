@@ -140,7 +140,7 @@ def create(name: str = "local") -> Any:
     if role in ("server", "scheduler"):
         # MXNet's launch.py starts the training script itself as servers and the scheduler
         # (MXNet serves from `import mxnet`); here the script serves from its create() call.
-        from accord.kvstore.server import main
+        from accord.kvstore.server.program import main
 
         raise SystemExit(main())
     if not isinstance(name, str):

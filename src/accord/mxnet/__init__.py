@@ -24,9 +24,9 @@ from accord.mxnet.bridge import require_mxnet
 
 require_mxnet()
 
-from accord.comm.build_flags import ccl_built, cuda_built, ddl_built, gloo_built, mpi_built, nccl_built, rocm_built  # noqa: E402
-from accord.engine.backend_flags import gloo_enabled, mpi_enabled, mpi_threads_supported  # noqa: E402
 from accord.errors import CollectiveError as HorovodInternalError  # noqa: E402
+from accord.frontend.backend_flags import gloo_enabled, mpi_enabled, mpi_threads_supported  # noqa: E402
+from accord.frontend.build_flags import ccl_built, cuda_built, ddl_built, gloo_built, mpi_built, nccl_built, rocm_built  # noqa: E402
 from accord.mxnet.basics import (  # noqa: E402
                                      cross_rank,
                                      cross_size,

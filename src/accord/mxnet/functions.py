@@ -2,7 +2,7 @@
 included), ``broadcast_object`` and ``allgather_object``.
 
 Objects travel only over the job's data plane, as sealed pickles bound to the call, exactly as
-accord.torch's (:mod:`accord.engine.objects` says what is checked before anything is unpickled).
+accord.torch's (:mod:`accord.frontend.object_collectives` says what is checked before anything is unpickled).
 """
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import numbers
 import types
 from typing import Any
 
-from accord.engine import objects, session
+from accord.engine import session
 from accord.errors import AccordError, CollectiveError, InvalidArgumentError, with_hint
+from accord.frontend import object_collectives as objects
 from accord.mxnet import basics
 from accord.mxnet.bridge import mx, mxnet_error
 from accord.mxnet.mpi_ops import broadcast_

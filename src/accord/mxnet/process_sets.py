@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from accord.engine import session
-from accord.engine.set_union import duplicate_error, register_init_sets
+from accord.frontend.set_union import duplicate_error, register_init_sets
 from accord.mxnet import basics
 
 
@@ -75,7 +75,7 @@ def set_id(process_set: ProcessSet) -> int:
 
 def register_at_init(process_sets: list[ProcessSet], first: bool) -> None:
     """Give the sets passed to ``init`` their ids (the global set gets every rank). Every rank's
-    sets are registered on every rank (:mod:`accord.engine.set_union`).
+    sets are registered on every rank (:mod:`accord.frontend.set_union`).
 
     Raises:
         ValueError: an entry duplicates an earlier one or the global set (Horovod's message);

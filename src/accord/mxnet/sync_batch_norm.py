@@ -24,8 +24,8 @@ from typing import Any
 import torch
 
 from accord.comm.ops import ReduceOp
-from accord.engine.host_sets import host_process_set, scope_name
 from accord.engine.request import Op
+from accord.frontend.batch_norm_scope import host_process_set, scope_name
 from accord.mxnet import basics
 from accord.mxnet.bridge import mx, read_view, to_ndarray
 from accord.mxnet.mpi_ops import run

@@ -4,7 +4,7 @@ Torch-free on purpose (the launcher's start-up time counts): nothing here import
 except ``accordrun --check-build``, which reports on it.
 
 ``accord.run(fn, num_proc=2)`` runs ``fn`` as a job, as ``horovod.run`` does (see
-:mod:`accord.run.function_run`): Horovod's runner function and this package share the name,
+:mod:`accord.run.functions.horovod_run`): Horovod's runner function and this package share the name,
 so the package itself is callable and ``from accord.run import run`` gives the function.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 def __getattr__(name: str) -> Any:
     if name == "run":  # loaded on first use: the launcher's own start-up never needs it
-        from accord.run.function_run import run
+        from accord.run.functions.horovod_run import run
 
         return run
     raise AttributeError(f"module 'accord.run' has no attribute {name!r}")
@@ -24,7 +24,7 @@ def __getattr__(name: str) -> Any:
 
 class _CallablePackage(types.ModuleType):
     def __call__(self, func: Any, *args: Any, **kwargs: Any) -> Any:
-        from accord.run.function_run import run
+        from accord.run.functions.horovod_run import run
 
         return run(func, *args, **kwargs)
 

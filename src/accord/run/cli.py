@@ -12,10 +12,13 @@ from typing import NoReturn, Sequence
 
 from accord import config
 from accord.errors import ConfigError, LaunchError
-from accord.run import elastic_config, horovod_config, horovod_flags, timeline_path, tuning
-from accord.run.flag_values import whole_number
-from accord.run.launch_config import DEFAULT_GRACE, LOG_LEVELS, config_from_args
-from accord.run.ssh import STRICT_POLICIES
+from accord.run.config import config_file as horovod_config
+from accord.run.config import horovod_flags, timeline_path
+from accord.run.config.launch_config import DEFAULT_GRACE, LOG_LEVELS, config_from_args
+from accord.run.elastic import config as elastic_config
+from accord.run.processes.ssh import STRICT_POLICIES
+from accord.run.spec import tuning
+from accord.run.spec.flag_values import whole_number
 from accord.version import __version__
 
 EXAMPLES = """\

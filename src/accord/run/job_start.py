@@ -1,9 +1,9 @@
 """Starting a job's processes: what each worker, parameter server and MXNet node is.
 
 For every process :class:`JobStarter` decides its command, its environment
-(:mod:`accord.run.worker_env`, :mod:`accord.run.servers`, :mod:`accord.run.mxnet_ps`), its error
+(:mod:`accord.run.spec.worker_env`, :mod:`accord.run.spec.server_roles`, :mod:`accord.run.spec.mxnet_roles`), its error
 file and its output label, starts it through the job's
-:class:`~accord.run.supervisor.Supervisor` and multiplexes its output. A process that cannot be
+:class:`~accord.run.processes.supervisor.Supervisor` and multiplexes its output. A process that cannot be
 started is a :class:`~accord.errors.LaunchError` naming it and its host. When a process ends,
 and what that means for the job, is the launcher's affair (:mod:`accord.run.launcher`).
 """
@@ -14,15 +14,16 @@ from typing import Callable, Mapping, Sequence
 
 from accord.errors import LaunchError, with_hint
 from accord.network_interfaces import interface_address
-from accord.run import job_store, mxnet_ps
-from accord.run.assignment import Slot
-from accord.run.hosts import is_local
-from accord.run.launch_config import LaunchConfig
-from accord.run.output import OutputMux
-from accord.run.runners import StartOptions
-from accord.run.servers import ps_env, server_dirname, server_env, server_label
-from accord.run.supervisor import Member, Supervisor
-from accord.run.worker_env import ELASTIC_FLAG, JobEnv, elastic_env, omp_threads, pick_device, worker_env
+from accord.run.config.launch_config import LaunchConfig
+from accord.run.processes import job_store
+from accord.run.processes.output import OutputMux
+from accord.run.processes.runners import StartOptions
+from accord.run.processes.supervisor import Member, Supervisor
+from accord.run.spec import mxnet_roles as mxnet_ps
+from accord.run.spec.assignment import Slot
+from accord.run.spec.hosts import is_local
+from accord.run.spec.server_roles import ps_env, server_dirname, server_env, server_label
+from accord.run.spec.worker_env import ELASTIC_FLAG, JobEnv, elastic_env, omp_threads, pick_device, worker_env
 from accord.worker_contract import server_command
 
 
@@ -101,7 +102,7 @@ class JobStarter:
         """One worker of an elastic job, on ``slot.hostname`` with the coordinates of ``slot``:
         a first worker's slot (its rank is its id), or for one added later (``joining``) the
         place the elastic driver planned for it in the re-formed job, which its admission
-        confirms (:mod:`accord.run.elastic_driver`).
+        confirms (:mod:`accord.run.elastic.driver`).
 
         Raises:
             LaunchError: the worker could not be started.

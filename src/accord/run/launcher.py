@@ -1,8 +1,9 @@
 """Run one job: store, workers, output, and the first failure stops everything.
 
 The sequence: start accord's rendezvous store with a fresh 32-byte secret, start the job's
-:class:`~accord.run.supervisor.Supervisor` (and with it the guardian of :mod:`accord.run.local`), start every
-worker through its host's runner (:mod:`accord.run.runners`: here, or through ssh), watch them. The first
+:class:`~accord.run.processes.supervisor.Supervisor` (and with it the guardian of
+:mod:`accord.run.processes.guardian`), start every worker through its host's runner
+(:mod:`accord.run.processes.runners`: here, or through ssh), watch them. The first
 worker that exits non-zero or dies by a signal stops the job: the others get SIGTERM, a grace period, then
 SIGKILL of their whole process group; the launcher prints the root cause and exits with that worker's status.
 With ``--min-np N`` (elastic jobs, ``hvd.elastic.run``) a failed worker is left out instead while at least N
@@ -13,14 +14,14 @@ label) is decided by :mod:`accord.run.job_start`; this module is the job's life:
 reporting and the exit code.
 
 With ``--num-servers N`` the launcher also starts N parameter servers before the workers, here
-or spread over the worker hosts (:mod:`accord.run.servers`): same session handling, guardian,
+or spread over the worker hosts (:mod:`accord.run.spec.server_roles`): same session handling, guardian,
 ssh path and output multiplexing (``[serverN]``). With ``--sync-dst-dir DIR`` the working
 directory is first copied to DIR on every host, and everything runs from there
-(:mod:`accord.run.sync`; a host an elastic job grows onto is copied to before its first worker,
-:mod:`accord.run.elastic_sync`). A server that ends while workers still run is a failure and the root cause;
+(:mod:`accord.run.processes.folder_copy`; a host an elastic job grows onto is copied to before its first worker,
+:mod:`accord.run.elastic.sync`). A server that ends while workers still run is a failure and the root cause;
 once every worker has succeeded the servers get SIGTERM (a clean stop, not a failure) and the
 exit code is the workers'. With ``--ps mxnet`` they are MXNet's own scheduler and servers
-instead (:mod:`accord.run.mxnet_ps`), which ps-lite may end with status 0 as the workers finish.
+instead (:mod:`accord.run.spec.mxnet_roles`), which ps-lite may end with status 0 as the workers finish.
 """
 from __future__ import annotations
 
@@ -38,11 +39,12 @@ from typing import Any, BinaryIO, TextIO
 
 from accord import config, worker_contract
 from accord.errors import ConfigError, with_hint
-from accord.run import job_store
-from accord.run.advertise import advertised_address, is_loopback
-from accord.run.elastic_driver import ElasticDriver
-from accord.run.elastic_sync import HostCopies
-from accord.run.failures import (
+from accord.run.config.launch_config import LaunchConfig, describe
+from accord.run.elastic.driver import ElasticDriver
+from accord.run.elastic.sync import HostCopies
+from accord.run.job_start import JobStarter
+from accord.run.processes import job_store
+from accord.run.processes.failures import (
     Failure,
     describe_returncode,
     exit_status,
@@ -50,14 +52,13 @@ from accord.run.failures import (
     pick_root_cause,
     signal_name,
 )
-from accord.run.hosts import is_local
-from accord.run.job_start import JobStarter
-from accord.run.launch_config import LaunchConfig, describe
-from accord.run.output import OutputMux
-from accord.run.runners import StartOptions
-from accord.run.supervisor import Member, Supervisor
-from accord.run.sync import FolderCopy
-from accord.run.worker_env import JobEnv
+from accord.run.processes.folder_copy import FolderCopy
+from accord.run.processes.output import OutputMux
+from accord.run.processes.runners import StartOptions
+from accord.run.processes.supervisor import Member, Supervisor
+from accord.run.spec.advertise import advertised_address, is_loopback
+from accord.run.spec.hosts import is_local
+from accord.run.spec.worker_env import JobEnv
 
 _POLL = 0.05
 # When every failure seen so far was caused by a peer (see failures.PEER_CAUSED), how long the
@@ -91,7 +92,7 @@ def _make_output_dir(path: str) -> None:
 
 
 def _advertised_address(cfg: LaunchConfig) -> str:
-    """The address remote workers use to reach this host (:mod:`accord.run.advertise`)."""
+    """The address remote workers use to reach this host (:mod:`accord.run.spec.advertise`)."""
     if not cfg.remote:
         return "127.0.0.1"
     return advertised_address(cfg.job_hosts, cfg.interface_ip)

@@ -24,8 +24,8 @@ from typing import NoReturn, Sequence
 
 from accord import config
 from accord.errors import with_hint
-from accord.run.assignment import check_count
-from accord.run.flag_values import whole_number
+from accord.run.spec.assignment import check_count
+from accord.run.spec.flag_values import whole_number
 
 LAUNCHERS = ("local", "ssh")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

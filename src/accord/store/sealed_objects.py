@@ -4,7 +4,7 @@ The sender pickles (cloudpickle when installed, as Horovod does, so lambdas and 
 travel too) and seals the bytes with an HMAC under the job secret; a receiver checks the seal
 before unpickling, so bytes no holder of the secret sealed are refused, never unpickled.
 Unpickling runs code chosen by the sender: only ranks of the same job should be senders.
-Torch-free; :mod:`accord.engine.objects` (every frontend's broadcast_object) binds ``purpose``
+Torch-free; :mod:`accord.frontend.object_collectives` (every frontend's broadcast_object) binds ``purpose``
 to the call.
 """
 from __future__ import annotations

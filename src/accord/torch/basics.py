@@ -9,11 +9,12 @@ from __future__ import annotations
 import atexit
 from typing import Any
 
-from accord.comm.build_flags import ccl_built, cuda_built, ddl_built, gloo_built, mpi_built, nccl_built, rocm_built
-from accord.engine import backend_flags, session
-from accord.engine.backend_flags import gloo_enabled, mpi_enabled
+from accord.engine import session
 from accord.engine.sets import sets_given_at_init
 from accord.errors import with_hint
+from accord.frontend import backend_flags
+from accord.frontend.backend_flags import gloo_enabled, mpi_enabled
+from accord.frontend.build_flags import ccl_built, cuda_built, ddl_built, gloo_built, mpi_built, nccl_built, rocm_built
 from accord.runtime import admission
 from accord.torch import gateway
 from accord.torch import process_sets as ps_module

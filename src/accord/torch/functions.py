@@ -2,7 +2,7 @@
 and broadcasting / allgathering arbitrary Python objects.
 
 ``broadcast_object`` / ``allgather_object`` pickle and seal objects; what is checked before
-anything is unpickled is written in :mod:`accord.engine.objects` (shared with accord.mxnet).
+anything is unpickled is written in :mod:`accord.frontend.object_collectives` (shared with accord.mxnet).
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from accord.engine import objects
+from accord.frontend import object_collectives as objects
 from accord.torch import async_ops as A
 from accord.torch import gateway
 from accord.torch.gateway import synchronize
@@ -124,7 +124,7 @@ def _initialize_state(optimizer: torch.optim.Optimizer) -> None:
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> Any:
     """Return root's ``obj`` on every rank of the set (pickled and sealed: see
-    :mod:`accord.engine.objects` for what is checked).
+    :mod:`accord.frontend.object_collectives` for what is checked).
 
     Example: ``state = hvd.broadcast_object(state if hvd.rank() == 0 else None, root_rank=0)``.
     """

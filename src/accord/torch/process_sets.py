@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from accord.engine.set_union import duplicate_error, register_init_sets
 from accord.errors import InvalidArgumentError, with_hint
+from accord.frontend.set_union import duplicate_error, register_init_sets
 from accord.torch import gateway
 
 
@@ -116,7 +116,7 @@ global_process_set.process_set_id = 0
 
 def _register_at_init(process_sets: Sequence[ProcessSet], first: bool) -> None:
     """Give every set passed to ``init`` its id; the global set gets its ranks (init-time only).
-    Every rank's sets are registered on every rank (:mod:`accord.engine.set_union`: ranks may
+    Every rank's sets are registered on every rank (:mod:`accord.frontend.set_union`: ranks may
     pass different ones, e.g. sets from a split MPI communicator).
 
     Raises:

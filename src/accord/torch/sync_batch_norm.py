@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from accord.engine.host_sets import host_process_set, scope_name
+from accord.frontend.batch_norm_scope import host_process_set, scope_name
 from accord.torch import async_ops as A
 from accord.torch import gateway
 from accord.torch.gateway import synchronize

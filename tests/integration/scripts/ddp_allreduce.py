@@ -23,5 +23,5 @@ print("RESULT " + json.dumps({"rank": rank, "world": world, "local_rank": int(os
                               "sum": t.item(), "grad": grad}), flush=True)
 # As torch's examples end: the DDP model, a global, still holds the group, so it is freed during
 # the interpreter's teardown, where torch 2.13 sometimes aborts; accordrun's exit release
-# (accord/run/exit_release.py) frees the model before that.
+# (accord/run/processes/exit_release.py) frees the model before that.
 dist.destroy_process_group()

@@ -1,0 +1,39 @@
+"""Which library carries CPU collectives in this job: Horovod's ``mpi_enabled()``,
+``gloo_enabled()`` and ``mpi_threads_supported()``, for every frontend (what the installation
+*could* use is :mod:`accord.frontend.build_flags`)."""
+from __future__ import annotations
+
+from accord import config
+from accord.engine import session
+
+
+def cpu_backend() -> str:
+    """The CPU backend in use (after init) or configured (before; ``auto`` is then unresolved)."""
+    if session.is_initialized():
+        return session.backend_name("cpu")
+    return str(config.get("ACCORD_CPU_BACKEND")).lower()
+
+
+def mpi_enabled() -> bool:
+    """True when CPU collectives run over MPI (ACCORD_CPU_BACKEND=mpi)."""
+    return cpu_backend() == "mpi"
+
+
+def gloo_enabled() -> bool:
+    """True when CPU collectives run over Gloo, or over shared memory that Gloo sets up (the
+    default on one host); False under ACCORD_CPU_BACKEND=mpi or another library."""
+    return cpu_backend() in ("gloo", "shm", "auto")
+
+
+def mpi_threads_supported() -> bool:
+    """Whether MPI allows calls from several threads.
+
+    Raises:
+        ValueError: MPI is not enabled (Horovod's message).
+    """
+    if not mpi_enabled():
+        raise ValueError("Horovod MPI is not enabled; Please make sure it's installed and enabled.")
+    from accord.mpi_init import initialized_mpi
+
+    MPI = initialized_mpi()  # noqa: N806 (mpi4py's module name)
+    return bool(MPI.Query_thread() == MPI.THREAD_MULTIPLE)

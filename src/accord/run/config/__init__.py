@@ -1,0 +1,2 @@
+"""One typed, validated launch configuration from accordrun's arguments: ``LaunchConfig``,
+horovodrun's flags and config file, the timeline path."""
