@@ -8,14 +8,15 @@ from pathlib import Path
 
 from accord.engine.cycle.caller_runs import CallerRuns
 from accord.engine.cycle.controller import Controller
+from accord.engine.cycle.in_flight import InFlight
 from accord.engine.cycle.join_control import JoinControl
 from accord.engine.cycle.negotiated import NegotiatedCycles
 from accord.engine.cycle.plan import PlannedCycles, Planner
 from accord.engine.cycle.state import CycleState
 
 CYCLE = Path(__file__).resolve().parents[2] / "src" / "accord" / "engine" / "cycle"
-MODULES = ["controller", "negotiated", "plan", "caller_runs", "join_control", "state"]
-PARTS = [Controller, NegotiatedCycles, PlannedCycles, Planner, CallerRuns, JoinControl, CycleState]
+MODULES = ["controller", "negotiated", "plan", "caller_runs", "join_control", "in_flight", "state"]
+PARTS = [Controller, NegotiatedCycles, PlannedCycles, Planner, CallerRuns, JoinControl, InFlight, CycleState]
 # Plain records a part keeps and fills in itself (attribute -> the one class that writes into it).
 RECORDS = {"join_state": "JoinControl"}
 

@@ -36,19 +36,19 @@ from accord.comm.backend import Communicator
 from accord.engine.cycle.caller_runs import CallerRuns
 from accord.engine.cycle.execute import Executor
 from accord.engine.cycle.failure import CommunicationFailure, pending_at_stop
+from accord.engine.cycle.in_flight import InFlight
 from accord.engine.cycle.intake import Intake
 from accord.engine.cycle.join_control import JoinControl, OnJoined, OnJoinError
 from accord.engine.cycle.negotiated import NegotiatedCycles
 from accord.engine.cycle.plan import PlannedCycles, Planner
 from accord.engine.cycle.state import CycleState
 from accord.engine.cycle.timeline import Timeline
-from accord.engine.naming import GroupsInFlight
 from accord.engine.negotiation.join import JoinState
 from accord.engine.negotiation.negotiate import ResponseCache
 from accord.engine.request import Handle, Request
 from accord.engine.sets import GLOBAL_ID, ProcessSetRegistry
 from accord.engine.settings import EngineSettings
-from accord.errors import CollectiveError, InvalidArgumentError, ShutdownError, with_hint
+from accord.errors import CollectiveError, ShutdownError, with_hint
 
 log = logging.getLogger("accord.engine")
 
@@ -81,8 +81,7 @@ class Controller:
         self._state = state = CycleState(set_id, rank, tuple(negotiation.ranks), settings, sets, cond,
                                          Intake(cond, settings), ResponseCache(settings.cache_capacity))
         self._on_stop = on_stop
-        self._inflight: dict[str, Request] = {}  # submitted and not yet completed, by name
-        self._groups = GroupsInFlight()  # the group keys among them (one size per key)
+        self._in_flight = InFlight()
         self._stop_cause: BaseException | None = None  # why a forced stop was asked for
         self.stop_error: BaseException | None = None
         self.thread: threading.Thread | None = None
@@ -182,24 +181,12 @@ class Controller:
 
         Raises:
             InvalidArgumentError: a name is already in flight on this rank, or a group of
-                another size under the same name (see :class:`~accord.engine.naming.GroupsInFlight`).
+                another size under the same name (see :mod:`accord.engine.cycle.in_flight`).
         """
-        rank = self._state.rank
-        for request in requests:
-            if request.name in self._inflight:
-                raise InvalidArgumentError(with_hint(
-                    f"a {self._inflight[request.name].op.value} named {request.name!r} is already in "
-                    f"flight on rank {rank}",
-                    "synchronize the first handle before reusing the name, or use distinct names"))
-            group = request.group
-            if group is not None or self._groups:  # (submitting gradients one by one costs nothing more)
-                self._groups.check(request.name, group, group is not None and group[0] in self._inflight,
-                                   request.op.value, rank)
-        self._groups.add([r.group for r in requests])
+        self._in_flight.add(requests, self._state.rank)
         wake = not (waited and self.planned.plan is not None)
         for request in requests:
             request.handle.owner = self
-            self._inflight[request.name] = request
             self._state.intake.put(request, wake)
 
     def run_here(self, handle: Handle) -> bool:
@@ -210,12 +197,12 @@ class Controller:
     def in_flight(self, name: str) -> bool:
         """True while a request named ``name`` is submitted here and not completed."""
         with self._state.cond:
-            return name in self._inflight
+            return name in self._in_flight
 
     def inflight_names(self) -> list[str]:
         """Names submitted here and not yet completed."""
         with self._state.cond:
-            return list(self._inflight)
+            return self._in_flight.names()
 
     def request_join(self, handle: Handle, device: int) -> None:
         """See :meth:`JoinControl.request_join` (the caller holds ``cond``)."""
@@ -262,11 +249,7 @@ class Controller:
     def _complete(self, outcomes: Sequence[tuple[Request, Any, BaseException | None]]) -> None:
         # Names are released before handles complete, so a caller that waited may reuse them.
         with self._state.cond:
-            for r, _, _ in outcomes:
-                if self._inflight.get(r.name) is r:  # not a joined rank's stand-in
-                    del self._inflight[r.name]
-                    if r.group is not None:
-                        self._groups.release(r.group)
+            self._in_flight.release(r for r, _, _ in outcomes)
         # Last first: a caller usually waits on the first handle, and waking it only once the
         # rest are done spares a GIL ping-pong per handle.
         for r, value, error in reversed(outcomes):
@@ -296,7 +279,7 @@ class Controller:
                 join_handle = self.join_control.release()
                 state.stopped = True
                 self.stop_error = error or self._stop_cause
-                leftovers = list(self._inflight.values())
+                leftovers = self._in_flight.requests()
                 cause = self._stop_cause
             final = error or cause or pending_at_stop(state.set_id, state.members, state.rank,
                                                       self.negotiated.peers_stopped)
