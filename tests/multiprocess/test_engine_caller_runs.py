@@ -22,7 +22,7 @@ def _parked(eng):
     submissions, so that whether a caller may run the next planned cycle does not depend on how
     fast a loaded machine schedules that thread (reads a private flag: test-only)."""
     deadline = time.monotonic() + 5
-    while not eng._global._parked and time.monotonic() < deadline:
+    while not eng._global.caller_runs._parked and time.monotonic() < deadline:
         time.sleep(0.001)
     return eng
 

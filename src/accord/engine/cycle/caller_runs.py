@@ -12,7 +12,7 @@ one cycle:
   parked in its wait for submissions (it has not returned from that wait, even if notified), so
   it is not using the communicator and does not touch its pending requests. The requests
   queued for it move to pending, as the thread would have moved them.
-- **The borrowed cycle** is exactly the thread's planned cycle (:meth:`PlannedCycles._planned`),
+- **The borrowed cycle** is exactly the thread's planned cycle (:meth:`PlannedCycles.step`),
   with autograd off as on the thread. If a member left the plan, the requests stay pending and
   the plan is left, as on the thread.
 - **Returning**: the thread, woken while the role is lent, waits until it comes back, still
@@ -27,32 +27,32 @@ the work to the thread, as before.
 """
 from __future__ import annotations
 
-import threading
 import time
-from typing import Any
 
 import torch
 
-from accord.engine.request import Handle, Request
+from accord.engine.cycle.join_control import JoinControl
+from accord.engine.cycle.plan import PlannedCycles
+from accord.engine.cycle.state import CycleState
+from accord.engine.request import Handle
 from accord.errors import CollectiveError, with_hint
 
 
 class CallerRuns:
-    """The lending of a controller's planned cycle to a waiting caller (mixed into
-    :class:`~accord.engine.cycle.controller.Controller`). :meth:`run_here` is called on a caller's
-    thread; the underscore methods on the controller's thread."""
+    """The lending of a controller's planned cycle to a waiting caller: one part of
+    :class:`~accord.engine.cycle.controller.Controller`. :meth:`run_here` is called on a
+    caller's thread, :meth:`wait_parked` on the controller's thread.
 
-    cond: threading.Condition
-    intake: Any
-    planner: Any
-    cache: Any
-    joined: bool
-    rank: int
-    _pending: dict[str, Request]
-    _stop_requested: bool
-    _join_changed: bool
+    Args:
+        state: the controller's shared state (its lock, queue, pending requests, stop flag).
+        planned: the planned state whose cycle is lent.
+        join: join's requests and state (a joined rank, or one about to change, lends nothing).
+    """
 
-    def _init_caller_runs(self) -> None:
+    def __init__(self, state: CycleState, planned: PlannedCycles, join: JoinControl) -> None:
+        self._state = state
+        self._planned = planned
+        self._join = join
         self._parked = False  # the controller's thread is inside its wait for submissions
         self._lent = False  # a caller runs the planned cycle
         self._lent_failure: BaseException | None = None  # for the thread to stop on
@@ -62,29 +62,30 @@ class CallerRuns:
     def run_here(self, handle: Handle) -> bool:
         """Run the planned cycle on this (caller's) thread if it is complete with ``handle``'s
         request and the controller's thread is parked; return whether it ran here."""
-        with self.cond:
+        state = self._state
+        with state.cond:
             if not self._lendable(handle):
                 return False
-            for r in self.intake.take_now():
-                self._pending[r.name] = r
+            for r in state.intake.take_now():
+                state.pending[r.name] = r
             self._lent = True
         failure: BaseException | None = None
         try:
             with torch.no_grad():
-                self._planned(False)
+                self._planned.step(False)
         except BaseException as exc:  # noqa: B036 (handed to the thread, then re-raised if not an Exception)
             failure = exc
-        with self.cond:
+        with state.cond:
             self._lent = False
             self.lent_cycles += 1
             if failure is not None:
                 self._lent_failure = failure if isinstance(failure, Exception) else CollectiveError(with_hint(
-                    f"a collective run on rank {self.rank}'s calling thread was interrupted: {failure!r}",
+                    f"a collective run on rank {state.rank}'s calling thread was interrupted: {failure!r}",
                     "the engine stops; shut down and init() again"))
             # A thread still in its timed wait needs no wake after a planned cycle that ran (it
             # re-reads the plan's deadline); waking it costs a core the next caller may need.
-            if failure is not None or self.planner.plan is None or self._pending or self._awaiting_return:
-                self.cond.notify_all()
+            if failure is not None or self._planned.plan is None or state.pending or self._awaiting_return:
+                state.cond.notify_all()
         if failure is not None and not isinstance(failure, Exception):
             raise failure
         return True
@@ -92,22 +93,24 @@ class CallerRuns:
     def _lendable(self, handle: Handle) -> bool:
         """Whether the plan is complete with ``handle``'s request and nothing else is due (the
         caller holds ``cond``)."""
-        plan = self.planner.plan
-        if (plan is None or not self._parked or self._lent or self._stop_requested or self._join_changed
-                or self.joined or handle.done()):
+        state = self._state
+        plan = self._planned.plan
+        if (plan is None or not self._parked or self._lent or state.stop_requested or self._join.changed
+                or self._join.joined or handle.done()):
             return False
-        queued = {r.name: r for r in self.intake.items}
-        if len(queued) + len(self._pending) != len(plan.names) or any(n in self._pending for n in queued):
+        queued = {r.name: r for r in state.intake.items}
+        pending = state.pending
+        if len(queued) + len(pending) != len(plan.names) or any(n in pending for n in queued):
             return False
         mine = False
         for i, name in zip(plan.ids, plan.names):
-            r = queued.get(name) or self._pending.get(name)
-            if r is None or self.cache.id_of(name, r.signature) != i:
+            r = queued.get(name) or pending.get(name)
+            if r is None or state.cache.id_of(name, r.signature) != i:
                 return False
             mine = mine or r.handle is handle
         return mine
 
-    def _wait_parked(self, pause: float) -> None:
+    def wait_parked(self, pause: float) -> None:
         """The controller thread's wait for submissions (it holds ``cond``): lendable while in
         it; returns only once a lent cycle is back, raising its failure.
 
@@ -116,15 +119,16 @@ class CallerRuns:
         by the submission that the caller then ran itself, it would find the caller's next
         request first and take it over (an ``allreduce_async`` + ``synchronize`` loop would
         hand every other cycle to the thread)."""
+        cond = self._state.cond
         deadline = time.monotonic() + pause
         lent_at_park = self.lent_cycles
         self._parked = True
         try:
-            self.cond.wait(pause)
+            cond.wait(pause)
             while True:
                 while self._lent:
                     self._awaiting_return = True  # the caller wakes the thread when it is back
-                    self.cond.wait()
+                    cond.wait()
                 self._awaiting_return = False
                 failure, self._lent_failure = self._lent_failure, None
                 if failure is not None:
@@ -132,12 +136,13 @@ class CallerRuns:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or self.lent_cycles == lent_at_park or not self._idle_after_lending():
                     return
-                self.cond.wait(remaining)
+                cond.wait(remaining)
         finally:
             self._parked = self._awaiting_return = False
 
     def _idle_after_lending(self) -> bool:
         """Whether the thread has nothing to do after a lent cycle: still planned, nothing
         pending or queued, no stop or join to handle (it holds ``cond``)."""
-        return (self.planner.plan is not None and not self._pending and not self.intake.items
-                and not self._stop_requested and not self._join_changed)
+        state = self._state
+        return (self._planned.plan is not None and not state.pending and not state.intake.items
+                and not state.stop_requested and not self._join.changed)

@@ -29,10 +29,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
 
 from accord.comm.ops import ReduceOp
+from accord.engine.cycle.execute import Executor
 from accord.engine.cycle.fusion import plan_work
+from accord.engine.cycle.join_control import JoinControl
+from accord.engine.cycle.state import CycleState
 from accord.engine.negotiation.join import stand_in
 from accord.engine.request import Op, Request, Signature
 
@@ -106,6 +109,10 @@ class Planner:
                 index = tensor.device.index if tensor is not None and tensor.is_cuda else None
                 self.plan = Plan(key, tuple(r.name for r in ready), first, -1 if index is None else index)
 
+    def ran(self) -> None:
+        """A planned cycle ran: every member followed the plan."""
+        self.planned_cycles += 1
+
     def leave(self) -> None:
         """Back to negotiating every cycle (every member does it in the same cycle)."""
         self.plan = None
@@ -113,37 +120,58 @@ class Planner:
 
 
 class PlannedCycles:
-    """The controller's planned state (mixed into :class:`~accord.engine.cycle.controller.Controller`,
-    whose queue, cache and executor it uses; controller thread only)."""
+    """The controller's planned state (see the module): one part of
+    :class:`~accord.engine.cycle.controller.Controller`. It runs on the controller's thread, or
+    on a caller's thread the role is lent to (:mod:`accord.engine.cycle.caller_runs`).
 
-    planner: Planner
-    _plan_since: float
-    _urgent: bool
-    _pending: dict[str, Request]
-    cache: Any
-    executor: Any
-    settings: Any
-    sets: Any
-    set_id: int
-    members: tuple[int, ...]
-    joined: bool
-    timeline: Any
-    cycles: int
+    Args:
+        state: the controller's shared state (pending requests, cache, settings, timeline).
+        executor: runs the plan's collectives (with the control value).
+        join: whether this rank is joined (a joined rank leaves the plan).
+    """
+
+    def __init__(self, state: CycleState, executor: Executor, join: JoinControl) -> None:
+        self._state = state
+        self._executor = executor
+        self._join = join
+        self.planner = Planner()  # no negotiation while a step repeats
+        self._since = 0.0  # when the planned state began or last ran a cycle
+
+    @property
+    def plan(self) -> Plan | None:
+        """The active plan (None: negotiating every cycle)."""
+        return self.planner.plan
+
+    @property
+    def cycles(self) -> int:
+        """Planned cycles run so far (on the controller's thread or a caller's)."""
+        return self.planner.planned_cycles
+
+    def observe(self, steady: bool, ready_ids: Sequence[int], ready: Sequence[Request], now: float) -> None:
+        """After a negotiated cycle at ``now``: see :meth:`Planner.observe`."""
+        self.planner.observe(steady, ready_ids, ready, self._state.settings.fusion_threshold,
+                             self._scattered(ready[0].signature.device if ready else "cpu"))
+        if self.planner.plan is not None:
+            self._since = now
+
+    def leave(self) -> None:
+        """Back to negotiating every cycle (every member does it in the same cycle)."""
+        self.planner.leave()
 
     def _scattered(self, device: str = "cpu") -> bool:
         """Whether the set's communicator for ``device`` reduces batches in place of a fusion
         buffer."""
-        comm = self.sets.communicator(self.set_id, device)
+        comm = self._state.sets.communicator(self._state.set_id, device)
         return getattr(comm, "supports_allreduce_many", None) is not None
 
-    def _plan_pause(self) -> float:
+    def pause(self) -> float:
         """How long to wait for submissions: none once the plan is complete here."""
         plan = self.planner.plan
-        if plan is not None and all(n in self._pending for n in plan.names):
+        if plan is not None and all(n in self._state.pending for n in plan.names):
             return 0.0
-        return max(self._plan_deadline() - time.monotonic(), 0.0)
+        return max(self._deadline() - time.monotonic(), 0.0)
 
-    def _plan_deadline(self) -> float:
+    def _deadline(self) -> float:
         """When this rank stops waiting for the plan and leaves it. Part of the plan pending:
         an idle tick after the first of it arrived (a name that never comes must reach the
         stall inspector). Nothing pending (the ranks compute between steps): a quarter of the
@@ -151,43 +179,43 @@ class PlannedCycles:
         inside the plan's collective are released long before that collective times out; and
         no later than the stall inspector's horizon, since a peer blocked in that collective
         can neither warn about nor stop on a name this rank never submits."""
-        s = self.settings
+        s = self._state.settings
         plan = self.planner.plan
-        arrived = [self._pending[n].submitted_at for n in plan.names if n in self._pending] if plan else []
+        pending = self._state.pending
+        arrived = [pending[n].submitted_at for n in plan.names if n in pending] if plan else []
         if arrived:
             return min(arrived) + s.tick
-        return self._plan_since + max(s.tick, min(s.collective_timeout / 4, s.stall_horizon))
+        return self._since + max(s.tick, min(s.collective_timeout / 4, s.stall_horizon))
 
-    def _planned(self, stop_local: bool) -> bool:
+    def step(self, stop_local: bool) -> bool:
         """One step of the planned state; returns whether requests completed. Runs the plan
         when it is complete here, joins its first collective with control 1 when this rank
         cannot follow it (then every member leaves the planned state), or keeps waiting."""
         plan = self.planner.plan
         assert plan is not None
-        pending = self._pending
-        have = all(n in pending and self.cache.id_of(n, pending[n].signature) == i
+        state = self._state
+        pending = state.pending
+        have = all(n in pending and state.cache.id_of(n, pending[n].signature) == i
                    for i, n in zip(plan.ids, plan.names))
         extra = len(pending) > len(plan.names) or (not have and any(n not in plan.names for n in pending))
         now = time.monotonic()
-        if have and not extra and not stop_local and not self.joined:
+        if have and not extra and not stop_local and not self._join.joined:
             ready = [pending.pop(n) for n in plan.names]
-            tl = self.timeline
+            tl = state.timeline
             if tl is not None:
                 for r in ready:
                     tl.span(r.name, "NEGOTIATE_" + r.op.value.upper(), r.submitted_at, now)
-            if self.executor.run(ready, control=0.0):
-                self.cycles += 1
-                self.planner.planned_cycles += 1
-                self._plan_since = time.monotonic()
+            if self._executor.run(ready, control=0.0):
+                self.planner.ran()
+                self._since = time.monotonic()
                 return True
             for r in ready:  # another member left the plan: negotiate them normally
                 pending[r.name] = r
             self.planner.leave()
             return False
-        if not (stop_local or self.joined or extra or self._urgent or now >= self._plan_deadline()):
+        if not (stop_local or self._join.joined or extra or state.urgent or now >= self._deadline()):
             return False  # the rest of the plan is still to come
-        standins = [stand_in(n, sig, self.members, plan.device_index) for n, sig in plan.first]
-        self.executor.run(standins, control=1.0)  # tells every member; completes nothing
+        standins = [stand_in(n, sig, state.members, plan.device_index) for n, sig in plan.first]
+        self._executor.run(standins, control=1.0)  # tells every member; completes nothing
         self.planner.leave()
         return False
-
