@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from accord import config
 from accord.engine import session
+from accord.frontend import queries
 
 
 def cpu_backend() -> str:
@@ -29,10 +30,11 @@ def mpi_threads_supported() -> bool:
     """Whether MPI allows calls from several threads.
 
     Raises:
-        ValueError: MPI is not enabled (Horovod's message).
+        ValueError: MPI is not enabled, or accord is not initialized (Horovod's messages).
     """
     if not mpi_enabled():
         raise ValueError("Horovod MPI is not enabled; Please make sure it's installed and enabled.")
+    queries.topology()
     from accord.mpi_init import initialized_mpi
 
     MPI = initialized_mpi()  # noqa: N806 (mpi4py's module name)

@@ -29,9 +29,9 @@ from accord.comm.ops import ReduceOp
 from accord.engine import session
 from accord.engine.request import Op
 from accord.errors import CollectiveError, with_hint
-from accord.mxnet import basics
+from accord.frontend import queries
+from accord.frontend.process_sets import ProcessSet, global_process_set, set_id_of
 from accord.mxnet.bridge import mx, mxnet_error, ndarray_problem, read_view, to_ndarray, write_view
-from accord.mxnet.process_sets import ProcessSet, global_process_set, set_id
 
 Average, Sum, Adasum = ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.ADASUM
 Min, Max, Product = ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT
@@ -78,8 +78,8 @@ def submit(op: Op, tensors: Sequence[torch.Tensor], name: str | None, process_se
         ValueError: a request the engine refuses locally (a process set this rank cannot use).
     """
     if not session.is_initialized():
-        raise mxnet_error(CollectiveError(with_hint(basics.NOT_INITIALIZED, "call hvd.init() first")))
-    sid = set_id(process_set)
+        raise mxnet_error(CollectiveError(with_hint(queries.NOT_INITIALIZED, "call hvd.init() first")))
+    sid = set_id_of(process_set)
     return session.submit_group(op, list(tensors), op_name(op, name), process_set_id=sid,
                                 grouped=grouped, problems=problems if any(problems) else None, **kwargs)
 

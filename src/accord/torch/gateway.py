@@ -5,8 +5,8 @@ Horovod way (``allreduce.<name>``; unnamed ones are numbered by the session, see
 :mod:`accord.engine.naming`), submits them through :func:`accord.engine.session.submit_group`
 (all or none) and hands out a small integer. A handle may stand for several engine requests
 (grouped ops) plus a ``finish`` function that turns their results into what the caller gets
-back. The who-am-I queries live here too, because the facade's other modules need them
-below ``init``/``shutdown`` (:mod:`accord.torch.basics`).
+back. The who-am-I queries (:mod:`accord.frontend.queries`) are reached through here by the
+facade's other modules.
 """
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ import torch
 from accord.engine import session
 from accord.engine.request import Handle as EngineHandle
 from accord.errors import AccordError, CollectiveError, with_hint
-from accord.runtime.topology import Topology
 
-NOT_INITIALIZED = "Horovod has not been initialized; use hvd.init()."
+# re-exported: the facade's modules ask who they are through the gateway, where tests stand in
+from accord.frontend.queries import NOT_INITIALIZED, is_initialized, process_set_members, rank, size, topology  # noqa: F401
 
 Finish = Callable[[list[Any]], Any]
 
@@ -38,30 +38,6 @@ _lock = threading.Lock()
 _counter = itertools.count(1)
 _table: dict[int, _Pending] = {}
 _elastic = False
-
-
-# --- who am I ------------------------------------------------------------------------------------
-
-def topology() -> Topology:
-    """This rank's place in the job. Raises Horovod's not-initialized ValueError before init."""
-    if not session.is_initialized():
-        raise ValueError(NOT_INITIALIZED)
-    return session.topology()
-
-
-def is_initialized() -> bool:
-    """True between ``init()`` and ``shutdown()``."""
-    return session.is_initialized()
-
-
-def size() -> int:
-    """Number of ranks in the job."""
-    return topology().size
-
-
-def rank() -> int:
-    """This process's global rank."""
-    return topology().rank
 
 
 def require_initialized() -> None:
@@ -201,40 +177,6 @@ def reset() -> None:
     """Forget every handle (init and shutdown do this, like Horovod's ``_handle_map = {}``)."""
     with _lock:
         _table.clear()
-
-
-# --- process sets (the registry is the session's; these are the facade's views) ------------------
-
-def process_set_members(set_id: int) -> tuple[int, ...]:
-    """Global ranks of a registered process set (Horovod's ValueError otherwise)."""
-    if not session.is_initialized():
-        raise ValueError(NOT_INITIALIZED)
-    try:
-        return session.process_set_members(set_id)
-    except ValueError:
-        raise ValueError("Process set does not exist or has not been registered.") from None
-
-
-def find_process_set(ranks: Sequence[int]) -> int | None:
-    """Id of the registered set with exactly ``ranks``, or None."""
-    return session.find_process_set(ranks)
-
-
-def add_process_set_ranks(ranks: Sequence[int]) -> int:
-    """Register a set (collective) and return its id."""
-    if not session.is_initialized():
-        raise ValueError(NOT_INITIALIZED)
-    return session.add_process_set(sorted(ranks))
-
-
-def remove_process_set_id(set_id: int) -> bool:
-    """Unregister a set (collective); False when it was not registered."""
-    if not session.is_initialized():
-        raise ValueError(NOT_INITIALIZED)
-    if set_id not in session.process_sets():
-        return False
-    session.remove_process_set(set_id)
-    return True
 
 
 def join(device: int = -1) -> int:
