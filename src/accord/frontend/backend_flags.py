@@ -3,15 +3,14 @@
 *could* use is :mod:`accord.frontend.build_flags`)."""
 from __future__ import annotations
 
-from accord import config
-from accord.engine import session
+from accord import config, engine
 from accord.frontend import queries
 
 
 def cpu_backend() -> str:
     """The CPU backend in use (after init) or configured (before; ``auto`` is then unresolved)."""
-    if session.is_initialized():
-        return session.backend_name("cpu")
+    if engine.is_initialized():
+        return engine.backend_name("cpu")
     return str(config.get("ACCORD_CPU_BACKEND")).lower()
 
 

@@ -10,7 +10,7 @@ import numbers
 import types
 from typing import Any
 
-from accord.engine import session
+from accord import engine
 from accord.errors import AccordError, CollectiveError, InvalidArgumentError, with_hint
 from accord.frontend import object_collectives as objects
 from accord.frontend import queries
@@ -93,7 +93,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
     holds, and raises InvalidArgumentError itself. (Raised before taking part, its peers would
     wait for it forever; passed on as it is, the engine cannot encode it.)
     """
-    if not session.is_initialized():
+    if not engine.is_initialized():
         raise mxnet_error(CollectiveError(with_hint(queries.NOT_INITIALIZED, "call hvd.init() first")))
     root, problem = root_of(root_rank)
     try:
@@ -107,7 +107,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
 def allgather_object(obj: Any, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> list[Any]:
     """Return every rank's ``obj`` in rank order (pickled; see the module note)."""
-    if not session.is_initialized():
+    if not engine.is_initialized():
         raise mxnet_error(CollectiveError(with_hint(queries.NOT_INITIALIZED, "call hvd.init() first")))
     try:
         return objects.allgather_object(obj, name, set_id_of(process_set))

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from accord.comm.ops import ReduceOp
-from accord.engine.request import Op
+from accord.engine import Op
 from accord.frontend import queries
 from accord.frontend.batch_norm_scope import host_process_set, scope_name
 from accord.frontend.process_sets import ProcessSet, global_process_set

@@ -2,7 +2,7 @@
 
 Every collective of the facade goes through :func:`start`, which names the requests the
 Horovod way (``allreduce.<name>``; unnamed ones are numbered by the session, see
-:mod:`accord.engine.naming`), submits them through :func:`accord.engine.session.submit_group`
+:mod:`accord.engine.naming`), submits them through :func:`accord.engine.submit_group`
 (all or none) and hands out a small integer. A handle may stand for several engine requests
 (grouped ops) plus a ``finish`` function that turns their results into what the caller gets
 back. The who-am-I queries (:mod:`accord.frontend.queries`) are reached through here by the
@@ -17,8 +17,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from accord.engine import session
-from accord.engine.request import Handle as EngineHandle
+from accord import engine
+from accord.engine import Handle as EngineHandle
 from accord.errors import AccordError, CollectiveError, with_hint
 
 # re-exported: the facade's modules ask who they are through the gateway, where tests stand in
@@ -42,7 +42,7 @@ _elastic = False
 
 def require_initialized() -> None:
     """Raise what Horovod's collectives raise before init (HorovodInternalError)."""
-    if not session.is_initialized():
+    if not engine.is_initialized():
         raise CollectiveError(NOT_INITIALIZED)
 
 
@@ -97,7 +97,7 @@ def start(op: str, tensors: Sequence[torch.Tensor | None], name: str | None, pro
 
     ``name`` is the user's: the requests are named ``<prefix>.<name>`` (``prefix`` defaults to
     ``op``); ``finish(results)`` builds the caller's value from the engine results. ``request``
-    goes to :func:`accord.engine.session.submit_group` (``in_place``, ``compression``, ...).
+    goes to :func:`accord.engine.submit_group` (``in_place``, ``compression``, ...).
     ``problems``: per tensor, what this rank refuses in its arguments ("" where nothing): such
     a request is submitted all the same and fails on every rank of the set at ``synchronize()``
     (InvalidArgumentError), see :attr:`accord.engine.request.Request.problem`.
@@ -111,8 +111,8 @@ def start(op: str, tensors: Sequence[torch.Tensor | None], name: str | None, pro
     full = None if name is None else f"{prefix or op}.{name}"
     if any(problems):
         request["problems"] = problems
-    engine_handles = session.submit_group(op, tensors, full, process_set_id=process_set_id,
-                                          grouped=grouped, **request)
+    engine_handles = engine.submit_group(op, tensors, full, process_set_id=process_set_id,
+                                         grouped=grouped, **request)
     with _lock:
         handle = next(_counter)
         _table[handle] = _Pending(engine_handles, finish, keep)
@@ -129,7 +129,7 @@ def poll(handle: int) -> bool:
         pending = _table.get(handle)
     if pending is None:
         raise ValueError(f"Handle {handle} was not created or has been cleared.")
-    return all(session.poll(h) for h in pending.handles)
+    return all(engine.poll(h) for h in pending.handles)
 
 
 def synchronize(handle: Any) -> Any:
@@ -146,7 +146,7 @@ def synchronize(handle: Any) -> Any:
     if pending is None:
         return None
     try:
-        results = [session.synchronize(h) for h in pending.handles]
+        results = [engine.synchronize(h) for h in pending.handles]
     except (AccordError, ValueError, TypeError):
         raise
     except RuntimeError as exc:  # anything else from a collective: Horovod's internal error
@@ -182,6 +182,6 @@ def reset() -> None:
 def join(device: int = -1) -> int:
     """Horovod's join (see :func:`accord.torch.join`): block until every rank has joined,
     serving the others' collectives meanwhile; return the rank that joined last."""
-    if not session.is_initialized():
+    if not engine.is_initialized():
         raise ValueError(NOT_INITIALIZED)
-    return session.engine().join(device)
+    return engine.current_engine().join(device)
