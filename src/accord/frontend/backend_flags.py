@@ -3,15 +3,15 @@
 *could* use is :mod:`accord.frontend.build_flags`)."""
 from __future__ import annotations
 
-from accord import config, engine
-from accord.frontend import queries
+from accord import engine
+from accord.frontend import queries, settings
 
 
 def cpu_backend() -> str:
     """The CPU backend in use (after init) or configured (before; ``auto`` is then unresolved)."""
     if engine.is_initialized():
         return engine.backend_name("cpu")
-    return str(config.get("ACCORD_CPU_BACKEND")).lower()
+    return settings.configured_cpu_backend()
 
 
 def mpi_enabled() -> bool:

@@ -17,8 +17,9 @@ from typing import Any
 
 import torch
 
-from accord import config, engine
+from accord import engine
 from accord.errors import CollectiveError, with_hint
+from accord.frontend import settings
 from accord.store.sealed_objects import dumps_sealed, loads_sealed
 from accord.store.secret import SEAL_BYTES
 
@@ -50,7 +51,7 @@ def _loads(data: torch.Tensor, call: bytes, sender: int) -> Any:
 def _check_lengths(lengths: list[int], what: str) -> None:
     """Refuse announced lengths outside [seal size, ACCORD_MAX_OBJECT_BYTES] before allocating
     (the same on every rank, since every rank sees the same announced lengths)."""
-    limit = int(config.get("ACCORD_MAX_OBJECT_BYTES"))
+    limit = settings.max_object_bytes()
     bad = [n for n in lengths if not SEAL_BYTES <= n <= limit]
     if bad:
         raise CollectiveError(with_hint(
