@@ -1,6 +1,6 @@
 """``accord-bench collectives``: the size sweep, run on every rank.
 
-For each backend, accord is initialised with that backend (``session.init()`` with
+For each backend, accord is initialised with that backend (``engine.init()`` with
 ACCORD_CPU_BACKEND / ACCORD_GPU_BACKEND set for the moment of init), then for every op, dtype
 and size:
 
@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.distributed as dist
 
-from accord import config
+from accord import config, engine
 from accord.bench import results
 from accord.bench.environment import describe
 from accord.bench.options import DTYPE_SIZES, CollectivesOptions
@@ -33,7 +33,6 @@ from accord.bench.report import progress_bar
 from accord.bench.stats import format_size
 from accord.comm.backend import get_backend
 from accord.comm.ops import ReduceOp
-from accord.engine import session
 from accord.errors import CollectiveError, with_hint
 
 _BACKEND_VARIABLE = {"cpu": "ACCORD_CPU_BACKEND", "cuda": "ACCORD_GPU_BACKEND"}
@@ -62,7 +61,7 @@ def _barrier() -> None:
 
 
 def _engine_case(op: str, t: torch.Tensor, name: str) -> Run:
-    sync, submit = session.synchronize, session.submit
+    sync, submit = engine.synchronize, engine.submit
     if op == "allreduce":
         return lambda: sync(submit("allreduce", t, name, in_place=True, reduce_op=ReduceOp.SUM))
     if op == "broadcast":
@@ -179,7 +178,7 @@ def _progress_line(series: dict[str, Any], row: dict[str, Any]) -> str:
 
 def _sweep(opts: CollectivesOptions, backend: str, say: Callable[[str, bool], None]) -> list[dict[str, Any]]:
     """Every op x dtype x size on one backend (accord initialised with it by the caller)."""
-    topo = session.topology()
+    topo = engine.topology()
     rank, n = topo.rank, topo.size
     if opts.device == "cuda":
         torch.cuda.set_device(topo.local_rank % torch.cuda.device_count())
@@ -225,9 +224,9 @@ def run(opts: CollectivesOptions, verbose: bool = True) -> dict[str, Any] | None
 
     for backend in opts.backends:
         with _selected_backend(opts.device, backend):
-            session.init()
+            engine.init()
         try:
-            rank, n = session.topology().rank, session.topology().size
+            rank, n = engine.topology().rank, engine.topology().size
             if bar is None and rank == 0 and verbose:
                 total = len(opts.backends) * len(opts.ops) * len(opts.dtypes) * len(opts.sizes)
                 bar = progress_bar(total, "collectives", opts.progress)
@@ -236,7 +235,7 @@ def run(opts: CollectivesOptions, verbose: bool = True) -> dict[str, Any] | None
                 environment = describe(world_size=n, threads=opts.threads,
                                        backend=",".join(opts.backends), device=opts.device)
         finally:
-            session.shutdown()
+            engine.shutdown()
     if bar is not None:
         bar.close()
     if rank != 0:

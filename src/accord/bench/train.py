@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from accord import engine
 from accord.bench import results
 from accord.bench.environment import describe
 from accord.bench.memory import MemoryMeter
@@ -31,7 +32,6 @@ from accord.bench.precision import Precision
 from accord.bench.report import progress_bar
 from accord.bench.strategies import make_strategy
 from accord.bench.workload import batches, build_model, image_size
-from accord.engine import session
 
 _SINGLE_DONE = "accord-bench/single-done"
 
@@ -127,9 +127,7 @@ def _merge(label: str, kind: str, size: int, opts: TrainOptions, parts: list[dic
 
 def _wait_for_single(rank: int, repeat: int) -> None:
     """Ranks other than 0 sleep until rank 0's 1-process run is done (no collective timeout)."""
-    from accord.engine import session
-
-    store = session.runtime().store
+    store = engine.runtime().store
     key = f"{_SINGLE_DONE}/{repeat}"
     if rank == 0:
         store.set(key, "1")
@@ -169,7 +167,7 @@ def run(opts: TrainOptions) -> dict[str, Any] | None:
                 _wait_for_single(rank, repeat)
                 for label, kind in (plan if repeat % 2 == 0 else plan[::-1]):
                     parts[label].append(_run(label + tag, kind, opts, rank, size, device, rank == 0, barrier))
-        backend = session.backend_name(device.type)
+        backend = engine.backend_name(device.type)
         environment = describe(world_size=size, threads=opts.threads, backend=backend, device=device.type)
     finally:
         hvd.shutdown()

@@ -3,15 +3,15 @@
 *could* use is :mod:`accord.frontend.build_flags`)."""
 from __future__ import annotations
 
-from accord import config
-from accord.engine import session
+from accord import engine
+from accord.frontend import queries, settings
 
 
 def cpu_backend() -> str:
     """The CPU backend in use (after init) or configured (before; ``auto`` is then unresolved)."""
-    if session.is_initialized():
-        return session.backend_name("cpu")
-    return str(config.get("ACCORD_CPU_BACKEND")).lower()
+    if engine.is_initialized():
+        return engine.backend_name("cpu")
+    return settings.configured_cpu_backend()
 
 
 def mpi_enabled() -> bool:
@@ -29,10 +29,11 @@ def mpi_threads_supported() -> bool:
     """Whether MPI allows calls from several threads.
 
     Raises:
-        ValueError: MPI is not enabled (Horovod's message).
+        ValueError: MPI is not enabled, or accord is not initialized (Horovod's messages).
     """
     if not mpi_enabled():
         raise ValueError("Horovod MPI is not enabled; Please make sure it's installed and enabled.")
+    queries.topology()
     from accord.mpi_init import initialized_mpi
 
     MPI = initialized_mpi()  # noqa: N806 (mpi4py's module name)

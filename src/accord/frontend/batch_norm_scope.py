@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Protocol, Sequence, TypeVar
 
-from accord.engine import session
-from accord.engine.sets import GLOBAL_ID
+from accord import engine
 from accord.errors import with_hint
 from accord.runtime.groups import local_sets
 
@@ -37,14 +36,14 @@ def host_set() -> tuple[int, tuple[int, ...]]:
 
     Collective the first time: every rank registers every host's set, in the same order.
     """
-    topo = session.topology()
+    topo = engine.topology()
     if topo.local_size == topo.size:
-        return GLOBAL_ID, tuple(range(topo.size))
+        return engine.GLOBAL_ID, tuple(range(topo.size))
     mine = None
     for ranks in local_sets(topo):
-        set_id = session.find_process_set(ranks)
+        set_id = engine.find_process_set(ranks)
         if set_id is None:
-            set_id = session.add_process_set(list(ranks))
+            set_id = engine.add_process_set(list(ranks))
         if topo.rank in ranks:
             mine = set_id, tuple(ranks)
     assert mine is not None
@@ -55,7 +54,7 @@ def host_process_set(make: Callable[[Sequence[int]], SetT], global_set: SetT) ->
     """This rank's host's set as a frontend's ProcessSet: ``global_set`` on one host, else
     ``make(ranks)`` bound to the registered id (collective the first time, as :func:`host_set`)."""
     set_id, ranks = host_set()
-    if set_id == GLOBAL_ID:
+    if set_id == engine.GLOBAL_ID:
         return global_set
     mine = make(list(ranks))
     mine.process_set_id = set_id

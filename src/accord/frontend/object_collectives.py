@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
-from accord import config
-from accord.engine import session
+from accord import engine
 from accord.errors import CollectiveError, with_hint
+from accord.frontend import settings
 from accord.store.sealed_objects import dumps_sealed, loads_sealed
 from accord.store.secret import SEAL_BYTES
 
@@ -30,20 +30,20 @@ _calls: "weakref.WeakKeyDictionary[Any, dict[tuple, int]]" = weakref.WeakKeyDict
 
 def _call(kind: str, name: str | None, set_id: int) -> tuple[bytes, tuple[int, ...]]:
     """What every seal of this call is bound to (the same on every member), and the members."""
-    members = tuple(session.process_set_members(set_id))
-    counts = _calls.setdefault(session.runtime(), {})
+    members = tuple(engine.process_set_members(set_id))
+    counts = _calls.setdefault(engine.runtime(), {})
     number = counts[(set_id, members)] = counts.get((set_id, members), 0) + 1
     return _PURPOSE + f"|{kind}|set {set_id} {list(members)}|call {number}|name {name!r}|from ".encode(), members
 
 
 def _dumps(obj: Any, call: bytes, sender: int) -> torch.Tensor:
-    sealed = dumps_sealed(session.runtime().secret, call + str(sender).encode(), obj)
+    sealed = dumps_sealed(engine.runtime().secret, call + str(sender).encode(), obj)
     return torch.frombuffer(bytearray(sealed), dtype=torch.uint8)
 
 
 def _loads(data: torch.Tensor, call: bytes, sender: int) -> Any:
     try:
-        return loads_sealed(session.runtime().secret, call + str(sender).encode(), data.numpy().tobytes())
+        return loads_sealed(engine.runtime().secret, call + str(sender).encode(), data.numpy().tobytes())
     except ValueError as exc:  # never unpickle what a rank of this job did not seal for this call
         raise CollectiveError(str(exc)) from None
 
@@ -51,7 +51,7 @@ def _loads(data: torch.Tensor, call: bytes, sender: int) -> Any:
 def _check_lengths(lengths: list[int], what: str) -> None:
     """Refuse announced lengths outside [seal size, ACCORD_MAX_OBJECT_BYTES] before allocating
     (the same on every rank, since every rank sees the same announced lengths)."""
-    limit = int(config.get("ACCORD_MAX_OBJECT_BYTES"))
+    limit = settings.max_object_bytes()
     bad = [n for n in lengths if not SEAL_BYTES <= n <= limit]
     if bad:
         raise CollectiveError(with_hint(
@@ -72,17 +72,17 @@ def broadcast_object(obj: Any, root_rank: int, name: str | None, set_id: int) ->
     Raises:
         CollectiveError (HorovodInternalError): a seal or length check failed, or the collective.
     """
-    is_root = session.topology().rank == root_rank
+    is_root = engine.topology().rank == root_rank
     call, _ = _call("broadcast", name, set_id)
     payload = _dumps(obj, call, root_rank) if is_root else torch.empty(0, dtype=torch.uint8)
     length = torch.tensor([payload.numel()], dtype=torch.int64)
-    session.synchronize(session.submit("broadcast", length, _named("broadcast", name, "sz"), in_place=True,
-                                       root_rank=root_rank, process_set_id=set_id))
+    engine.synchronize(engine.submit("broadcast", length, _named("broadcast", name, "sz"), in_place=True,
+                                      root_rank=root_rank, process_set_id=set_id))
     _check_lengths([int(length.item())], f"rank {root_rank}'s broadcast_object")
     if not is_root:
         payload = torch.empty(int(length.item()), dtype=torch.uint8)
-    session.synchronize(session.submit("broadcast", payload, _named("broadcast", name, "t"), in_place=True,
-                                       root_rank=root_rank, process_set_id=set_id))
+    engine.synchronize(engine.submit("broadcast", payload, _named("broadcast", name, "t"), in_place=True,
+                                      root_rank=root_rank, process_set_id=set_id))
     return obj if is_root else _loads(payload, call, root_rank)
 
 
@@ -93,13 +93,13 @@ def allgather_object(obj: Any, name: str | None, set_id: int) -> list[Any]:
         CollectiveError (HorovodInternalError): a seal or length check failed, or the collective.
     """
     call, members = _call("allgather", name, set_id)
-    payload = _dumps(obj, call, session.topology().rank)
-    sizes = session.synchronize(session.submit(
+    payload = _dumps(obj, call, engine.topology().rank)
+    sizes = engine.synchronize(engine.submit(
         "allgather", torch.tensor([payload.numel()], dtype=torch.int64), _named("allgather", name, "sz"),
         process_set_id=set_id))
     _check_lengths(sizes.tolist(), "allgather_object")
-    gathered = session.synchronize(session.submit("allgather", payload, _named("allgather", name, "t"),
-                                                  process_set_id=set_id))
+    gathered = engine.synchronize(engine.submit("allgather", payload, _named("allgather", name, "t"),
+                                                 process_set_id=set_id))
     out, start = [], 0
     for sender, n in zip(members, sizes.tolist()):
         out.append(_loads(gathered[start:start + n], call, sender))

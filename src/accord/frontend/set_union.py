@@ -12,19 +12,18 @@ from typing import Sequence
 
 import torch
 
-from accord.engine import session
-from accord.engine.sets import GLOBAL_ID
+from accord import engine
 
 
 def every_ranks_sets(mine: Sequence[Sequence[int]]) -> list[list[int]]:
     """Every rank's rank lists, rank 0's first (each rank sends ``[count, len, ranks..., ...]``).
     Collective over the global set: every rank calls it, also with an empty ``mine``."""
     own = [sorted(int(r) for r in ranks) for ranks in mine]
-    if session.topology().size == 1:
+    if engine.topology().size == 1:
         return own
     flat = [len(own)] + [x for ranks in own for x in (len(ranks), *ranks)]
-    gathered = session.synchronize(session.submit("allgather", torch.tensor(flat, dtype=torch.int64),
-                                                  "accord.init.process_sets")).tolist()
+    gathered = engine.synchronize(engine.submit("allgather", torch.tensor(flat, dtype=torch.int64),
+                                                 "accord.init.process_sets")).tolist()
     found, at = [], 0
     while at < len(gathered):
         count, at = gathered[at], at + 1
@@ -48,12 +47,12 @@ def register_init_sets(mine: Sequence[Sequence[int]], first: bool) -> list[int |
     """
     if first or mine:
         for ranks in every_ranks_sets(mine):
-            if session.find_process_set(ranks) is None:
-                session.add_process_set(ranks)
+            if engine.find_process_set(ranks) is None:
+                engine.add_process_set(ranks)
     ids: list[int | None] = []
-    seen = {GLOBAL_ID}
+    seen = {engine.GLOBAL_ID}
     for ranks in mine:
-        set_id = session.find_process_set(sorted(int(r) for r in ranks))
+        set_id = engine.find_process_set(sorted(int(r) for r in ranks))
         ids.append(None if set_id is None or set_id in seen else set_id)
         if set_id is not None:
             seen.add(set_id)

@@ -16,7 +16,7 @@ The values equal those of ``dist_sync`` with servers (up to the order of floatin
 additions). Optimizer states live in each worker; ``save_optimizer_states`` writes this worker's
 copy (identical on every worker) in the same file format as the servers' gather.
 
-The engine session is started on first use (``accord.engine.session.init()``, a no-op when
+The engine session is started on first use (``accord.engine.init()``, a no-op when
 ``accord.torch.init()`` already ran) and left running by ``close()``.
 """
 from __future__ import annotations
@@ -26,8 +26,8 @@ from typing import Any, Sequence
 
 import torch
 
+from accord import engine
 from accord.comm.ops import ReduceOp
-from accord.engine import session
 from accord.kvstore.base import Key
 from accord.kvstore.local import LocalKVStore
 from accord.kvstore.sharding import wire_key
@@ -46,8 +46,8 @@ class CollectiveKVStore(LocalKVStore):
 
     def __init__(self, name: str = "dist_sync") -> None:
         super().__init__(name)
-        session.init()
-        self._topology = session.topology()
+        engine.init()
+        self._topology = engine.topology()
         self._prefix = f"accord.kvstore.{next(_stores)}"
         self._barriers = 0
 
@@ -68,10 +68,10 @@ class CollectiveKVStore(LocalKVStore):
 
     def _initial_values(self, items: Sequence[tuple[Key, Any, KeyInfo]]) -> list[torch.Tensor]:
         tensors = [to_tensor(v).to(self._home(info), copy=True).contiguous() for _, v, info in items]
-        handles = [session.submit("broadcast", t, self._name("init", k), in_place=True, root_rank=0)
+        handles = [engine.submit("broadcast", t, self._name("init", k), in_place=True, root_rank=0)
                    for (k, _, _), t in zip(items, tensors)]
         for handle in handles:
-            session.synchronize(handle)
+            engine.synchronize(handle)
         return tensors
 
     def _across_workers(self, merged: dict[Key, torch.Tensor], op: str) -> dict[Key, torch.Tensor]:
@@ -81,15 +81,15 @@ class CollectiveKVStore(LocalKVStore):
             info = self._keys[k]
             if comp is not None and op == "sum" and not info.param_only and value.is_floating_point():
                 packed = comp.compress(k, value)
-                pending.append((k, True, session.submit("allgather", packed, self._name("push", k))))
+                pending.append((k, True, engine.submit("allgather", packed, self._name("push", k))))
             else:
                 value = value.contiguous()
                 merged[k] = value
                 reduce_op = ReduceOp.AVERAGE if info.param_only and op == "sum" else _OPS[op]
-                pending.append((k, False, session.submit("allreduce", value, self._name("push", k),
-                                                         in_place=True, reduce_op=reduce_op)))
+                pending.append((k, False, engine.submit("allreduce", value, self._name("push", k),
+                                                        in_place=True, reduce_op=reduce_op)))
         for k, compressed, handle in pending:
-            result = session.synchronize(handle)
+            result = engine.synchronize(handle)
             if compressed:
                 assert comp is not None
                 shape = self._keys[k].shape
@@ -103,6 +103,6 @@ class CollectiveKVStore(LocalKVStore):
     def barrier(self) -> None:
         """Wait for every worker (an engine barrier)."""
         self._barriers += 1
-        session.synchronize(session.submit("barrier", None, f"{self._prefix}.barrier.{self._barriers}"))
+        engine.synchronize(engine.submit("barrier", None, f"{self._prefix}.barrier.{self._barriers}"))
 
     _barrier = barrier

@@ -27,7 +27,9 @@ require_mxnet()
 from accord.errors import CollectiveError as HorovodInternalError  # noqa: E402
 from accord.frontend.backend_flags import gloo_enabled, mpi_enabled, mpi_threads_supported  # noqa: E402
 from accord.frontend.build_flags import ccl_built, cuda_built, ddl_built, gloo_built, mpi_built, nccl_built, rocm_built  # noqa: E402
-from accord.mxnet.basics import (  # noqa: E402
+from accord.frontend.lifecycle import init, shutdown  # noqa: E402
+from accord.frontend.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set  # noqa: E402
+from accord.frontend.queries import (  # noqa: E402
                                      cross_rank,
                                      cross_size,
                                      is_homogeneous,
@@ -36,13 +38,11 @@ from accord.mxnet.basics import (  # noqa: E402
                                      local_size,
                                      rank,
                                      size,
-                                     start_timeline,
-                                     stop_timeline,
 )
+from accord.frontend.timeline_control import start_timeline, stop_timeline  # noqa: E402
 from accord.mxnet.compression import Compression, Compressor  # noqa: E402
 from accord.mxnet.functions import allgather_object, broadcast_object, broadcast_parameters  # noqa: E402
 from accord.mxnet.kvstore import AccordKVStore, create  # noqa: E402
-from accord.mxnet.lifecycle import init, shutdown  # noqa: E402
 from accord.mxnet.mpi_ops import (  # noqa: E402
                                      Adasum,
                                      Average,
@@ -63,7 +63,6 @@ from accord.mxnet.mpi_ops import (  # noqa: E402
                                      reducescatter,
 )
 from accord.mxnet.optimizer import DistributedOptimizer  # noqa: E402
-from accord.mxnet.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set  # noqa: E402
 from accord.mxnet.sync_batch_norm import PerseusSyncBatchNorm, SyncBatchNorm  # noqa: E402
 from accord.mxnet.trainer import DistributedTrainer  # noqa: E402
 

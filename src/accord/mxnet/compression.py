@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from accord.engine import compression as engine
+from accord import engine
 from accord.errors import with_hint
 
 
@@ -98,7 +98,7 @@ def engine_compressor(compression: Any) -> Any:
     """The engine compressor to hand the engine for ``compression``, or None when
     ``compression`` must run on the NDArrays themselves (a user's compressor).
 
-    The engine's own compressors (``accord.engine.compression``, torch tensors) pass through.
+    The engine's own compressors (``accord.engine.Compressor`` subclasses, on torch tensors) pass through.
     """
     for ours, theirs in _ENGINE_FORM.items():
         if compression is ours:

@@ -10,13 +10,13 @@ import numbers
 import types
 from typing import Any
 
-from accord.engine import session
+from accord import engine
 from accord.errors import AccordError, CollectiveError, InvalidArgumentError, with_hint
 from accord.frontend import object_collectives as objects
-from accord.mxnet import basics
+from accord.frontend import queries
+from accord.frontend.process_sets import ProcessSet, global_process_set, set_id_of
 from accord.mxnet.bridge import mx, mxnet_error
 from accord.mxnet.mpi_ops import broadcast_
-from accord.mxnet.process_sets import ProcessSet, global_process_set, set_id
 
 
 def broadcast_parameters(params: Any, root_rank: int = 0, prefix: str | None = None) -> None:
@@ -40,7 +40,7 @@ def broadcast_parameters(params: Any, root_rank: int = 0, prefix: str | None = N
         valid = (dict, parameter_dict)
     if not isinstance(params, valid):
         raise ValueError("invalid params of type: %s" % type(params))
-    if basics.size() == 1:
+    if queries.size() == 1:
         return
     for name, p in sorted(params.items()):
         full = prefix + str(name)
@@ -93,11 +93,11 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
     holds, and raises InvalidArgumentError itself. (Raised before taking part, its peers would
     wait for it forever; passed on as it is, the engine cannot encode it.)
     """
-    if not session.is_initialized():
-        raise mxnet_error(CollectiveError(with_hint(basics.NOT_INITIALIZED, "call hvd.init() first")))
+    if not engine.is_initialized():
+        raise mxnet_error(CollectiveError(with_hint(queries.NOT_INITIALIZED, "call hvd.init() first")))
     root, problem = root_of(root_rank)
     try:
-        return objects.broadcast_object(obj, root, name, set_id(process_set))
+        return objects.broadcast_object(obj, root, name, set_id_of(process_set))
     except AccordError as exc:
         if problem:
             raise mxnet_error(InvalidArgumentError(f"broadcast_object: {problem}")) from exc
@@ -107,9 +107,9 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
 def allgather_object(obj: Any, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> list[Any]:
     """Return every rank's ``obj`` in rank order (pickled; see the module note)."""
-    if not session.is_initialized():
-        raise mxnet_error(CollectiveError(with_hint(basics.NOT_INITIALIZED, "call hvd.init() first")))
+    if not engine.is_initialized():
+        raise mxnet_error(CollectiveError(with_hint(queries.NOT_INITIALIZED, "call hvd.init() first")))
     try:
-        return objects.allgather_object(obj, name, set_id(process_set))
+        return objects.allgather_object(obj, name, set_id_of(process_set))
     except AccordError as exc:
         raise mxnet_error(exc) from None

@@ -25,13 +25,13 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from accord import engine
 from accord.comm.ops import ReduceOp
-from accord.engine import session
-from accord.engine.request import Op
+from accord.engine import Op
 from accord.errors import CollectiveError, with_hint
-from accord.mxnet import basics
+from accord.frontend import queries
+from accord.frontend.process_sets import ProcessSet, global_process_set, set_id_of
 from accord.mxnet.bridge import mx, mxnet_error, ndarray_problem, read_view, to_ndarray, write_view
-from accord.mxnet.process_sets import ProcessSet, global_process_set, set_id
 
 Average, Sum, Adasum = ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.ADASUM
 Min, Max, Product = ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT
@@ -77,11 +77,11 @@ def submit(op: Op, tensors: Sequence[torch.Tensor], name: str | None, process_se
         CollectiveError (also MXNetError): not initialized.
         ValueError: a request the engine refuses locally (a process set this rank cannot use).
     """
-    if not session.is_initialized():
-        raise mxnet_error(CollectiveError(with_hint(basics.NOT_INITIALIZED, "call hvd.init() first")))
-    sid = set_id(process_set)
-    return session.submit_group(op, list(tensors), op_name(op, name), process_set_id=sid,
-                                grouped=grouped, problems=problems if any(problems) else None, **kwargs)
+    if not engine.is_initialized():
+        raise mxnet_error(CollectiveError(with_hint(queries.NOT_INITIALIZED, "call hvd.init() first")))
+    sid = set_id_of(process_set)
+    return engine.submit_group(op, list(tensors), op_name(op, name), process_set_id=sid,
+                               grouped=grouped, problems=problems if any(problems) else None, **kwargs)
 
 
 def wait_all(handles: Sequence[Any]) -> list[Any]:
@@ -90,7 +90,7 @@ def wait_all(handles: Sequence[Any]) -> list[Any]:
     results, failure = [], None
     for h in handles:
         try:
-            results.append(session.synchronize(h))
+            results.append(engine.synchronize(h))
         except Exception as exc:  # noqa: BLE001 - re-raised below, as an MXNetError too
             failure = failure or exc
             results.append(None)

@@ -13,10 +13,10 @@ from __future__ import annotations
 from typing import Any
 
 from accord.comm.ops import ReduceOp
-from accord.engine.request import Op
+from accord.engine import Op
+from accord.frontend.process_sets import ProcessSet, global_process_set
 from accord.mxnet.bridge import DenseStandIns, mx, write_view
 from accord.mxnet.mpi_ops import submit, wait_all
-from accord.mxnet.process_sets import ProcessSet, global_process_set
 
 
 def sum_gradients(indices: list[Any], grads: list[Any], predivide: float, process_set: ProcessSet,

@@ -24,12 +24,12 @@ from typing import Any
 import torch
 
 from accord.comm.ops import ReduceOp
-from accord.engine.request import Op
+from accord.engine import Op
+from accord.frontend import queries
 from accord.frontend.batch_norm_scope import host_process_set, scope_name
-from accord.mxnet import basics
+from accord.frontend.process_sets import ProcessSet, global_process_set
 from accord.mxnet.bridge import mx, read_view, to_ndarray
 from accord.mxnet.mpi_ops import run
-from accord.mxnet.process_sets import ProcessSet, global_process_set
 
 
 class _SyncBatchNormFunction(mx.autograd.Function):
@@ -116,7 +116,7 @@ class SyncBatchNorm(mx.gluon.nn.BatchNorm):
     def hybrid_forward(self, F: Any, x: Any, gamma: Any, beta: Any, running_mean: Any,
                        running_var: Any) -> Any:
         if (F is not mx.nd or self.use_global_stats or not mx.autograd.is_training()
-                or not basics.is_initialized() or self.process_set.size() == 1):
+                or not queries.is_initialized() or self.process_set.size() == 1):
             return super().hybrid_forward(F, x, gamma, beta, running_mean, running_var)
         self._calls += 1
         fn = _SyncBatchNormFunction(self, running_mean, running_var, f"syncbn.{self.name}.{self._calls}")

@@ -17,14 +17,14 @@ from collections import OrderedDict
 from typing import Any
 
 from accord.comm.ops import ReduceOp
-from accord.engine.compression import NoneCompressor as WireUnchanged
-from accord.engine.request import Op
+from accord.engine import NoneCompressor as WireUnchanged
+from accord.engine import Op
 from accord.errors import with_hint
+from accord.frontend.process_sets import ProcessSet, global_process_set
 from accord.mxnet.bridge import DenseStandIns, mx, write_view
 from accord.mxnet.compression import Compression, engine_compressor
 from accord.mxnet.mpi_ops import submit, wait_all
 from accord.mxnet.optimizer import DistributedOptimizer
-from accord.mxnet.process_sets import ProcessSet, global_process_set
 
 
 class DistributedTrainer(mx.gluon.Trainer):

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 import torch
 
-from accord.engine.compression import Compressor, NoneCompressor
+from accord.engine import Compressor, NoneCompressor
 from accord.errors import with_hint
 from accord.torch import gateway
 

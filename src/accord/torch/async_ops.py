@@ -22,7 +22,7 @@ from typing import Any, Sequence
 import torch
 
 from accord.comm.ops import ReduceOp
-from accord.engine.compression import Compressor, NoneCompressor
+from accord.engine import Compressor, NoneCompressor
 from accord.errors import with_hint
 from accord.torch import adasum, gateway
 from accord.torch.gateway import tensor_problem, wire

@@ -49,7 +49,7 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from accord.comm.ops import ReduceOp
-from accord.engine.compression import Compressor, NoneCompressor
+from accord.engine import Compressor, NoneCompressor
 from accord.errors import with_hint
 from accord.torch import async_ops as A
 from accord.torch import compiled_ops as ops

@@ -6,6 +6,6 @@ A compressor is a class (or object) with ``compress(tensor) -> (tensor, ctx)`` a
 """
 from __future__ import annotations
 
-from accord.engine.compression import BF16Compressor, Compression, Compressor, FP16Compressor, NoneCompressor
+from accord.engine import BF16Compressor, Compression, Compressor, FP16Compressor, NoneCompressor
 
 __all__ = ["Compression", "Compressor", "NoneCompressor", "FP16Compressor", "BF16Compressor"]

@@ -2,11 +2,11 @@
 
 Every collective of the facade goes through :func:`start`, which names the requests the
 Horovod way (``allreduce.<name>``; unnamed ones are numbered by the session, see
-:mod:`accord.engine.naming`), submits them through :func:`accord.engine.session.submit_group`
+:mod:`accord.engine.naming`), submits them through :func:`accord.engine.submit_group`
 (all or none) and hands out a small integer. A handle may stand for several engine requests
 (grouped ops) plus a ``finish`` function that turns their results into what the caller gets
-back. The who-am-I queries live here too, because the facade's other modules need them
-below ``init``/``shutdown`` (:mod:`accord.torch.basics`).
+back. The who-am-I queries (:mod:`accord.frontend.queries`) are reached through here by the
+facade's other modules.
 """
 from __future__ import annotations
 
@@ -17,12 +17,12 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from accord.engine import session
-from accord.engine.request import Handle as EngineHandle
+from accord import engine
+from accord.engine import Handle as EngineHandle
 from accord.errors import AccordError, CollectiveError, with_hint
-from accord.runtime.topology import Topology
 
-NOT_INITIALIZED = "Horovod has not been initialized; use hvd.init()."
+# re-exported: the facade's modules ask who they are through the gateway, where tests stand in
+from accord.frontend.queries import NOT_INITIALIZED, is_initialized, process_set_members, rank, size, topology  # noqa: F401
 
 Finish = Callable[[list[Any]], Any]
 
@@ -40,33 +40,9 @@ _table: dict[int, _Pending] = {}
 _elastic = False
 
 
-# --- who am I ------------------------------------------------------------------------------------
-
-def topology() -> Topology:
-    """This rank's place in the job. Raises Horovod's not-initialized ValueError before init."""
-    if not session.is_initialized():
-        raise ValueError(NOT_INITIALIZED)
-    return session.topology()
-
-
-def is_initialized() -> bool:
-    """True between ``init()`` and ``shutdown()``."""
-    return session.is_initialized()
-
-
-def size() -> int:
-    """Number of ranks in the job."""
-    return topology().size
-
-
-def rank() -> int:
-    """This process's global rank."""
-    return topology().rank
-
-
 def require_initialized() -> None:
     """Raise what Horovod's collectives raise before init (HorovodInternalError)."""
-    if not session.is_initialized():
+    if not engine.is_initialized():
         raise CollectiveError(NOT_INITIALIZED)
 
 
@@ -121,7 +97,7 @@ def start(op: str, tensors: Sequence[torch.Tensor | None], name: str | None, pro
 
     ``name`` is the user's: the requests are named ``<prefix>.<name>`` (``prefix`` defaults to
     ``op``); ``finish(results)`` builds the caller's value from the engine results. ``request``
-    goes to :func:`accord.engine.session.submit_group` (``in_place``, ``compression``, ...).
+    goes to :func:`accord.engine.submit_group` (``in_place``, ``compression``, ...).
     ``problems``: per tensor, what this rank refuses in its arguments ("" where nothing): such
     a request is submitted all the same and fails on every rank of the set at ``synchronize()``
     (InvalidArgumentError), see :attr:`accord.engine.request.Request.problem`.
@@ -135,8 +111,8 @@ def start(op: str, tensors: Sequence[torch.Tensor | None], name: str | None, pro
     full = None if name is None else f"{prefix or op}.{name}"
     if any(problems):
         request["problems"] = problems
-    engine_handles = session.submit_group(op, tensors, full, process_set_id=process_set_id,
-                                          grouped=grouped, **request)
+    engine_handles = engine.submit_group(op, tensors, full, process_set_id=process_set_id,
+                                         grouped=grouped, **request)
     with _lock:
         handle = next(_counter)
         _table[handle] = _Pending(engine_handles, finish, keep)
@@ -153,7 +129,7 @@ def poll(handle: int) -> bool:
         pending = _table.get(handle)
     if pending is None:
         raise ValueError(f"Handle {handle} was not created or has been cleared.")
-    return all(session.poll(h) for h in pending.handles)
+    return all(engine.poll(h) for h in pending.handles)
 
 
 def synchronize(handle: Any) -> Any:
@@ -170,7 +146,7 @@ def synchronize(handle: Any) -> Any:
     if pending is None:
         return None
     try:
-        results = [session.synchronize(h) for h in pending.handles]
+        results = [engine.synchronize(h) for h in pending.handles]
     except (AccordError, ValueError, TypeError):
         raise
     except RuntimeError as exc:  # anything else from a collective: Horovod's internal error
@@ -203,43 +179,9 @@ def reset() -> None:
         _table.clear()
 
 
-# --- process sets (the registry is the session's; these are the facade's views) ------------------
-
-def process_set_members(set_id: int) -> tuple[int, ...]:
-    """Global ranks of a registered process set (Horovod's ValueError otherwise)."""
-    if not session.is_initialized():
-        raise ValueError(NOT_INITIALIZED)
-    try:
-        return session.process_set_members(set_id)
-    except ValueError:
-        raise ValueError("Process set does not exist or has not been registered.") from None
-
-
-def find_process_set(ranks: Sequence[int]) -> int | None:
-    """Id of the registered set with exactly ``ranks``, or None."""
-    return session.find_process_set(ranks)
-
-
-def add_process_set_ranks(ranks: Sequence[int]) -> int:
-    """Register a set (collective) and return its id."""
-    if not session.is_initialized():
-        raise ValueError(NOT_INITIALIZED)
-    return session.add_process_set(sorted(ranks))
-
-
-def remove_process_set_id(set_id: int) -> bool:
-    """Unregister a set (collective); False when it was not registered."""
-    if not session.is_initialized():
-        raise ValueError(NOT_INITIALIZED)
-    if set_id not in session.process_sets():
-        return False
-    session.remove_process_set(set_id)
-    return True
-
-
 def join(device: int = -1) -> int:
     """Horovod's join (see :func:`accord.torch.join`): block until every rank has joined,
     serving the others' collectives meanwhile; return the rank that joined last."""
-    if not session.is_initialized():
+    if not engine.is_initialized():
         raise ValueError(NOT_INITIALIZED)
-    return session.engine().join(device)
+    return engine.current_engine().join(device)

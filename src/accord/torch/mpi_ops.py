@@ -19,7 +19,7 @@ from typing import Any, Sequence
 import torch
 
 from accord.comm.ops import ReduceOp
-from accord.engine.compression import Compressor, NoneCompressor
+from accord.engine import Compressor, NoneCompressor
 from accord.errors import CollectiveError as HorovodInternalError  # noqa: F401,E402
 from accord.torch import async_ops as A
 from accord.torch import gateway

@@ -12,7 +12,7 @@ from typing import Any, Iterable
 import torch
 
 from accord.comm.ops import ReduceOp
-from accord.engine.compression import Compressor, NoneCompressor
+from accord.engine import Compressor, NoneCompressor
 from accord.torch import gateway
 from accord.torch.adasum_optimizer import make_adasum_optimizer
 from accord.torch.grad_reduction import _DistributedMixin, wrap_optimizer
