@@ -249,6 +249,16 @@ def check_noncontiguous_inputs(c: Checks) -> None:
         chunks = [_transposed(x[:2], dtype) for x in ins] if comm.rank == 0 else None
         c.equal("scatter non-contiguous", comm.scatter(chunks, 0), ins[comm.rank][:2], dtype)
         c.equal("non-contiguous input unchanged", mine, ins[comm.rank], dtype)
+        # One element of a strided tensor: torch calls it contiguous, yet it keeps its stride.
+        first = [x[:1, :1] for x in ins]
+        lone = to_tensor(np.concatenate([first[comm.rank], np.zeros((1, 1))], axis=1), dtype)[:, ::2]
+        assert lone.is_contiguous() and lone.stride() == (2, 2)
+        c.equal("allgather one strided element", comm.allgather(lone), np.concatenate(first), dtype)
+        out = comm.gather(lone, 0)
+        if comm.rank == 0:
+            c.equal("gather one strided element", out, np.concatenate(first), dtype)
+        comm.broadcast(lone, size - 1)
+        c.equal("broadcast one strided element", lone, first[size - 1], dtype)
         reduced = _transposed(ins[comm.rank], dtype)
         comm.reduce(reduced, SUM, 0)
         if comm.rank == 0:

@@ -45,7 +45,12 @@ def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
     if tensor.numel() == 0:
         # Empty numpy-born tensors can have stride 0, which view() rejects; nothing to move anyway.
         return torch.empty(0, dtype=torch.uint8, device=tensor.device)
-    return tensor.reshape(-1).view(torch.uint8)
+    flat = tensor.reshape(-1)
+    if flat.stride(0) != 1:
+        # A one-element view of a strided tensor counts as contiguous and keeps its stride,
+        # which a dtype view refuses; its one element is contiguous in memory all the same.
+        flat = flat.as_strided((1,), (1,))
+    return flat.view(torch.uint8)
 
 
 def _collective(fn: Callable) -> Callable:
