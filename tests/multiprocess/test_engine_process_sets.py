@@ -220,9 +220,10 @@ def test_errors_and_shutdown_stay_correct_with_several_sets():
 
 def _stall_in_a_set(rank, size):
     import logging
-    import time
+    import re
 
     import torch
+    from helpers.stacks import wait_until
 
     from accord.engine import session
     from accord.errors import StallError
@@ -234,21 +235,21 @@ def _stall_in_a_set(rank, size):
     session.init()
     s = session.add_process_set([0, 1])
     out = {}
-    start = time.monotonic()
     try:
         if rank == 0:
             h = session.submit("allreduce", torch.ones(2), "only.rank0", process_set_id=s)
             with pytest.raises(StallError) as info:
                 session.synchronize(h)
             out["error"] = str(info.value)
-        else:
-            while session.engine().running and time.monotonic() - start < 10:
-                time.sleep(0.05)
-        out["elapsed"] = time.monotonic() - start
+            age = re.search(r"'only\.rank0@ps1': submitted by ranks \[0\] \((\d+\.\d) s\)", out["error"])
+            out["age"] = float(age.group(1)) if age else None
+        else:  # the stall stops every rank's engine (the bound ends a wait for a stop that never comes)
+            out["stopped"] = wait_until(lambda: not session.engine().running, timeout=40)
+        # read when the stop was seen: a warning logged by then came before the stop
+        out["warnings"] = [r.getMessage() for r in records if r.levelno == logging.WARNING]
     finally:
         logging.getLogger("accord.engine").removeHandler(handler)
         session.shutdown()
-    out["warnings"] = [r.getMessage() for r in records if r.levelno == logging.WARNING]
     return out
 
 
@@ -258,9 +259,11 @@ def test_stall_in_a_set_is_reported_by_its_members_and_stops_the_job():
     for rank in (0, 1):
         w = results[rank]["warnings"]
         assert w and "'only.rank0@ps1': submitted by ranks [0]" in w[0] and "missing on ranks [1]" in w[0], w
-        assert 1.9 < results[rank]["elapsed"] < 6.0, results[rank]
+    assert results[1]["stopped"] and results[2]["stopped"], results
     assert not results[2]["warnings"]  # rank 2 is not in the set: nothing stalled there
-    assert "Stall shutdown" in results[0]["error"]
+    assert "Stall shutdown: names waited more than 2.0 s" in results[0]["error"], results[0]
+    # the set stopped once the name's exchanged age reached the shutdown time, not at the warning
+    assert results[0]["age"] is not None and results[0]["age"] >= 2.0, results[0]
 
 
 def _idle_with_sets(rank, size):
