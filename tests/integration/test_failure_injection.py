@@ -98,7 +98,7 @@ hvd.allreduce(torch.ones(4), name="never answered")
 LEADER_KILLED = """
 import os, signal
 import accord.torch as hvd
-from accord.comm import shm_segment
+from accord.comm.shm import segment as shm_segment
 
 if os.environ["ACCORD_RANK"] == "0":
     real = shm_segment.create_segment
