@@ -90,8 +90,15 @@ def _failed_rank_releases_join(rank, size):
 
     hvd.init()
     if rank == 1:
+        from helpers.stacks import wait_until
+
+        from accord.engine import session
+
+        # fail only once rank 0 waits in join(): this rank's engine has seen it join (read
+        # from the global controller's join state, a private field)
+        join_state = session.engine()._global.join_state
+        assert wait_until(lambda: 0 in join_state._seen, timeout=60), "rank 0 never joined"
         try:
-            time.sleep(0.5)
             assert 1 == 2, "a test assertion fails on rank 1"
         except AssertionError:
             hvd.shutdown()  # what a test's teardown (or the atexit hook) does
