@@ -1,7 +1,8 @@
 """Failures that cross simulated hosts: a host that refuses ssh or cannot be resolved, the
 launcher SIGKILLed, a parameter server's host lost. Each time: a clear error naming the host,
 fast, and nothing left running on any host (the ``cluster`` fixture checks every host after
-each test)."""
+each test). "Fast" is under 40 s: a third of the 120 s the other workers would otherwise run
+(fail_on.py, kv_loop.py), far beyond what a busy machine adds to the start of a job."""
 from __future__ import annotations
 
 import signal
@@ -23,7 +24,7 @@ def test_host_refusing_ssh_stops_the_job_fast(cluster):
     assert "rank       : 1 (local_rank 0, host h2)" in root, root
     assert "ssh: connect to host h2 port 22: Connection refused" in root, root
     assert "could not reach h2 through ssh" in root, root
-    assert took < 20, f"took {took:.1f}s"
+    assert took < 40, f"took {took:.1f}s"
 
 
 def test_unreachable_host_stops_the_job_after_the_ssh_connect_timeout(cluster):
@@ -34,7 +35,7 @@ def test_unreachable_host_stops_the_job_after_the_ssh_connect_timeout(cluster):
     assert res.returncode == 255, res.stderr
     root = res.stderr[res.stderr.index("Root Cause"):]
     assert "host h2" in root and "timed out" in root and "could not reach h2 through ssh" in root, root
-    assert took < 30, f"took {took:.1f}s (ssh's ConnectTimeout is 10 s)"
+    assert took < 40, f"took {took:.1f}s (ssh's ConnectTimeout is 10 s)"
 
 
 def test_unknown_host_name_stops_the_job_fast(cluster):
@@ -78,4 +79,4 @@ def test_parameter_server_host_lost(cluster, shared_dir):
     assert proc.returncode != 0, err
     root = err[err.index("Root Cause"):]
     assert "server     : 0 (parameter server, host h2)" in root, root
-    assert took < 30, f"took {took:.1f}s"
+    assert took < 40, f"took {took:.1f}s"

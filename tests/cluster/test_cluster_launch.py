@@ -123,4 +123,4 @@ def test_hostfile_and_a_worker_dying_on_the_second_host(cluster, shared_dir):
     root = res.stderr[res.stderr.index("Root Cause"):]
     assert "rank       : 3 (local_rank 1, host h2)" in root, root
     assert "rank 3 on h2 fails now" in res.stderr
-    assert took < 30, f"the job took {took:.1f}s to stop"
+    assert took < 40, f"the job took {took:.1f}s to stop"  # the others sleep 120 s: a third of it

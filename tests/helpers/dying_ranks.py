@@ -72,3 +72,13 @@ def run_ranks_with_deaths(fn: Callable[..., Any], nprocs: int, dying: set[int], 
             p.join(5)
         del store
         shutil.rmtree(tmp, ignore_errors=True)  # the stack dumps were read by _hang_report
+
+
+# What Gloo says when a peer's process ended under a collective (its sockets closed); a wait
+# that ran out says "Timed out" instead.
+PEER_GONE = ("Connection closed by peer", "Connection reset by peer")
+
+
+def peer_gone(message: str) -> bool:
+    """True when ``message`` says a peer's connection closed, and not that a wait timed out."""
+    return any(text in message for text in PEER_GONE) and "Timed out" not in message

@@ -1,18 +1,14 @@
-"""What a thread is doing, read from /proc instead of timed: "blocked in the kernel, waiting"
-(state S, a wait channel such as futex_do_wait) or "running / runnable" (state R). A thread that
-spins shows R however loaded the machine is; one that sleeps shows S. Tests use this in place of
-CPU-share thresholds, which flake on a busy machine."""
+"""What a thread of another process is doing, read from /proc instead of timed: whether it is
+asleep in the kernel (state S, a wait channel such as futex_wait_queue) and how often it went
+to sleep (its voluntary context switches, one per wait it entered). A thread that spins is
+never found asleep; one that polls goes to sleep far more often than its waits' timeouts ask.
+Neither reading changes on a busy machine, unlike a CPU share."""
 from __future__ import annotations
 
 import os
 import time
 
-
-def engine_thread_id() -> int:
-    """The native id of this process's accord engine thread (found by its name)."""
-    import threading
-
-    return next(t.native_id for t in threading.enumerate() if t.name == "accord-engine")
+from helpers.stacks import wait_until
 
 
 def thread_state(tid: int, pid: int | None = None) -> tuple[str, str]:
@@ -28,26 +24,28 @@ def thread_state(tid: int, pid: int | None = None) -> tuple[str, str]:
     return state, wchan
 
 
-def sample_states(tid: int, pid: int | None = None, samples: int = 20, interval: float = 0.05) -> list[tuple[str, str]]:
-    """``samples`` readings of :func:`thread_state`, ``interval`` seconds apart."""
-    out = []
-    for _ in range(samples):
-        out.append(thread_state(tid, pid))
-        time.sleep(interval)
-    return out
+def voluntary_switches(tid: int, pid: int | None = None) -> int:
+    """How many times thread ``tid`` gave up the CPU to wait (its voluntary context switches)."""
+    with open(f"/proc/{pid or os.getpid()}/task/{tid}/status") as fh:
+        for line in fh:
+            if line.startswith("voluntary_ctxt_switches:"):
+                return int(line.split()[1])
+    raise AssertionError(f"no voluntary_ctxt_switches for thread {tid}")
 
 
-def mostly_sleeping(states: list[tuple[str, str]], share: float = 0.75) -> bool:
-    """True when at least ``share`` of the readings found the thread asleep in the kernel."""
-    asleep = sum(1 for s, _ in states if s in ("S", "D"))
-    return asleep >= share * len(states)
+def watch_sleeper(tid: int, pid: int | None = None, seconds: float = 1.0, find_asleep: float = 30.0) -> dict:
+    """Watch thread ``tid``, which must be waiting all along, for ``seconds``: how often it
+    went to sleep meanwhile (``sleeps``), and whether it was found asleep in a futex (polled
+    for up to ``find_asleep`` seconds: a thread that waits is found at once).
+    ``seconds`` is the measured window (on a loaded machine, longer than asked)."""
+    start, before = time.monotonic(), voluntary_switches(tid, pid)
+    time.sleep(seconds)
+    sleeps, elapsed = voluntary_switches(tid, pid) - before, time.monotonic() - start
+    seen: list[tuple[str, str]] = []
 
+    def asleep_in_futex() -> bool:
+        seen.append(thread_state(tid, pid))
+        return seen[-1][0] == "S" and "futex" in seen[-1][1]
 
-def check_idle(idle: dict) -> None:
-    """Assert an idle engine did not spin. ``idle``: ``states`` (its thread's
-    :func:`sample_states`), ``cycles`` run and ``seconds`` elapsed meanwhile, and its idle
-    ``tick`` (settings.tick, the idle interval in effect). It must have slept in the kernel (a futex: a condition
-    wait, or a peer wait in a negotiation) and cycled no more often than the tick asks."""
-    assert mostly_sleeping(idle["states"]), idle["states"]
-    assert any("futex" in w for _, w in idle["states"]), idle["states"]
-    assert idle["cycles"] <= idle["seconds"] / idle["tick"] + 2, idle
+    found = wait_until(asleep_in_futex, find_asleep, 0.01)
+    return {"seconds": elapsed, "sleeps": sleeps, "asleep_in_futex": found, "states": seen[-5:]}

@@ -3,10 +3,11 @@ on mpi4py communicators, scale factors and integer Average included, and an idle
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
+from helpers.idle_engine import check_idle
 from helpers.mpirun import mpi_ready, run_under_mpirun
-from helpers.proc_state import check_idle
 
 pytestmark = pytest.mark.mpi
 
@@ -30,19 +31,11 @@ grads = [torch.full((4,), float(r + i)) for i in range(3)]
 out["grouped"] = [g.tolist() for g in hvd.grouped_allreduce(grads, op=hvd.Sum)]
 out["rs"] = hvd.reducescatter(torch.arange(4, dtype=torch.float64) * (r + 1), op=hvd.Sum,
                               prescale_factor=3.0).tolist()
-# idle: the engine thread's state and cycle count (see tests/helpers/proc_state.py)
-import threading
-engine = session.engine()
-tid = next(t.native_id for t in threading.enumerate() if t.name == "accord-engine")
-time.sleep(1.0)
-cycles0, wall0 = engine.stats()["cycles"], time.monotonic()
-states = []
-for _ in range(40):
-    with open(f"/proc/self/task/{tid}/stat") as fh, open(f"/proc/self/task/{tid}/wchan") as wc:
-        states.append((fh.read().rsplit(")", 1)[1].split()[0], wc.read().strip()))
-    time.sleep(0.05)
-out["idle"] = {"cycles": engine.stats()["cycles"] - cycles0, "seconds": time.monotonic() - wall0,
-               "tick": engine.settings.tick, "states": states}
+# idle: every controller parked on its condition, cycling only on its tick (tests/helpers/idle_engine.py)
+sys.path.insert(0, sys.argv[2])
+from helpers.idle_engine import watch_idle
+hvd.barrier()
+out["idle"] = watch_idle(session.engine(), seconds=3.0)
 hvd.shutdown()
 with open(f"{sys.argv[1]}.{r}", "w") as fh:
     fh.write(json.dumps(out))
@@ -53,7 +46,8 @@ with open(f"{sys.argv[1]}.{r}", "w") as fh:
 def test_engine_on_the_mpi_backend(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(_SCRIPT)
-    proc = run_under_mpirun(str(script), 2, str(tmp_path / "result"), ACCORD_CPU_BACKEND="mpi")
+    tests = str(Path(__file__).resolve().parents[1])
+    proc = run_under_mpirun(str(script), 2, str(tmp_path / "result"), tests, ACCORD_CPU_BACKEND="mpi")
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     res = [json.loads((tmp_path / f"result.{rank}").read_text()) for rank in (0, 1)]
     xs = [[float(i + 10 * r) for i in range(6)] for r in (0, 1)]
@@ -68,7 +62,7 @@ def test_engine_on_the_mpi_backend(tmp_path):
         assert out["grouped"] == [[float(2 * i + 1)] * 4 for i in range(3)]
         total = [3.0 * (i * 1 + i * 2) for i in range(4)]  # prescale 3, summed over ranks
         assert out["rs"] == total[2 * rank:2 * rank + 2]
-        check_idle({**out["idle"], "states": [tuple(x) for x in out["idle"]["states"]]})
+        check_idle(out["idle"], set_ids=[0])
 
 
 @pytest.mark.timeout(120)

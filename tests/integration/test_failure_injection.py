@@ -1,7 +1,9 @@
 """Failures injected into real accordrun jobs at moments the launcher tests do not reach: inside a
 collective, inside the shm backend's set-up, during a worker's exit. The job must stop fast with the
 failing rank as the root cause, its survivors must not wait out a timeout, and nothing may be left
-behind (processes, /dev/shm segments).
+behind (processes, /dev/shm segments). "Fast" is a bound of a third of the collective timeout,
+which these tests raise to 90-120 s so that the bound sits far beyond a busy machine's delays
+(starting the workers included), beside what the output says ended the wait.
 
 The worker scripts are written to the test's folder; they inject the failure themselves (a patched
 library call, a signal to their own process) so that the moment is exact.
@@ -141,20 +143,18 @@ def _env(tmpdir: str, **extra: str) -> dict[str, str]:
     return lib.cli_env(TMPDIR=tmpdir, **extra)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(180)
 def test_a_rank_leaving_a_broken_collective_frees_its_peer_at_once(tmp_path, killed_tmpdir):
     script = _write(tmp_path, "local_failure.py", LOCAL_FAILURE)
-    env = _env(killed_tmpdir, ACCORD_CPU_BACKEND="gloo", ACCORD_COLLECTIVE_TIMEOUT="30",
+    env = _env(killed_tmpdir, ACCORD_CPU_BACKEND="gloo", ACCORD_COLLECTIVE_TIMEOUT="90",
                ACCORD_ELASTIC_TIMEOUT="30")
-    start = time.monotonic()
-    proc = lib.accordrun("-np", "2", "--min-np", "2", lib.PYTHON, script, timeout=100, env=env)
-    elapsed = time.monotonic() - start
+    proc = lib.accordrun("-np", "2", "--min-np", "2", lib.PYTHON, script, timeout=150, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     done = [json.loads(line.split("DONE ", 1)[1]) for line in proc.stdout.splitlines() if "DONE {" in line]
     assert sorted(d["rank"] for d in done) == [0, 1] and all(d["size"] == 2 for d in done), proc.stdout
-    # before the fix rank 0 waited for ACCORD_COLLECTIVE_TIMEOUT (30 s) in the allreduce rank 1 had left
-    assert max(d["seconds"] for d in done) < 15, (done, proc.stderr[-3000:])
-    assert elapsed < 40
+    assert "Timed out" not in proc.stderr, proc.stderr[-3000:]  # no wait ran out
+    # before the fix rank 0 waited for ACCORD_COLLECTIVE_TIMEOUT (90 s) in the allreduce rank 1 had left
+    assert max(d["seconds"] for d in done) < 30, (done, proc.stderr[-3000:])
 
 
 @pytest.mark.timeout(60)
@@ -166,8 +166,9 @@ def test_the_rank_that_ended_is_the_root_cause_even_when_its_peer_exits_first(
         tmp_path, killed_tmpdir, how, status, error):
     script = _write(tmp_path, "slow_exit.py", SLOW_EXIT)
     start = time.monotonic()
-    proc = lib.accordrun("-np", "2", lib.PYTHON, script, how, timeout=50, env=_env(killed_tmpdir))
-    assert time.monotonic() - start < 20
+    proc = lib.accordrun("-np", "2", lib.PYTHON, script, how, timeout=50,
+                         env=_env(killed_tmpdir, ACCORD_COLLECTIVE_TIMEOUT="120"))
+    assert time.monotonic() - start < 40  # a third of the collective timeout rank 0 did not wait out
     cause = _cause(proc.stderr)
     assert proc.returncode == status, proc.stderr[-3000:]
     assert "rank       : 1 (local_rank 1, host localhost)" in cause, cause
@@ -204,8 +205,8 @@ def test_a_rank_killed_mid_collective_stops_the_job_fast_and_leaves_nothing(
     segments = leftovers.shm_segments()
     start = time.monotonic()
     proc = lib.accordrun("-np", "3", lib.PYTHON, script, sig, timeout=50,
-                         env=_env(killed_tmpdir, ACCORD_CPU_BACKEND=backend))
-    assert time.monotonic() - start < 30
+                         env=_env(killed_tmpdir, ACCORD_CPU_BACKEND=backend, ACCORD_COLLECTIVE_TIMEOUT="120"))
+    assert time.monotonic() - start < 40  # a third of the collective timeout the survivors did not wait out
     number = getattr(signal, sig)
     assert proc.returncode == 128 + number, proc.stderr[-3000:]
     cause = _cause(proc.stderr)

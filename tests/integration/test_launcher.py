@@ -5,10 +5,10 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from helpers.stacks import wait_until
 
 _spec = importlib.util.spec_from_file_location(
     "launcher_testlib", Path(__file__).parent / "scripts" / "launcher_testlib.py")
@@ -173,16 +173,24 @@ def test_check_build_lists_frameworks_and_backends():
 def test_a_signal_during_the_launch_copy_stops_it_and_starts_nothing(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "rsync").write_text("#!/bin/sh\nexec sleep 60\n")
+    copying = tmp_path / "rsync-started"
+    (bin_dir / "rsync").write_text(f"#!/bin/sh\ntouch {copying}\nexec sleep 120\n")
     (bin_dir / "rsync").chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
     proc = subprocess.Popen([sys.executable, "-m", "accord.run", "-np", "1", "--sync-dst-dir",
                              str(tmp_path / "copy"), sys.executable, "-c", "print('WORKER RAN')"],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(2.0)  # the launcher is in the copy (the fake rsync sleeps a minute)
-    started = time.monotonic()
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=30)
+    try:
+        # the launcher is in the copy once the fake rsync (which sleeps 2 minutes) has started
+        assert wait_until(lambda: copying.exists() or proc.poll() is not None, timeout=30), "no copy started"
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        proc.send_signal(signal.SIGINT)
+        # the copy was stopped, not waited for: 30 s is a quarter of the fake rsync's sleep
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
     assert proc.returncode == 130, err[-2000:]
     assert "accordrun: received SIGINT while copying --sync-dst-dir; nothing was started" in err
-    assert "WORKER RAN" not in out and time.monotonic() - started < 10
+    assert "WORKER RAN" not in out

@@ -228,7 +228,7 @@ def test_remote_workers_reach_servers_on_the_launch_host(tmp_path, monkeypatch):
 @pytest.mark.timeout(60)
 def test_killed_server_fails_the_job_fast_naming_the_server(tmp_path, killed_tmpdir):
     script = _write(tmp_path, "kv_loop.py", KV_LOOP)
-    env = lib.cli_env(ACCORD_KVSTORE_BIGARRAY_BOUND="16", ACCORD_KVSTORE_TIMEOUT="20", TMPDIR=killed_tmpdir)
+    env = lib.cli_env(ACCORD_KVSTORE_BIGARRAY_BOUND="16", ACCORD_KVSTORE_TIMEOUT="90", TMPDIR=killed_tmpdir)
     launcher = lib.start_accordrun("-np", "2", "--num-servers", "2", "--grace-period", "2",
                                    lib.PYTHON, script, str(tmp_path), env=env)
     pids: list[int] = []
@@ -244,9 +244,10 @@ def test_killed_server_fails_the_job_fast_naming_the_server(tmp_path, killed_tmp
         with open(f"/proc/{victim}/environ", "rb") as fh:
             index = dict(v.split(b"=", 1) for v in fh.read().split(b"\0") if b"=" in v)[b"ACCORD_SERVER_INDEX"]
         os.kill(victim, signal.SIGKILL)
-        start = time.monotonic()
+        # the job stops at once, not when the workers' 90 s kvstore timeout runs out: 30 s
+        # (a third of it) bounds the wait, and no worker says it got no answer
         out, err = launcher.communicate(timeout=30)
-        assert time.monotonic() - start < 10, err
+        assert "no answer from parameter server" not in err, err[-3000:]
         assert launcher.returncode == 128 + signal.SIGKILL, err
         cause = err.split("Root Cause (first observed failure):", 1)[1]
         assert f"server     : {index.decode()} (parameter server, host localhost)" in cause

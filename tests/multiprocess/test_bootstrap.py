@@ -131,16 +131,13 @@ def test_fake_two_hosts_local_and_cross_groups():
 
 
 def _expect_missing(rank: int, size: int) -> str:
-    import time
-
     from accord.errors import RendezvousError
     from accord.runtime.bootstrap import bootstrap
 
-    start = time.monotonic()
     try:
         bootstrap(timeout=2).close()
     except RendezvousError as exc:
-        return f"{time.monotonic() - start:.1f}|{exc}"
+        return str(exc)
     return "no error"
 
 
@@ -148,9 +145,8 @@ def _expect_missing(rank: int, size: int) -> str:
 def test_missing_rank_named_within_timeout():
     # Two processes start, but the job claims three: rank 2 never comes.
     results = run_ranks(_expect_missing, 2, init="accord", env={"ACCORD_SIZE": "3"}, timeout=30)
-    for text in results:
-        elapsed, _, message = text.partition("|")
-        assert float(elapsed) < 10.0, text
+    for message in results:  # (a rendezvous that never gave up would hang: the harness's 30 s)
+        assert "did not reach the rendezvous within 2.0s" in message, message  # its own timeout ended it
         assert "missing ranks [2]" in message and "present: [0, 1]" in message, message
         assert "HINT:" in message
 
@@ -209,21 +205,32 @@ def test_slurm_environment_rank0_hosts_store():
             assert (source, size, local_size, total) == ("slurm", 2, 2, 3.0)
 
 
-def _rank1_leaves_without_close(rank: int, size: int) -> float:
+def _rank1_leaves_without_close(rank: int, size: int) -> tuple[float, list[str]]:
+    import logging
     import time
 
     from accord.runtime.bootstrap import bootstrap
 
-    rt = bootstrap(timeout=20)
+    rt = bootstrap(timeout=90)
     if rank == 1:
-        return 0.0  # its process ends without close(): its connections drop
+        return 0.0, []  # its process ends without close(): its connections drop
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("accord.runtime").addHandler(handler)
     start = time.monotonic()
-    rt.close()  # rank 0 hosts the store and must not wait out the whole timeout
-    return time.monotonic() - start
+    try:
+        rt.close()  # rank 0 hosts the store and must not wait out the whole timeout
+    finally:
+        logging.getLogger("accord.runtime").removeHandler(handler)
+    return time.monotonic() - start, [r.getMessage() for r in records if r.levelno >= logging.WARNING]
 
 
 @pytest.mark.timeout(60)
 def test_store_owner_does_not_wait_for_a_rank_that_exited():
     results = run_ranks(_rank1_leaves_without_close, 2, init="accord",
-                        per_rank_env=_slurm_env(_free_port()), timeout=45)
-    assert results[0] < 10.0, results
+                        per_rank_env=_slurm_env(_free_port()), timeout=60)
+    took, warnings = results[0]
+    # it saw rank 1's connections drop; waiting out the 90 s would have logged "not every rank left"
+    assert not any("not every rank left" in w for w in warnings), warnings
+    assert took < 30, results  # a third of the timeout: far beyond a busy machine's delays

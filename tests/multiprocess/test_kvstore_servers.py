@@ -44,7 +44,7 @@ def test_dist_async_applies_each_push_and_logs_connections(tmp_path):
     log_path = tmp_path / "servers.log"
     with open(log_path, "wb") as log, _cluster(2, 3, env={"ACCORD_VERBOSE": "1"}, stderr=log) as cl:
         env = cl.worker_env()
-        env.update({"ACCORD_KVSTORE_BIGARRAY_BOUND": "16", "ACCORD_KVSTORE_TIMEOUT": "20"})
+        env.update({"ACCORD_KVSTORE_BIGARRAY_BOUND": "16", "ACCORD_KVSTORE_TIMEOUT": "90"})
         results = run_ranks(_async_worker, 3, init="none", env=env, timeout=40)
         codes = cl.close()
     assert codes == [0, 0]  # SIGTERM: a clean stop
@@ -93,13 +93,14 @@ def _dying_worker(rank, size, victim_pid, tmp):
 def test_server_death_fails_workers_within_the_timeout(tmp_path, killed_tmpdir):
     with _cluster(2, 2, env={"TMPDIR": killed_tmpdir}) as cl:  # server 0 is SIGKILLed
         env = cl.worker_env()
-        env.update({"ACCORD_KVSTORE_BIGARRAY_BOUND": "16", "ACCORD_KVSTORE_TIMEOUT": "20"})
+        env.update({"ACCORD_KVSTORE_BIGARRAY_BOUND": "16", "ACCORD_KVSTORE_TIMEOUT": "90"})
         results = run_ranks(_dying_worker, 2, cl.servers[0].pid, str(tmp_path), init="none",
                             env=env, timeout=40)
     for elapsed, message in results:
-        assert elapsed < 10, message  # noticed from the dropped connection, not the 20 s timeout
         assert "parameter server" in message and "HINT:" in message
-        assert "closed the connection" in message or "no answer" in message
+        # noticed from the dropped connection, not at the 90 s timeout ("no answer ... within")
+        assert "closed the connection" in message and "no answer" not in message, message
+        assert elapsed < 30, message  # a third of the timeout: far beyond a busy machine's delays
 
 
 # --- errors the servers report: wrong size, unknown key ----------------------------------------

@@ -202,6 +202,8 @@ def test_an_argument_refused_on_one_rank_raises_on_every_rank(case):
         assert name == kind, (rank, outcome)
         assert is_runtime_error and (is_value_error or kind == "MismatchError"), (rank, outcome)
         assert fragment in message and "HINT:" in message, (rank, message)
-        assert elapsed < 6.0, (rank, elapsed)  # 2 s of it the peer's delay in the cached cases
+        # at once, not at the stall inspector's first full exchange (60 s: the default check
+        # time); the bound is a third of that (2 s of it the peer's delay in the cached cases)
+        assert elapsed < 20.0, (rank, elapsed)
         assert after == [3.0, 3.0, 3.0], (rank, after)  # the engine keeps working
     assert outcomes[0][3] == outcomes[1][3], outcomes  # one message, the same on both ranks

@@ -265,8 +265,9 @@ def test_async_variants_poll_and_synchronize():
 
 # --- a process set of 2 of 3 ranks: barrier, broadcasts and DistributedOptimizer ------------------
 
-def _process_set_training(rank, size):
+def _process_set_training(rank, size, folder):
     import torch
+    from helpers.marks import mark, marked, wait_marked
 
     import accord.torch as hvd
 
@@ -276,15 +277,19 @@ def _process_set_training(rank, size):
     ps = hvd.add_process_set(members)  # every rank registers it
     assert ps.included() == (rank in members)
 
-    # barrier over the set, called by members only: rank 2 waits for rank 1 to arrive
+    # barrier over the set, called by members only: rank 2 waits for rank 1 to arrive (rank 1
+    # comes once rank 2 is on its way in, and marks its arrival just before its own barrier)
     if ps.included():
         hvd.allreduce(torch.ones(1), op=hvd.Sum, process_set=ps, name="before.barrier")
         if rank == 1:
-            time.sleep(0.6)
-        began = time.monotonic()
+            assert wait_marked(folder, "entering.2", timeout=60)
+            time.sleep(0.6)  # (rank 2 is in its barrier by now; if not, nothing here fails)
+            mark(folder, "arriving.1")
+        else:
+            mark(folder, "entering.2")
         assert hvd.barrier(process_set=ps) is None
         if rank == 2:
-            assert time.monotonic() - began > 0.25
+            assert marked(folder, "arriving.1"), "the set's barrier returned before rank 1 arrived"
     assert hvd.allreduce(torch.ones(1), op=hvd.Sum).item() == size  # global set still in step
 
     # broadcast_parameters and broadcast_object among members, root = global rank 2
@@ -324,5 +329,5 @@ def _process_set_training(rank, size):
     return True
 
 
-def test_process_set_barrier_broadcasts_and_optimizer():
-    assert run_ranks(_process_set_training, 3, init="accord", timeout=100) == [True] * 3
+def test_process_set_barrier_broadcasts_and_optimizer(tmp_path):
+    assert run_ranks(_process_set_training, 3, str(tmp_path), init="accord", timeout=100) == [True] * 3

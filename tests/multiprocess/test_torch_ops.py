@@ -5,7 +5,6 @@ Every rank regenerates every rank's input from (seed, rank), so expected values 
 independently with numpy.
 """
 import os
-import time
 
 import numpy as np
 import pytest
@@ -327,10 +326,15 @@ def _errors_and_lifecycle(rank, size, tmp):
     path = os.path.join(tmp, "timeline.json")
     hvd.start_timeline(path)
     hvd.allreduce(torch.ones(3), name="timed")
-    if rank == 0:  # readable while the job runs, within a tenth of a second (as Horovod's test reads it)
-        time.sleep(0.1)
-        with open(path) as fh:
-            assert "NEGOTIATE_ALLREDUCE" in fh.read()
+    if rank == 0:  # readable while the job runs, before stop_timeline (Horovod's test reads it then)
+        from helpers.stacks import wait_until
+
+        def written() -> bool:
+            with open(path) as fh:
+                return "NEGOTIATE_ALLREDUCE" in fh.read()
+
+        # the writer thread appends within ~0.1 s; 30 s only ends a wait for a write that never comes
+        assert wait_until(written, timeout=30, interval=0.02), "the timeline was not written while open"
     hvd.stop_timeline()
     if rank == 0:
         with open(path) as fh:

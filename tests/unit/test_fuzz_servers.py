@@ -93,9 +93,10 @@ def _store_case(rng: random.Random) -> bytes:
 def test_fuzzed_store_requests_are_all_answered_and_the_store_keeps_serving():
     rng = random.Random(SEED)
     with StoreServer(secret=SECRET) as server:
-        sock = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        # every case's answer is awaited up to 30 s: a request that holds the server up (a
+        # wait that ignores its 1 ms timeout, a hang) fails its case; slowness alone does not
+        sock = socket.create_connection(("127.0.0.1", server.port), timeout=30)
         channel = wire.client_handshake(sock, SECRET)
-        deadline = time.monotonic() + 20
         try:
             for index in range(3000):
                 payload = _store_case(rng)
@@ -107,7 +108,6 @@ def test_fuzzed_store_requests_are_all_answered_and_the_store_keeps_serving():
                 assert answer is not None, f"case {index} (seed {SEED}) {payload!r}: connection closed"
                 status = wire.decode(answer)[0]
                 assert status in (Status.OK, Status.TIMEOUT, Status.ERROR), (index, payload)
-                assert time.monotonic() < deadline, f"too slow: {index} cases in 20 s"
             channel.send(wire.encode([int(Op.SET), "alive", b"1"]))
             assert wire.decode(channel.recv()) == [Status.OK]
         finally:
@@ -140,7 +140,7 @@ class _Worker:
         self.sock.send_multipart(protocol.seal(SECRET, protocol.TO_SERVER, header, payloads))
         return self.seq
 
-    def answer(self, seq: int, timeout: float = 5.0) -> dict:
+    def answer(self, seq: int, timeout: float = 30.0) -> dict:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.sock.poll(100):
@@ -213,7 +213,6 @@ def test_fuzzed_parameter_server_requests_never_stop_the_server():
     thread = threading.Thread(target=server.serve, name="accord-test-fuzz-ps", daemon=True)
     thread.start()
     worker = _Worker(server, endpoint)
-    deadline = time.monotonic() + 25
     try:
         for index in range(3000):
             header, payloads = _ps_case(rng)
@@ -227,8 +226,7 @@ def test_fuzzed_parameter_server_requests_never_stop_the_server():
             if index % 50 == 49:
                 assert thread.is_alive(), f"the server thread died by case {index} (seed {SEED})"
                 pong = worker.answer(worker.send({"op": "ping"}, []))
-                assert pong["ok"] and pong["server"] == 0, (index, pong)
-            assert time.monotonic() < deadline, f"too slow: {index} cases in 25 s"
+                assert pong["ok"] and pong["server"] == 0, (index, pong)  # answered within 30 s
         assert thread.is_alive()
         assert worker.answer(worker.send({"op": "ping"}, []))["ok"]
     finally:

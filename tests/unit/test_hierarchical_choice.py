@@ -116,21 +116,34 @@ def test_path_chooser_compares_time_per_byte_and_resists_one_slow_call():
     assert chooser.decide(chooser.rates()) == HIERARCHICAL
 
 
+class _Clock:
+    """The communicator's clock (its module's ``time``), moved only by the stand-ins' calls:
+    the timings it measures are exactly their delays, whatever else runs on the machine."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self):
+        return self.now
+
+
 class _Slow(_Recorder):
-    def __init__(self, name, delay):
+    def __init__(self, name, delay, clock):
         super().__init__(name)
-        self.delay = delay
+        self.delay, self.clock = delay, clock
 
     def allreduce(self, tensor, op):
-        import time
-
-        time.sleep(self.delay if tensor.numel() > 2 else 0)  # the agreement's 2 sums are quick
+        self.clock.now += self.delay if tensor.numel() > 2 else 0  # the agreement's 2 sums are quick
         super().allreduce(tensor, op)
 
 
 @pytest.mark.parametrize("flat_delay, kept", [(0.03, "hierarchical"), (0.0, "flat")])
-def test_measured_communicator_keeps_the_faster_path(flat_delay, kept):
-    flat, local, cross = _Slow("gloo", flat_delay), _Recorder("shm"), _Slow("gloo", 0.01)
+def test_measured_communicator_keeps_the_faster_path(monkeypatch, flat_delay, kept):
+    import accord.comm.hierarchical as hierarchical
+
+    clock = _Clock()
+    monkeypatch.setattr(hierarchical, "time", clock)
+    flat, local, cross = _Slow("gloo", flat_delay, clock), _Recorder("shm"), _Slow("gloo", 0.01, clock)
     comm = HierarchicalCommunicator(flat, local, cross, min_bytes=0, measure=True)
     for _ in range(8):  # a warm-up call of each path, then 3 pairs: hierarchical, flat, ...
         comm.allreduce(torch.zeros(1000), ReduceOp.SUM)

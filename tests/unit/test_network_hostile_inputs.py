@@ -10,7 +10,6 @@ import os
 import socket
 import struct
 import threading
-import time
 from typing import Any, Iterator
 
 import numpy as np
@@ -185,17 +184,17 @@ def _unfinished_hello(host: str, port: int, announced: int, sent: int) -> socket
     return sock
 
 
-def _seconds_until_closed(sock: socket.socket, limit: float) -> float:
-    started = time.monotonic()
+def _closed_by_the_server(sock: socket.socket, limit: float) -> bool:
+    """Whether the server closed ``sock`` within ``limit`` seconds."""
     sock.settimeout(limit)
     try:
         while sock.recv(65536):  # the server's greeting, then nothing until it closes
             pass
     except socket.timeout:
-        return float("inf")
+        return False
     except ConnectionResetError:
         pass
-    return time.monotonic() - started
+    return True
 
 
 def test_a_strangers_unfinished_handshake_is_dropped_after_the_handshake_timeout(served):
@@ -205,9 +204,10 @@ def test_a_strangers_unfinished_handshake_is_dropped_after_the_handshake_timeout
     strangers.append(socket.create_connection((host, int(port)), timeout=5))  # silent
     try:
         assert _ping(endpoint)["ok"]  # the job's worker meanwhile
-        # handshake_timeout=1.0 here (ZeroMQ's own default would hold them for 30 s)
-        waited = [_seconds_until_closed(s, 6.0) for s in strangers]
-        assert max(waited) < 6.0, f"unauthenticated connections still open: {waited}"
+        # handshake_timeout=1.0 here; ZeroMQ's own default would hold them for 30 s: each is
+        # given a third of that to be closed, far beyond a busy machine's delays
+        closed = [_closed_by_the_server(s, 10.0) for s in strangers]
+        assert all(closed), f"unauthenticated connections still open after 10 s: {closed}"
     finally:
         for s in strangers:
             s.close()

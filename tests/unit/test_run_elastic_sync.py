@@ -233,7 +233,7 @@ def test_folder_copy_names_each_failed_host_and_rsyncs_message(tmp_path):
 
 
 def test_folder_copy_kills_a_copy_past_its_timeout_and_says_when_rsync_is_missing(tmp_path):
-    env = _fake_rsync(tmp_path, "exec sleep 30\n")
+    env = _fake_rsync(tmp_path, "exec sleep 120\n")
     with pytest.raises(LaunchError, match=r"on h2 \(rsync exit -9: no message\)"):
         FolderCopy("/w", "/tmp/job", SshOptions(), env, timeout=0.5).run(["h2"])
     with pytest.raises(LaunchError, match="cannot run rsync"):
@@ -272,7 +272,7 @@ def test_no_server_is_still_fine_in_an_elastic_job_and_servers_on_one_host_with_
 
 
 def test_folder_copy_stops_its_copies_when_asked(tmp_path):
-    env = _fake_rsync(tmp_path, "exec sleep 30\n")
+    env = _fake_rsync(tmp_path, "exec sleep 120\n")
     asked = []
 
     def stop_when():
@@ -281,7 +281,8 @@ def test_folder_copy_stops_its_copies_when_asked(tmp_path):
 
     started = time.monotonic()
     assert FolderCopy("/w", "/tmp/job", SshOptions(), env, timeout=60).run(["h2", "h3"], stop_when) is False
-    assert time.monotonic() - started < 10 and len(asked) == 3
+    # stopped at the third ask: killed, not waited for (20 s: a sixth of the copies' sleep)
+    assert len(asked) == 3 and time.monotonic() - started < 20
     env = _fake_rsync(tmp_path, "exit 0\n")
     assert FolderCopy("/w", "/tmp/job", SshOptions(), env, timeout=60).run(["h2"], lambda: False) is True
 

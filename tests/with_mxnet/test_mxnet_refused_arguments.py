@@ -163,7 +163,9 @@ def test_an_argument_refused_on_one_rank_raises_on_every_rank(outcomes, case):
     for rank, (outcome, elapsed, after) in enumerate(results):
         assert outcome[:2] == ("InvalidArgumentError", ("ValueError", "RuntimeError", "MXNetError")), (rank, outcome)
         assert fragment in outcome[2] and "HINT:" in outcome[2], (rank, outcome[2])
-        assert elapsed < 6.0, (rank, elapsed)
+        # at once, not at the stall inspector's first full exchange (60 s: the default check
+        # time); the bound is a third of that
+        assert elapsed < 20.0, (rank, elapsed)
         assert after == [3.0, 3.0, 3.0], (rank, after)  # the engine keeps working
     assert results[0][0] == results[1][0], results  # one message, the same on both ranks
 
@@ -180,5 +182,5 @@ def test_broadcast_object_with_a_root_that_is_no_int_on_one_rank_fails_on_every_
     assert good[:2] == ("MismatchError", ("RuntimeError", "MXNetError")), good
     assert "broadcast" in good[2] and "-1" in good[2] and "HINT:" in good[2], good
     for rank, (_, elapsed, after) in enumerate(results):
-        assert elapsed < 6.0, (rank, elapsed)
+        assert elapsed < 20.0, (rank, elapsed)  # as above: far below the 60 s stall check
         assert after == [3.0, 3.0, 3.0], (rank, after)

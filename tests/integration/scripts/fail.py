@@ -4,7 +4,7 @@ Every rank writes its pid (and, with --grandchild, the pid of a child it starts)
 PID_DIR/<rank>.pids, then sleeps. Rank --fail-rank, after --delay seconds, fails in --mode:
 exit (with --code), raise (uncaught, with accord's error file hook installed), record (raise
 inside an @record function), kill (SIGKILL itself). --ignore-term makes the others ignore
-SIGTERM.
+SIGTERM, noting in PID_DIR/<rank>.term that one came (only SIGKILL then ends them).
 """
 import argparse
 import os
@@ -29,7 +29,10 @@ if args.grandchild:
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     pids.append(child.pid)
 if args.ignore_term and rank != args.fail_rank:
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    def note_term(signum, frame):
+        open(os.path.join(args.pid_dir, f"{rank}.term"), "w").close()
+
+    signal.signal(signal.SIGTERM, note_term)
 tmp = os.path.join(args.pid_dir, f"{rank}.tmp")
 with open(tmp, "w") as fh:
     fh.write(" ".join(str(p) for p in pids))
