@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from accord import config
+from accord import config, settings
 
 _HANDLER_NAME = "accord-stderr"
 
@@ -20,7 +20,7 @@ def apply_log_level() -> int:
     Raises:
         ConfigError: the variable names no level.
     """
-    level = config.LOG_LEVELS[config.get("ACCORD_LOG_LEVEL")]
+    level = config.LOG_LEVELS[settings.log_level()]
     logger = logging.getLogger("accord")
     logger.setLevel(level)
     ours = [h for h in logger.handlers if h.get_name() == _HANDLER_NAME]

@@ -41,7 +41,7 @@ import traceback
 from types import TracebackType
 from typing import Any, Callable, TypeVar
 
-from accord import config
+from accord import settings
 
 CHECKIN_KEY = "accord/checkin/{rank}"  # the store key a worker sets once it has connected
 # The program of one parameter server (``python -m`` it): the launcher starts it without
@@ -85,7 +85,7 @@ def write_error(exc: BaseException, path: str | None = None) -> str | None:
     The first error wins: an existing file is not overwritten, so the root cause survives
     errors raised while the process shuts down.
     """
-    target = path if path is not None else config.get("ACCORD_ERROR_FILE")
+    target = path if path is not None else settings.error_file()
     if not target or os.path.exists(target):
         return None
     payload = error_payload(type(exc), exc, exc.__traceback__)

@@ -58,3 +58,11 @@ def test_wrap_puts_the_runner_before_the_script_and_keeps_everything_else():
 def test_runner_is_standard_library_only_and_valid_python():
     compile(RUNNER, "<runner>", "exec")  # a SyntaxError fails the test
     assert "accord" not in RUNNER  # a remote host needs nothing of accord to run it
+
+
+def test_runner_is_the_text_of_its_module_which_does_nothing_when_imported():
+    import accord.run.processes.exit_release_runner as runner_module
+
+    with open(runner_module.__file__, encoding="utf-8") as source:
+        assert RUNNER == source.read()  # what ruff checks is what the workers run
+    assert callable(runner_module._run_script)  # imported, it defined the function and ran nothing

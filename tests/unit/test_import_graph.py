@@ -19,7 +19,7 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 LAYERS: list[tuple[str, list[str]]] = [
     ("base", ["accord.config", "accord.errors", "accord.logs", "accord.models", "accord.version",
               "accord.worker_contract", "accord.registry", "accord.group_teardown", "accord.mpi_init",
-              "accord.network_interfaces"]),
+              "accord.network_interfaces", "accord.placement", "accord.settings"]),
     ("store", ["accord.store"]),
     ("launcher", ["accord.run"]),  # no torch
     ("comm | runtime", ["accord.comm", "accord.runtime"]),

@@ -12,7 +12,6 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from accord import config
 from accord.bench import stats
 from accord.bench.placement import Placement
 from accord.errors import ConfigError, with_hint
@@ -142,12 +141,13 @@ def _mpi_available() -> bool:
 def resolve_backends(text: str, device: str, where: Placement) -> tuple[str, ...]:
     """``auto``: the configured backend, plus mpi under an MPI launcher, plus shm if registered."""
     from accord.comm import backend_name_for, known_backends
+    from accord.comm.settings import CommSettings
 
     known = known_backends()
     if device == "cuda":
         default = [backend_name_for("cuda")]  # auto: nccl (host staging is asked for by name)
     else:
-        configured = config.get("ACCORD_CPU_BACKEND")
+        configured = CommSettings.from_config().cpu_backend
         default = ["gloo"] if configured == "auto" else [configured]  # shm is added below
         if where.is_mpi and _mpi_available():
             default.append("mpi")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import sys
 
-from accord import config
 from accord.comm.backend import (
     Backend,
     Communicator,
@@ -21,6 +20,7 @@ from accord.comm.backend import (
     register_backend,
 )
 from accord.comm.ops import ReduceOp
+from accord.comm.settings import CommSettings
 from accord.errors import BackendError, with_hint
 
 __all__ = [
@@ -28,7 +28,7 @@ __all__ = [
     "register_backend",
 ]
 
-_DEVICE_VARIABLES = {"cpu": "ACCORD_CPU_BACKEND", "cuda": "ACCORD_GPU_BACKEND"}
+_DEVICE_TYPES = ("cpu", "cuda")  # those a backend can be configured for
 AUTO = "auto"
 
 
@@ -44,15 +44,13 @@ def backend_name_for(device_type: str, single_host: bool = False) -> str:
     Raises:
         BackendError: no backend is configured for that device type.
     """
-    try:
-        variable = _DEVICE_VARIABLES[device_type]
-    except KeyError:
+    if device_type not in _DEVICE_TYPES:
         raise BackendError(with_hint(
             f"no communication backend is configured for device type {device_type!r}; "
-            f"configured: {', '.join(sorted(_DEVICE_VARIABLES))}",
+            f"configured: {', '.join(sorted(_DEVICE_TYPES))}",
             "move the tensors to cpu or cuda, or pass a backend name explicitly "
-            f"(known: {', '.join(known_backends())})")) from None
-    name = config.get(variable)
+            f"(known: {', '.join(known_backends())})"))
+    name = CommSettings.from_config().backend_for(device_type)
     if name.lower() == AUTO:
         if device_type == "cuda":
             return "nccl"

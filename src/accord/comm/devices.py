@@ -25,10 +25,10 @@ from typing import Any, Sequence
 
 import torch
 
-from accord import config
 from accord.comm import backend_name_for
 from accord.comm.backend import Backend, get_backend
 from accord.comm.host_staged import HostStagedBackend
+from accord.comm.settings import CommSettings
 from accord.errors import ConfigError, RendezvousError, with_hint
 
 log = logging.getLogger("accord.comm")
@@ -136,8 +136,9 @@ def device_backends(store: Any, rank: int, hostnames: Sequence[str], single_host
     backends: dict[str, Backend] = {"cpu": get_backend(cpu_name)}
     if not torch.cuda.is_available():
         return backends
-    requested = str(config.get("ACCORD_GPU_BACKEND"))
-    views = _exchange(store, rank, len(hostnames), local_view(), float(config.get("ACCORD_START_TIMEOUT")))
+    settings = CommSettings.from_config()
+    requested = str(settings.gpu_backend)
+    views = _exchange(store, rank, len(hostnames), local_view(), settings.start_timeout)
     name = choose_gpu_backend(requested, hostnames, views)
     if name == HOST:
         if rank == 0 and requested.strip().lower() == AUTO:

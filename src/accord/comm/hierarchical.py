@@ -33,11 +33,11 @@ from typing import Any, Sequence
 
 import torch
 
-from accord import config
 from accord.comm.backend import Communicator
 from accord.comm.base_communicator import split_rows
 from accord.comm.ops import ReduceOp
 from accord.comm.path_choice import HIERARCHICAL, PathChooser
+from accord.comm.settings import CommSettings
 
 log = logging.getLogger("accord")
 
@@ -69,7 +69,7 @@ def auto_hierarchy(local_sets: Sequence[Sequence[int]], flat_backend: str) -> st
     layout allows it (:func:`hierarchy_problem`) and the flat communicator is Gloo picked by
     default (an explicitly chosen CPU backend, e.g. mpi, is left as the user asked)."""
     problem = hierarchy_problem(local_sets)
-    if problem is None and (flat_backend != "gloo" or str(config.get("ACCORD_CPU_BACKEND")).lower() != "auto"):
+    if problem is None and (flat_backend != "gloo" or CommSettings.from_config().cpu_backend.lower() != "auto"):
         return f"the CPU backend was chosen explicitly ({flat_backend})"
     return problem
 

@@ -16,12 +16,13 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from accord import config, group_teardown
+from accord import group_teardown
 from accord.comm import memory
 from accord.comm.backend import Backend
 from accord.comm.base_communicator import BaseCommunicator, normalize_ranks
 from accord.comm.dtypes import LIBRARY_OPS
 from accord.comm.ops import ReduceOp
+from accord.comm.settings import CommSettings
 from accord.errors import BackendError, with_hint
 
 _OPS = {
@@ -203,7 +204,7 @@ class TorchBackend(Backend):
                 "install a torch build with it, or choose another backend "
                 "(ACCORD_CPU_BACKEND / ACCORD_GPU_BACKEND)"))
         members = normalize_ranks(ranks, dist.get_world_size())
-        timeout = timedelta(seconds=config.get("ACCORD_COLLECTIVE_TIMEOUT"))
+        timeout = timedelta(seconds=CommSettings.from_config().collective_timeout)
         group = dist.new_group(list(members), timeout=timeout, backend=self.name)
         me = dist.get_rank()
         if me not in members:

@@ -27,7 +27,6 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from accord import config
 from accord.errors import AccordError, RendezvousError, with_hint
 from accord.kvstore import optimizers as opt
 from accord.kvstore import protocol
@@ -36,6 +35,7 @@ from accord.kvstore.connection import ServerConnections
 from accord.kvstore.directory import PREFIX, SERVER_KEY, store_address
 from accord.kvstore.gradient_compression import TwoBitCompression, create_compression
 from accord.kvstore.local import as_optimizer
+from accord.kvstore.settings import StoreLocation, WorkerSettings
 from accord.kvstore.sharding import Part, partition, wire_key
 from accord.kvstore.values import KeyInfo, reduce, to_tensor, write
 
@@ -153,18 +153,20 @@ class DistKVStore(KVStoreBase):
         self._sync = name != "dist_async"
         self._on_device = "device" in name
         secret = protocol.load_secret()
-        host, port = store_address()
-        start_timeout = float(config.get("ACCORD_START_TIMEOUT"))
+        location = StoreLocation.from_config()
+        host, port = store_address(location)
+        settings = WorkerSettings.from_config()
+        start_timeout = settings.start_timeout
         conn = StoreConnection(host, port, secret, timeout=start_timeout)
         try:
-            rank = config.get("ACCORD_RANK")
+            rank = settings.rank
             if rank is None:  # MXNet-style launch: ranks in order of arrival, once per process
                 if not _assigned_rank:
                     _assigned_rank.append(conn.add(WORKER_COUNTER, 1) - 1)
                 rank = _assigned_rank[0]
             self._rank = int(rank)
-            self._num_workers = int(config.get("ACCORD_NUM_WORKERS") or config.get("ACCORD_SIZE") or 1)
-            self._local_rank = int(config.get("ACCORD_LOCAL_RANK") or 0)
+            self._num_workers = settings.num_workers
+            self._local_rank = settings.local_rank
             self._ns = conn.add(STORE_COUNTER.format(rank=self._rank), 1)
             keys = [SERVER_KEY.format(index=i) for i in range(num_servers)]
             try:
@@ -178,24 +180,22 @@ class DistKVStore(KVStoreBase):
             endpoints = [v.decode() for v in conn.multi_get(keys)]
         finally:
             conn.close()
-        verbose = bool(config.get("ACCORD_VERBOSE"))
-        if verbose:
+        if settings.verbose:
             _log_to_stderr()
         self._conns = ServerConnections(endpoints, secret, self._rank, self._num_workers,
-                                        float(config.get("ACCORD_KVSTORE_TIMEOUT")), verbose,
-                                        bool(config.get("ACCORD_KVSTORE_PAYLOAD_MAC")))
+                                        settings.reply_timeout, settings.verbose, settings.payload_mac)
         self._space = {"ns": self._ns, "sync": self._sync}  # names this store on the servers
-        self._bound = int(config.get("ACCORD_KVSTORE_BIGARRAY_BOUND"))
-        self._chunk = max(1, int(config.get("ACCORD_KVSTORE_CHUNK_ELEMENTS")))
+        self._bound = settings.bigarray_bound
+        self._chunk = settings.chunk_elements
         self._parts: dict[Key, list[Part]] = {}
         self._unacked: dict[Key, list[int]] = {}
         self._barriers = 0
         self._optimizer: opt.Optimizer | None = None
         self._compression: TwoBitCompression | None = None
         self._closed = False
-        if config.get("ACCORD_STORE_ADDR") is None:
+        if location.scheduler_store:
             _stop_servers_at_exit(endpoints, secret, self._rank, self._num_workers, self._conns.timeout,
-                                  bool(config.get("ACCORD_KVSTORE_PAYLOAD_MAC")))
+                                  settings.payload_mac)
 
     @property
     def rank(self) -> int:

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import socket
 
-from accord import config
 from accord.errors import ConfigError, with_hint
+from accord.kvstore.settings import NetworkSettings, StoreLocation
 from accord.network_interfaces import address_or_interface
 
 __all__ = ["PREFIX", "SERVER_COUNTER", "SERVER_KEY", "STOPPED_KEY", "server_addresses", "store_address",
@@ -25,14 +25,13 @@ SERVER_COUNTER = PREFIX + "/server_count"
 STOPPED_KEY = PREFIX + "/server/{index}/stopped"
 
 
-def store_address() -> tuple[str, int]:
-    """Where servers register: ACCORD_PS_ROOT_URI/PORT, else ACCORD_STORE_ADDR/PORT.
+def store_address(location: StoreLocation) -> tuple[str, int]:
+    """Where servers register: ACCORD_PS_ROOT_URI/PORT, else ACCORD_STORE_ADDR/PORT (``location``).
 
     Raises:
         ConfigError: neither pair is set.
     """
-    host = config.get("ACCORD_PS_ROOT_URI") or config.get("ACCORD_STORE_ADDR")
-    port = config.get("ACCORD_PS_ROOT_PORT") or config.get("ACCORD_STORE_PORT")
+    host, port = location.host, location.port
     if not host or not port:
         raise ConfigError(with_hint(
             "parameter servers need the job's store address, and neither ACCORD_PS_ROOT_URI/"
@@ -42,17 +41,17 @@ def store_address() -> tuple[str, int]:
     return str(host), int(port)
 
 
-def store_bind(store_host: str) -> str:
+def store_bind(store_host: str, network: NetworkSettings) -> str:
     """The address a scheduler binds to serve the store at ``store_host``: loopback for a
     loopback store, else ACCORD_INTERFACE's address, else every interface.
 
     Raises:
         ConfigError: ACCORD_INTERFACE names no usable interface.
     """
-    return "127.0.0.1" if _is_loopback(store_host) else (_interface_bind() or "0.0.0.0")
+    return "127.0.0.1" if _is_loopback(store_host) else (_interface_bind(network.interface) or "0.0.0.0")
 
 
-def server_addresses(store_host: str) -> tuple[str, str]:
+def server_addresses(store_host: str, network: NetworkSettings) -> tuple[str, str]:
     """(bind address, advertised address) for a server whose store is at ``store_host``.
 
     Multi-host: the named interface's address when there is one (nothing on 0.0.0.0), else
@@ -61,10 +60,10 @@ def server_addresses(store_host: str) -> tuple[str, str]:
     Raises:
         ConfigError: ACCORD_INTERFACE names no usable interface.
     """
-    node = config.get("ACCORD_NODE_HOST")
+    node = network.node_host
     if _is_loopback(store_host):
         return "127.0.0.1", node or "127.0.0.1"
-    bind = _interface_bind()
+    bind = _interface_bind(network.interface)
     if bind is not None:
         return bind, node or bind
     if node:
@@ -81,11 +80,10 @@ def _is_loopback(host: str) -> bool:
     return host in ("localhost", "::1") or host.startswith("127.")
 
 
-def _interface_bind() -> str | None:
-    """The address of ACCORD_INTERFACE (--network-interface, DMLC_INTERFACE), or None if unset.
+def _interface_bind(interface: str | None) -> str | None:
+    """The address of ``interface`` (ACCORD_INTERFACE: --network-interface, DMLC_INTERFACE), or None if unset.
 
     Raises:
         ConfigError: the interface does not exist here or has no IPv4 address.
     """
-    iface = config.get("ACCORD_INTERFACE")
-    return address_or_interface(iface) if iface else None
+    return address_or_interface(interface) if interface else None

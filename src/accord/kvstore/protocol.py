@@ -66,8 +66,8 @@ import os
 import struct
 from typing import Any, Sequence
 
-from accord import config
 from accord.errors import AuthenticationError, ConfigError, RendezvousError, with_hint
+from accord.runtime.settings import HostAndSecret
 from accord.store.secret import read_secret_file, secret_from_hex
 
 __all__ = ["CONNECT_USER", "PayloadSeal", "ProtocolError", "REFUSED", "TO_SERVER", "TO_WORKER",
@@ -282,9 +282,10 @@ def load_secret() -> bytes:
         ConfigError: neither is set, the hex is invalid or short, or the file is readable by
             group or others.
     """
-    text = config.get("ACCORD_JOB_SECRET")
+    source = HostAndSecret.from_environ()
+    text = source.secret_hex
     if not text:
-        path = config.get("ACCORD_SECRET_FILE")
+        path = source.secret_file
         if not path:
             raise ConfigError(with_hint(
                 "parameter servers and their workers need the job secret, and neither "

@@ -31,8 +31,8 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable, TypeVar, overload
 
-from accord import config
 from accord.errors import BackendError, with_hint
+from accord.kvstore.settings import process_role, server_count
 from accord.registry import Registry
 
 __all__ = ["create", "known_types", "register"]
@@ -53,7 +53,7 @@ _ALIASES = {
 
 def _dist(name: str) -> Any:
     """dist_* types: parameter servers when launched, else the engine (dist_sync only)."""
-    num_servers = int(config.get("ACCORD_NUM_SERVERS"))
+    num_servers = server_count()
     if num_servers > 0:
         from accord.kvstore.client import DistKVStore
 
@@ -136,7 +136,7 @@ def create(name: str = "local") -> Any:
         TypeError: ``name`` is not a string. ValueError: unknown type.
         BackendError: ``dist_async`` without parameter servers.
     """
-    role = str(config.get("ACCORD_ROLE")).lower()
+    role = process_role()
     if role in ("server", "scheduler"):
         # MXNet's launch.py starts the training script itself as servers and the scheduler
         # (MXNet serves from `import mxnet`); here the script serves from its create() call.

@@ -19,6 +19,7 @@ from typing import Any
 
 from accord import config
 from accord.errors import RendezvousError, with_hint
+from accord.runtime.settings import ElasticSettings, joins_running_job
 from accord.worker_contract import (
     ELASTIC_JOINER_KEY,
     ELASTIC_JOINERS_KEY,
@@ -52,9 +53,10 @@ def admitted() -> Admission | None:
     return _admitted
 
 
-def job_store(extra_timeout: float = 30.0) -> Any:
+def job_store(elastic: ElasticSettings, extra_timeout: float = 30.0) -> Any:
     """A client of the launcher's store, or None when the job has no store that outlives its
-    ranks (torchrun, mpirun, a single process)."""
+    ranks (torchrun, mpirun, a single process). Its requests may wait the elastic timeout plus
+    ``extra_timeout`` seconds."""
     from accord.runtime import environments as envs
     from accord.runtime.bootstrap import load_secret
     from accord.runtime.store_client import StoreClient
@@ -65,8 +67,7 @@ def job_store(extra_timeout: float = 30.0) -> Any:
     secret = load_secret(env)
     if secret is None:
         return None
-    timeout = float(config.get("ACCORD_ELASTIC_TIMEOUT")) + extra_timeout
-    return StoreClient(env.store_addr, env.store_port, secret, timeout=timeout)
+    return StoreClient(env.store_addr, env.store_port, secret, timeout=elastic.timeout + extra_timeout)
 
 
 def notify_update(store: Any, kind: str) -> int:
@@ -88,11 +89,11 @@ def join_if_new() -> None:
         RendezvousError: no launcher store, or no admission within ACCORD_ELASTIC_TIMEOUT.
     """
     global _admitted
-    if not config.get("ACCORD_ELASTIC_JOIN"):
+    if not joins_running_job():
         return
-    member_id = config.get("ACCORD_ELASTIC_ID")
-    timeout = float(config.get("ACCORD_ELASTIC_TIMEOUT"))
-    store = job_store()
+    elastic = ElasticSettings.from_config()
+    member_id, timeout = elastic.member_id, elastic.timeout
+    store = job_store(elastic)
     if store is None or member_id is None:
         raise RendezvousError(with_hint(
             "ACCORD_ELASTIC_JOIN is set but there is no launcher store or ACCORD_ELASTIC_ID",

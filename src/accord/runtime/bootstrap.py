@@ -42,6 +42,7 @@ from accord.errors import RendezvousError, with_hint
 from accord.logs import apply_log_level
 from accord.runtime import environments as envs
 from accord.runtime.rendezvous import Rendezvous, reach_store
+from accord.runtime.settings import BootstrapSettings
 from accord.runtime.topology import Topology, topology_from_hostnames
 from accord.store.secret import read_secret_file, secret_from_hex
 
@@ -128,11 +129,11 @@ def bootstrap(*, timeout: float | None = None) -> Runtime:
     apply_log_level()
     environ = config.snapshot()
     env = envs.detect(environ)
-    start_timeout = float(config.get("ACCORD_START_TIMEOUT") if timeout is None else timeout)
-    collective_timeout = float(config.get("ACCORD_COLLECTIVE_TIMEOUT"))
+    settings = BootstrapSettings.from_config(start_timeout=timeout)
+    start_timeout, collective_timeout = settings.start_timeout, settings.collective_timeout
     hostname = env.hostname or socket.gethostname()
     rdv = reach_store(env, load_secret(env), hostname, start_timeout,
-                      max(start_timeout, collective_timeout))
+                      max(start_timeout, collective_timeout), interface=settings.interface)
     try:
         generation = rdv.generation(env.size)
         store = dist.PrefixStore(f"{rdv.prefix}/g{generation}", rdv.store)

@@ -20,14 +20,15 @@ integer variables needs only a :class:`LauncherVariables` entry and :func:`detec
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import re
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from accord import config
 from accord.errors import ConfigError, with_hint
+from accord.runtime.settings import AccordPlace, HostAndSecret
 
 # How a source's processes meet: connect to accord's store the launcher runs; use torchrun's
 # TCPStore; rank 0 starts accord's store and tells the others; or nothing to meet (one process).
@@ -90,11 +91,7 @@ def _int(env: Mapping[str, str], name: str) -> int | None:
 
 def _common(env: Mapping[str, str]) -> dict:
     """Settings that apply whatever the launcher (secret, host name override)."""
-    return {
-        "hostname": config.get("ACCORD_HOSTNAME", env),
-        "secret_hex": config.get("ACCORD_JOB_SECRET", env),
-        "secret_file": config.get("ACCORD_SECRET_FILE", env),
-    }
+    return dataclasses.asdict(HostAndSecret.from_environ(env))  # its fields are JobEnvironment's
 
 
 def _master(env: Mapping[str, str]) -> dict:
@@ -103,18 +100,16 @@ def _master(env: Mapping[str, str]) -> dict:
 
 def detect_accord(env: Mapping[str, str]) -> JobEnvironment | None:
     """accord's own contract (accordrun, accord.spawn), including the HOROVOD_* aliases."""
-    rank, size = config.get("ACCORD_RANK", env), config.get("ACCORD_SIZE", env)
-    if rank is None or size is None:
+    place = AccordPlace.from_environ(env)
+    if place is None:
         return None
-    addr, port = config.get("ACCORD_STORE_ADDR", env), config.get("ACCORD_STORE_PORT", env)
-    where = {"store_addr": addr, "store_port": port} if addr and port else _master(env)
+    own_store = bool(place.store_addr and place.store_port)
+    where = {"store_addr": place.store_addr, "store_port": place.store_port} if own_store else _master(env)
     return JobEnvironment(
-        source="accord", rank=rank, size=size,
-        rendezvous=ACCORD_STORE if addr and port else RANK0_STORE,
-        local_rank=config.get("ACCORD_LOCAL_RANK", env),
-        local_size=config.get("ACCORD_LOCAL_SIZE", env),
-        cross_rank=config.get("ACCORD_CROSS_RANK", env),
-        cross_size=config.get("ACCORD_CROSS_SIZE", env),
+        source="accord", rank=place.rank, size=place.size,
+        rendezvous=ACCORD_STORE if own_store else RANK0_STORE,
+        local_rank=place.local_rank, local_size=place.local_size,
+        cross_rank=place.cross_rank, cross_size=place.cross_size,
         **where, **_common(env),
     )
 

@@ -3,7 +3,8 @@ hosts (the groups a hierarchical allreduce and a host-local SyncBatchNorm use). 
 themselves are kept by :class:`accord.engine.sets.ProcessSetRegistry`."""
 from __future__ import annotations
 
-from accord.runtime.topology import Topology, local_rank_of
+from accord.placement import local_ranks as host_local_ranks
+from accord.runtime.topology import Topology
 
 
 def local_sets(topology: Topology) -> list[list[int]]:
@@ -17,8 +18,8 @@ def local_sets(topology: Topology) -> list[list[int]]:
 def cross_sets(topology: Topology) -> list[list[int]]:
     """One rank list per local rank: the ranks sharing that local_rank across hosts."""
     by_local: dict[int, list[int]] = {}
-    for rank in range(topology.size):
-        by_local.setdefault(local_rank_of(topology.hostnames, rank), []).append(rank)
+    for rank, local_rank in enumerate(host_local_ranks(topology.hostnames)):
+        by_local.setdefault(local_rank, []).append(rank)
     return [by_local[i] for i in sorted(by_local)]
 
 

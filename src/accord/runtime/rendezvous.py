@@ -128,36 +128,40 @@ class Rendezvous:
 
 
 def reach_store(env: envs.JobEnvironment, secret: bytes | None, hostname: str,
-                timeout: float, op_timeout: float | None = None) -> Rendezvous:
+                timeout: float, op_timeout: float | None = None, *, interface: str | None) -> Rendezvous:
     """Connect to (or, on rank 0, start) the store this environment uses.
 
     ``timeout`` bounds reaching the store; ``op_timeout`` (default ``timeout``) is how long a
     blocking request may wait afterwards (torch calls ``get`` when creating process groups).
+    ``interface`` (ACCORD_INTERFACE, or None) is what a rank 0 that hosts a multi-host store
+    binds, and what Gloo uses.
 
     Raises:
         RendezvousError: the store cannot be reached, or a secret or address is missing.
-        ConfigError: ACCORD_INTERFACE names no interface of this host.
+        ConfigError: ``interface`` names no interface of this host.
     """
-    rdv = _reach(env, secret, hostname, _Timeouts(timeout, op_timeout or timeout))
-    iface = config.get("ACCORD_INTERFACE")
-    if iface and not is_ip_address(iface) and "GLOO_SOCKET_IFNAME" not in config.snapshot():
+    rdv = _reach(env, secret, hostname, _Reach(timeout, op_timeout or timeout, interface))
+    if interface and not is_ip_address(interface) and "GLOO_SOCKET_IFNAME" not in config.snapshot():
         # Gloo reads its interface from this variable; set it for the life of the runtime.
         rdv.restore_env = {"GLOO_SOCKET_IFNAME": None}
-        config.set_variables({"GLOO_SOCKET_IFNAME": iface})
+        config.set_variables({"GLOO_SOCKET_IFNAME": interface})
     return rdv
 
 
 @dataclass(frozen=True)
-class _Timeouts:
+class _Reach:
+    """How to reach the store: timeouts (seconds) and the interface a multi-host rank 0 binds."""
+
     connect: float
     ops: float
+    interface: str | None
 
     def client(self, host: str, port: int, secret: bytes) -> StoreClient:
         return StoreClient(host, port, secret, self.ops, connect_timeout=self.connect)
 
 
 def _reach(env: envs.JobEnvironment, secret: bytes | None, hostname: str,
-           limits: _Timeouts) -> Rendezvous:
+           reach: _Reach) -> Rendezvous:
     if env.rendezvous == envs.NO_STORE:
         return Rendezvous(dist.HashStore(), secret or _new_secret())
     if env.rendezvous == envs.ACCORD_STORE:
@@ -166,22 +170,22 @@ def _reach(env: envs.JobEnvironment, secret: bytes | None, hostname: str,
                 f"rank {env.rank}: ACCORD_STORE_ADDR/PORT are set but no job secret is",
                 "set ACCORD_JOB_SECRET (hex) or ACCORD_SECRET_FILE as the launcher does; start "
                 "workers with accordrun or accord.spawn"))
-        client = limits.client(env.store_addr, env.store_port, secret)
+        client = reach.client(env.store_addr, env.store_port, secret)
         client.set(CHECKIN_KEY.format(rank=env.rank), hostname)
         return Rendezvous(client, secret, client=client)
     if env.rendezvous == envs.TORCH_STORE:
-        return _torch_store(env, secret, limits)
+        return _torch_store(env, secret, reach)
     if env.is_mpi and _mpi4py_available():
-        return _rank0_via_mpi(env, secret, hostname, limits)
-    return _rank0_via_master(env, secret, limits)
+        return _rank0_via_mpi(env, secret, hostname, reach)
+    return _rank0_via_master(env, secret, reach)
 
 
 def _torch_store(env: envs.JobEnvironment, secret: bytes | None,
-                 limits: _Timeouts) -> Rendezvous:
+                 reach: _Reach) -> Rendezvous:
     addr, port = _need_master(env)
     owner = env.rank == 0 and not env.agent_store
     try:
-        store = dist.TCPStore(addr, port, env.size, owner, timedelta(seconds=limits.ops),
+        store = dist.TCPStore(addr, port, env.size, owner, timedelta(seconds=reach.ops),
                               wait_for_workers=False, multi_tenant=True)
     except RuntimeError as exc:
         raise RendezvousError(with_hint(
@@ -196,7 +200,7 @@ def _torch_store(env: envs.JobEnvironment, secret: bytes | None,
 
 
 def _rank0_via_master(env: envs.JobEnvironment, secret: bytes | None,
-                      limits: _Timeouts) -> Rendezvous:
+                      reach: _Reach) -> Rendezvous:
     addr, port = _need_master(env)
     if secret is None:
         raise RendezvousError(with_hint(
@@ -211,10 +215,10 @@ def _rank0_via_master(env: envs.JobEnvironment, secret: bytes | None,
     if single:
         addr = "127.0.0.1"
     if env.rank == 0:
-        bind = "127.0.0.1" if single else _bind_host()
+        bind = "127.0.0.1" if single else _bind_host(reach.interface)
         server = StoreServer(bind, port, secret).start()
     try:
-        client = limits.client(addr, port, secret)
+        client = reach.client(addr, port, secret)
     except BaseException:
         if server is not None:
             server.close()
@@ -224,7 +228,7 @@ def _rank0_via_master(env: envs.JobEnvironment, secret: bytes | None,
 
 
 def _rank0_via_mpi(env: envs.JobEnvironment, secret: bytes | None, hostname: str,
-                   limits: _Timeouts) -> Rendezvous:
+                   reach: _Reach) -> Rendezvous:
     from accord.mpi_init import initialized_mpi
 
     MPI = initialized_mpi()  # noqa: N806 (mpi4py's module name)
@@ -240,7 +244,7 @@ def _rank0_via_mpi(env: envs.JobEnvironment, secret: bytes | None, hostname: str
     server = None
     if env.rank == 0:
         try:
-            bind = "127.0.0.1" if single else _bind_host()
+            bind = "127.0.0.1" if single else _bind_host(reach.interface)
             chosen = secret or _new_secret()
             server = StoreServer(bind, 0, chosen).start()
             advertise = "127.0.0.1" if single else (bind if bind != "0.0.0.0" else _this_host())
@@ -254,7 +258,7 @@ def _rank0_via_mpi(env: envs.JobEnvironment, secret: bytes | None, hostname: str
         raise RendezvousError(with_hint(f"rank 0 could not start the rendezvous store: {third}",
                                         "see rank 0's error"))
     try:
-        client = limits.client(addr, port, third)
+        client = reach.client(addr, port, third)
     except BaseException:
         if server is not None:
             server.close()
@@ -289,10 +293,9 @@ def _need_master(env: envs.JobEnvironment) -> tuple[str, int]:
     return env.store_addr, env.store_port
 
 
-def _bind_host() -> str:
-    """Where a multi-host store listens: ACCORD_INTERFACE's address, else every interface."""
-    iface = config.get("ACCORD_INTERFACE")
-    return address_or_interface(iface) if iface else "0.0.0.0"
+def _bind_host(interface: str | None) -> str:
+    """Where a multi-host store listens: ``interface``'s address (ACCORD_INTERFACE), else every interface."""
+    return address_or_interface(interface) if interface else "0.0.0.0"
 
 
 def _this_host() -> str:

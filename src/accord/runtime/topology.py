@@ -1,7 +1,10 @@
-"""Who is where: rank, size, local and cross coordinates, derived from per-rank host names."""
+"""Who is where: rank, size, local and cross coordinates, derived from per-rank host names
+(the rule is :mod:`accord.placement`'s)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from accord.placement import coordinates, local_ranks
 
 
 @dataclass(frozen=True)
@@ -33,27 +36,24 @@ class Topology:
 
     def cross_ranks(self) -> list[int]:
         """Global ranks that share this rank's local_rank, one per host, in host order."""
-        return [r for r in range(self.size) if local_rank_of(self.hostnames, r) == self.local_rank]
+        return [r for r, lr in enumerate(local_ranks(self.hostnames)) if lr == self.local_rank]
 
 
 def local_rank_of(hostnames: tuple[str, ...] | list[str], rank: int) -> int:
     """Index of ``rank`` among the ranks on its host."""
-    host = hostnames[rank]
-    return sum(1 for r in range(rank) if hostnames[r] == host)
+    return local_ranks(hostnames[:rank + 1])[rank]
 
 
 def topology_from_hostnames(rank: int, hostnames: list[str] | tuple[str, ...]) -> Topology:
-    """Derive every coordinate from the list of host names, one per rank."""
+    """Derive every coordinate from the list of host names, one per rank (:mod:`accord.placement`)."""
     hosts = tuple(hostnames)
-    local_rank = local_rank_of(hosts, rank)
-    local_size = hosts.count(hosts[rank])
-    peers = [r for r in range(len(hosts)) if local_rank_of(hosts, r) == local_rank]
+    where = coordinates(hosts)[rank]
     return Topology(
         rank=rank,
-        size=len(hosts),
-        local_rank=local_rank,
-        local_size=local_size,
-        cross_rank=peers.index(rank),
-        cross_size=len(peers),
+        size=where.size,
+        local_rank=where.local_rank,
+        local_size=where.local_size,
+        cross_rank=where.cross_rank,
+        cross_size=where.cross_size,
         hostnames=hosts,
     )

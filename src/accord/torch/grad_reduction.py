@@ -14,8 +14,8 @@ from typing import Any, Sequence
 
 import torch
 
-from accord import config
 from accord.comm.ops import ReduceOp
+from accord.runtime.settings import marked_elastic
 from accord.torch import async_ops as A
 from accord.torch import gateway
 
@@ -62,7 +62,7 @@ class _DistributedMixin:
         # An elastic worker alone now may be joined later: its gradients must be averaged then,
         # and hooks cannot be added once hvd.elastic.run has started (Horovod: HOROVOD_ELASTIC=1).
         if process_set.included() and (gateway.size() > 1 or gateway.elastic()
-                                       or config.get("ACCORD_ELASTIC")):
+                                       or marked_elastic()):
             self._register_hooks()
 
     def _accord_names(self, named_parameters) -> list[tuple[str, torch.Tensor]]:

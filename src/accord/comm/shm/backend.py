@@ -29,9 +29,9 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
-from accord import config
 from accord.comm.backend import Backend
 from accord.comm.base_communicator import normalize_ranks
+from accord.comm.settings import CommSettings, shm_chunk_bytes
 from accord.comm.shm import segment as shm_segment
 from accord.comm.shm.communicator import ShmCommunicator
 from accord.comm.shm.segment import Layout
@@ -113,7 +113,8 @@ class ShmBackend(Backend):
                 "call accord's init (hvd.init()) or torch.distributed.init_process_group() first"))
         world, me = dist.get_world_size(), dist.get_rank()
         members = normalize_ranks(ranks, world)
-        futex_ok, hosts = _gather_hosts(world)
+        settings = CommSettings.from_config()
+        futex_ok, hosts = _gather_hosts(world, settings.hostname)
         if self._hostnames is not None:
             hosts = self._hostnames
         _check_one_host(members, hosts)
@@ -135,7 +136,7 @@ class ShmBackend(Backend):
         problem = ""
         try:
             if offer.sync == "gloo":  # new_group is collective over the whole job, members or not
-                timeout = timedelta(seconds=config.get("ACCORD_COLLECTIVE_TIMEOUT"))
+                timeout = timedelta(seconds=settings.collective_timeout)
                 group = dist.new_group(list(members), timeout=timeout, backend="gloo")
             if me in members and me != leader:
                 try:
@@ -159,11 +160,11 @@ class ShmBackend(Backend):
                 "/dev/shm (containers: --ipc=host); otherwise use the gloo backend"))
         if me not in members:
             return None
-        return self._communicator(members, me, buffer, layout, offer, group)
+        return self._communicator(members, me, buffer, layout, offer, group, settings.collective_timeout)
 
     def _make_offer(self, members: tuple[int, ...], futex_everywhere: bool) -> tuple[_Offer, Any]:
         """The leader's part: choose the settings, create the segment; errors go into the offer."""
-        chunk = int(self._chunk_bytes or config.get("ACCORD_SHM_CHUNK_BYTES"))
+        chunk = int(self._chunk_bytes or shm_chunk_bytes())
         chunk = max(64 * len(members), -(-chunk // 64) * 64)  # alltoall needs 1 piece per rank
         sync = self._sync if self._sync != "auto" else ("futex" if futex_everywhere else "gloo")
         offer = _Offer(True, sync, chunk, self._direct_max_ranks, self._split_min_bytes)
@@ -180,7 +181,7 @@ class ShmBackend(Backend):
         return offer, buffer
 
     def _communicator(self, members: tuple[int, ...], me: int, buffer: Any, layout: Layout,
-                      offer: _Offer, group: Any) -> ShmCommunicator:
+                      offer: _Offer, group: Any, timeout: float) -> ShmCommunicator:
         index = members.index(me)
         if offer.sync == "gloo":
             barrier: Any = GlooBarrier(group)
@@ -188,15 +189,15 @@ class ShmBackend(Backend):
             peers = [(members[i], *shm_segment.read_identity(buffer, layout, i))
                      for i in range(len(members)) if i != index]
             barrier = FutexBarrier(buffer, shm_segment.COUNTER_OFFSET, shm_segment.ABORT_OFFSET,
-                                   len(members), members, index, config.get("ACCORD_COLLECTIVE_TIMEOUT"),
+                                   len(members), members, index, timeout,
                                    self._spin_s, PeerWatch(peers))
         return ShmCommunicator(members, index, buffer, layout, barrier, offer.direct_max_ranks,
                                offer.split_min_bytes, offer.path)
 
 
-def _gather_hosts(world: int) -> tuple[list[bool], list[str]]:
-    """Every rank's futex support and host name, over the default group."""
-    name = (config.get("ACCORD_HOSTNAME") or socket.gethostname()).encode()[:_HOST_RECORD - 2]
+def _gather_hosts(world: int, hostname: str | None) -> tuple[list[bool], list[str]]:
+    """Every rank's futex support and host name (``hostname``, else the system's), over the default group."""
+    name = (hostname or socket.gethostname()).encode()[:_HOST_RECORD - 2]
     mine = torch.zeros(_HOST_RECORD, dtype=torch.uint8)
     mine[0] = 1 if futex() is not None else 0
     mine[1] = len(name)

@@ -43,7 +43,6 @@ import time
 
 import zmq
 
-from accord import config
 from accord.errors import ConfigError, RendezvousError, with_hint
 from accord.kvstore import protocol
 from accord.kvstore.directory import (
@@ -56,6 +55,14 @@ from accord.kvstore.directory import (
 )
 from accord.kvstore.server.memory import raise_open_file_limit, retain_freed_memory
 from accord.kvstore.server.zmq_socket import ParameterServer
+from accord.kvstore.settings import (
+    NetworkSettings,
+    ServerSettings,
+    StoreLocation,
+    process_role,
+    server_count,
+    verbosity,
+)
 
 log = logging.getLogger("accord.kvstore")
 
@@ -69,16 +76,16 @@ def _setup_logging(verbose: int, label: str) -> None:
     log.propagate = False
 
 
-def _run_scheduler(secret: bytes, verbose: int) -> int:
+def _run_scheduler(secret: bytes) -> int:
     from accord.store.server import StoreServer
 
-    host, port = store_address()
-    servers = int(config.get("ACCORD_NUM_SERVERS"))
+    host, port = store_address(StoreLocation.from_config())
+    servers = server_count()
     stopped = [STOPPED_KEY.format(index=i) for i in range(servers)]
     stop = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.append(1))
-    with StoreServer(host=store_bind(host), port=port, secret=secret) as store:
+    with StoreServer(host=store_bind(host, NetworkSettings.from_config()), port=port, secret=secret) as store:
         log.info("scheduler: store serving on %s:%d for %d servers", host, port, servers)
         # As ps-lite's scheduler, leave once the job is over: every server has stopped.
         while not stop and not (stopped and store.has_keys(stopped)):
@@ -93,45 +100,45 @@ def main() -> int:
     0 after a stop request, SIGTERM/SIGINT, or once the job's store is gone; 2 when the
     configuration is unusable or the store cannot be reached at start.
     """
-    verbose = int(config.get("ACCORD_VERBOSE"))
-    role = str(config.get("ACCORD_ROLE")).lower()
+    verbose = verbosity()
+    role = process_role()
     _setup_logging(verbose, f"accord-kvstore {role} pid {os.getpid()}")
     try:
         secret = protocol.load_secret()
         if role == "scheduler":
-            return _run_scheduler(secret, verbose)
+            return _run_scheduler(secret)
         if role != "server":
             raise ConfigError(with_hint(f"ACCORD_ROLE/DMLC_ROLE is {role!r}; this program runs "
                                         "parameter servers", "set DMLC_ROLE=server (or scheduler)"))
-        workers = config.get("ACCORD_NUM_WORKERS") or config.get("ACCORD_SIZE")
-        if not workers:
+        settings = ServerSettings.from_config()
+        if not settings.num_workers:
             raise ConfigError(with_hint("a parameter server needs the number of workers",
                                         "set ACCORD_NUM_WORKERS (or DMLC_NUM_WORKER)"))
-        return _serve(secret, int(workers), verbose)
+        return _serve(secret, settings, verbose)
     except (ConfigError, RendezvousError, zmq.ZMQError) as exc:
         log.error("%s", exc)
         return 2
 
 
-def _serve(secret: bytes, workers: int, verbose: int) -> int:
+def _serve(secret: bytes, settings: ServerSettings, verbose: int) -> int:
     from accord.store.connection import StoreConnection
 
-    if config.get("ACCORD_KVSTORE_PAYLOAD_MAC"):
+    workers = int(settings.num_workers or 0)
+
+    if settings.payload_mac:
         protocol.require_payload_mac()  # fail at start, not at the first message
     retain_freed_memory()  # process wide, so here in the server process, not in ServerCore
     raise_open_file_limit()  # strangers' connections must not use up the descriptors
-    host, port = store_address()
-    conn = StoreConnection(host, port, secret, timeout=float(config.get("ACCORD_START_TIMEOUT")))
+    host, port = store_address(StoreLocation.from_config())
+    conn = StoreConnection(host, port, secret, timeout=settings.start_timeout)
     server = None
     try:
-        index = config.get("ACCORD_SERVER_INDEX")
+        index = settings.index
         server_id = int(index) if index is not None else conn.add(SERVER_COUNTER, 1) - 1
-        bind, advertise = server_addresses(host)
-        server = ParameterServer(secret, workers, server_id, verbose,
-                                 bool(config.get("ACCORD_KVSTORE_PAYLOAD_MAC")),
-                                 protocol.frame_limit(int(config.get("ACCORD_KVSTORE_CHUNK_ELEMENTS"))))
-        endpoint = server.bind(bind, advertise, ipc=bool(config.get("ACCORD_KVSTORE_IPC")),
-                               ipc_parent=config.get("ACCORD_KVSTORE_IPC_DIR"))
+        bind, advertise = server_addresses(host, NetworkSettings.from_config())
+        server = ParameterServer(secret, workers, server_id, verbose, settings.payload_mac,
+                                 protocol.frame_limit(settings.chunk_elements))
+        endpoint = server.bind(bind, advertise, ipc=settings.ipc, ipc_parent=settings.ipc_dir)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: server.request_stop())
         conn.set(SERVER_KEY.format(index=server_id), endpoint)

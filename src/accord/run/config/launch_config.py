@@ -18,6 +18,7 @@ from accord.network_interfaces import interface_address
 from accord.run.elastic import config as elastic_config
 from accord.run.processes import exit_release
 from accord.run.processes.ssh import SshOptions
+from accord.run.settings import LauncherSettings
 from accord.run.spec import flag_values, program
 from accord.run.spec import tuning as tuning_table
 from accord.run.spec.assignment import Slot, assign_slots
@@ -233,9 +234,9 @@ def _ssh(ns: argparse.Namespace) -> SshOptions:
                       strict_host_key_checking=ns.ssh_strict_host_key_checking)
 
 
-def _interface(ns: argparse.Namespace, environ: Mapping[str, str]) -> tuple[str | None, str | None]:
-    """The interface to bind and advertise, and its address."""
-    interface = ns.network_interface or config.get("ACCORD_INTERFACE", environ)
+def _interface(ns: argparse.Namespace, configured: str | None) -> tuple[str | None, str | None]:
+    """The interface to bind and advertise (the flag's, else ``configured``), and its address."""
+    interface = ns.network_interface or configured
     if interface is None:
         return None, None
     return interface, interface_address(interface)
@@ -273,14 +274,14 @@ def _no_servers_when_elastic(ns: argparse.Namespace, elastic: elastic_config.Ela
             "or run a fixed-size job (no --host-discovery-script, no --min-np)"))
 
 
-def _tuning(ns: argparse.Namespace, environ: Mapping[str, str], interface: str | None) -> Any:
+def _tuning(ns: argparse.Namespace, configured_verbose: int, interface: str | None) -> Any:
     """The tuning table's options (:mod:`accord.run.spec.tuning`) from the flags."""
     log_level = ns.log_level.lower() if ns.log_level is not None else None
     if log_level is not None and log_level not in LOG_LEVELS:
         raise ConfigError(with_hint(f"--log-level {ns.log_level!r} is not a level",
                                     f"use one of {', '.join(LOG_LEVELS)}"))
     # a level: --verbose means at least 1; PS_VERBOSE=2 keeps its 2 for the servers
-    verbose = max(1 if ns.verbose else 0, int(config.get("ACCORD_VERBOSE", environ)))
+    verbose = max(1 if ns.verbose else 0, configured_verbose)
     given = {o.name: getattr(ns, o.name) for o in tuning_table.OPTIONS if o.cli}
     # DYNAMIC is Horovod's keyword (no file until hvd.start_timeline), not a file name
     if ns.timeline_filename and ns.timeline_filename != DYNAMIC_TIMELINE:
@@ -311,8 +312,9 @@ def config_from_args(ns: argparse.Namespace, environ: Mapping[str, str], cwd: st
     ranks_filter = _ranks_filter(ns, max(num_proc, elastic.start_np or 0) if elastic else num_proc)
     flag_values.positive(ns.grace_period, "--grace-period", allow_zero=True)
     ssh = _ssh(ns)
-    interface, interface_ip = _interface(ns, environ)
-    tuning = _tuning(ns, environ, interface)
+    launcher = LauncherSettings.from_environ(environ)
+    interface, interface_ip = _interface(ns, launcher.interface)
+    tuning = _tuning(ns, launcher.verbose, interface)
     ps, num_servers, server_hosts = _servers(ns, num_proc, slots)
     return LaunchConfig(
         # no slot yet (a discovery script that printed no host): the hosts to come may be remote,

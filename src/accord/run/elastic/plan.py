@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from accord.run.spec.assignment import Slot
+from accord.run.spec.assignment import Slot, slots_on
 from accord.run.spec.hosts import HostSlots
 
 
@@ -66,26 +66,12 @@ def plan_changes(usable: Sequence[HostSlots], workers: Sequence[tuple[int, str]]
 
 def planned_slots(hostnames: Sequence[str]) -> list[Slot]:
     """Every worker's place in a job whose rank r runs on ``hostnames[r]``: its local and cross
-    coordinates as ``init()`` derives them from the ranks' host names
-    (:func:`accord.runtime.topology.topology_from_hostnames`; here too, as the run layer sits
-    below the runtime), and the index of its host in the order hosts first appear.
+    coordinates as ``init()`` derives them from the ranks' host names (:mod:`accord.placement`),
+    and the index of its host in the order hosts first appear.
 
     A re-formed job's ranks need not fill hosts in order (survivors keep their order, the
     workers that join come last), so a host's ranks may be interleaved with another's.
 
     Example: ``["a", "b", "a"]`` -> rank 2 is local rank 1 of 2 on host "a", cross rank 0 of 1.
     """
-    names = list(hostnames)
-    local_ranks: list[int] = []
-    seen: dict[str, int] = {}
-    for name in names:
-        local_ranks.append(seen.get(name, 0))
-        seen[name] = local_ranks[-1] + 1
-    order = list(seen)  # hosts in the order they first appear
-    slots = []
-    for rank, name in enumerate(names):
-        peers = [r for r, lr in enumerate(local_ranks) if lr == local_ranks[rank]]
-        slots.append(Slot(rank=rank, size=len(names), local_rank=local_ranks[rank], local_size=seen[name],
-                          cross_rank=peers.index(rank), cross_size=len(peers), hostname=name,
-                          host_index=order.index(name)))
-    return slots
+    return slots_on(hostnames)

@@ -9,8 +9,9 @@ Releasing the model first (``del model``) avoids it; this module does the same f
 do not.
 
 For a command ``python [interpreter flags] script.py args...`` the launcher runs
-``python [flags] -c RUNNER script.py args...`` instead. :data:`RUNNER` (standard library only,
-so that a remote host needs nothing of accord) runs the script as Python would (``__main__``,
+``python [flags] -c RUNNER script.py args...`` instead. :data:`RUNNER` (the text of
+:mod:`accord.run.processes.exit_release_runner`, standard library only, so that a remote host
+needs nothing of accord) runs the script as Python would (``__main__``,
 ``sys.argv``, ``sys.path[0]``, ``__file__``, exit status, tracebacks without extra frames) and
 registers, before the script runs, an ``atexit`` handler. Handlers run last-in first-out, so
 this one runs after every handler the script and its libraries registered, when threads have
@@ -27,56 +28,12 @@ import os
 import re
 from typing import Sequence
 
-# What runs in the worker. Kept compatible with Python 3.8 and free of accord's imports.
-RUNNER = """\
-def _run_script():
-    import atexit, builtins, gc, importlib.machinery, os, runpy, sys, types
-    path = sys.argv[1]
-    del sys.argv[0]
-    if not os.path.isfile(path) or path.endswith(('.pyc', '.pyo')):
-        runpy.run_path(path, run_name='__main__')
-        return
-    if sys.path and sys.path[0] == '':
-        sys.path[0] = os.path.dirname(os.path.realpath(path))
-    main = types.ModuleType('__main__')
-    main.__file__ = os.path.abspath(path)
-    main.__cached__ = None
-    main.__loader__ = importlib.machinery.SourceFileLoader('__main__', main.__file__)
-    main.__builtins__ = builtins
-    sys.modules['__main__'] = main
-
-    def release():
-        names = main.__dict__
-        kept = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType)
-        for name in reversed(list(names)):
-            value = names[name]
-            if (name.startswith('__') and name.endswith('__')) or isinstance(value, kept):
-                continue
-            shared = sys.getrefcount(value) > 3  # held elsewhere too, maybe by a cycle
-            names[name] = value = None
-            if shared:
-                gc.collect()  # a cycle goes now, while what it may use is still defined
-
-    atexit.register(release)
-    failed = None
-    try:
-        with open(main.__file__, 'rb') as source:
-            code = compile(source.read(), main.__file__, 'exec')
-        exec(code, main.__dict__)
-    except (SystemExit, KeyboardInterrupt):
-        raise
-    except BaseException:
-        kind, value, trace = sys.exc_info()
-        trace = trace.tb_next  # from the script's first frame on, as Python shows it
-        sys.excepthook(kind, value.with_traceback(trace), trace)
-        failed = True
-        del kind, value, trace  # the frames (and what their locals hold) go now
-    if failed:
-        sys.exit(1)
-
-
-_run_script()
-"""
+# What runs in the worker: the text of exit_release_runner.py, passed with -c. It stays code on
+# the command line rather than ``python -m accord...`` because a remote host may run the script
+# in a Python that has no accord installed; the file keeps it linted and readable.
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "exit_release_runner.py"),
+          encoding="utf-8") as _source:
+    RUNNER = _source.read()
 
 # Interpreter options that take the next argument as their value (``-W error``, ``-X dev``).
 _VALUED = ("W", "X")

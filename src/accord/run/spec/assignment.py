@@ -1,8 +1,8 @@
 """Slot assignment: which rank runs where, and its local and cross coordinates.
 
-Ranks fill hosts in the order given (host 0's slots first). ``local`` = ranks on the same
-host; ``cross`` = ranks with the same local_rank on other hosts, ordered by host (Horovod's
-definitions). Pure: no processes, no network.
+Ranks fill hosts in the order given (host 0's slots first); their local and cross coordinates
+follow :mod:`accord.placement` (Horovod's definitions, the rule every worker's init uses too).
+Pure: no processes, no network.
 """
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from accord.errors import ConfigError, with_hint
+from accord.placement import coordinates
 from accord.run.spec.hosts import HostSlots
 
 # The most workers (or servers) one job may have: far above any real job (the largest Horovod
@@ -58,28 +59,15 @@ def assign_slots(hosts: Sequence[HostSlots], num_proc: int) -> list[Slot]:
         placed.extend(host.hostname for _ in range(take))
         if len(placed) == num_proc:
             break
-    local_sizes: dict[str, int] = {}
-    for name in placed:
-        local_sizes[name] = local_sizes.get(name, 0) + 1
-    # cross group for local rank k = hosts (in order) with more than k workers
-    host_order = list(local_sizes)
-    slots: list[Slot] = []
-    seen: dict[str, int] = {}
-    for rank, name in enumerate(placed):
-        local_rank = seen.get(name, 0)
-        seen[name] = local_rank + 1
-        cross_hosts = [h for h in host_order if local_sizes[h] > local_rank]
-        slots.append(Slot(
-            rank=rank,
-            size=num_proc,
-            local_rank=local_rank,
-            local_size=local_sizes[name],
-            cross_rank=cross_hosts.index(name),
-            cross_size=len(cross_hosts),
-            hostname=name,
-            host_index=host_order.index(name),
-        ))
-    return slots
+    return slots_on(placed)
+
+
+def slots_on(hostnames: Sequence[str]) -> list[Slot]:
+    """Every rank's slot in a job whose rank r runs on ``hostnames[r]`` (see :mod:`accord.placement`)."""
+    names = list(hostnames)
+    return [Slot(rank=c.rank, size=c.size, local_rank=c.local_rank, local_size=c.local_size,
+                 cross_rank=c.cross_rank, cross_size=c.cross_size, hostname=name, host_index=c.host_index)
+            for c, name in zip(coordinates(names), names)]
 
 
 def hosts_of(slots: Sequence[Slot]) -> list[str]:

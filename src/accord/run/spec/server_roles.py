@@ -35,8 +35,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from accord import config
 from accord.errors import LaunchError, with_hint
+from accord.run.settings import LauncherSettings
 from accord.run.spec.tuning import Tuning, tuning_env
 from accord.run.spec.worker_env import JobEnv
 
@@ -121,6 +121,6 @@ def server_env(
         "ACCORD_STORE_ADDR": str(job.store_addr),
         "ACCORD_STORE_PORT": str(job.store_port),
     })
-    if node_host is not None and config.get("ACCORD_NODE_HOST", user_env or {}) is None:
+    if node_host is not None and LauncherSettings.from_environ(user_env or {}).node_host is None:
         env["ACCORD_NODE_HOST"] = node_host
     return env

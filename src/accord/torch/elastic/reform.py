@@ -35,6 +35,7 @@ from accord import config
 from accord.errors import RankFailedError, with_hint
 from accord.runtime import admission
 from accord.runtime.rendezvous import reserve_new_generation
+from accord.runtime.settings import ElasticSettings
 from accord.torch import gateway
 from accord.worker_contract import (
     ELASTIC_DEAD_KEY,
@@ -70,15 +71,15 @@ class Membership:
 
     def __init__(self) -> None:
         joined = admission.admitted()
-        given = config.get("ACCORD_ELASTIC_ID")
-        self.member_id = given if given is not None else gateway.rank()
+        elastic = ElasticSettings.from_config()
+        self.member_id = elastic.member_id if elastic.member_id is not None else gateway.rank()
         self.members = joined.members if joined else list(range(gateway.size()))
         self.epoch = joined.epoch if joined else 0
         self.on_update: Callable[[str], None] | None = None
         self._notified = joined.updates if joined else 0
         self._covered = self._notified  # the host changes the last re-formation took in
         self._lock = threading.Lock()
-        self._store = admission.job_store()
+        self._store = admission.job_store(elastic)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if self._store is not None:
@@ -146,7 +147,7 @@ class Membership:
         base = self._key(f"e{self.epoch}")
         store = self._store
         store.set(f"{base}/arrived/{self.member_id}", b"1")
-        timeout = float(config.get("ACCORD_ELASTIC_TIMEOUT"))
+        timeout = ElasticSettings.from_config().timeout  # each re-formation reads the environment anew
         if int(store.add(f"{base}/count", 1)) == 1:
             record = self._lead(base, timeout)
         else:
@@ -173,6 +174,7 @@ class Membership:
 
     def _lead(self, base: str, timeout: float) -> dict:
         store = self._store
+        elastic = ElasticSettings.from_config()
         deadline = time.monotonic() + timeout
         beats = {m: (self._count(f"hb/{m}"), time.monotonic()) for m in self.members}
         while True:
@@ -183,7 +185,8 @@ class Membership:
                 count = self._count(f"hb/{m}")
                 if count != beats[m][0]:
                     beats[m] = (count, now)
-            if not missing or all(now - beats[m][1] >= self._dead_after(m) for m in missing) or now > deadline:
+            given_up = all(now - beats[m][1] >= self._dead_after(m, elastic) for m in missing)
+            if not missing or given_up or now > deadline:
                 break
             time.sleep(0.05)
         # Read once everyone is here, before the leaving marks and the joiners: the launcher marks
@@ -198,7 +201,7 @@ class Membership:
         # join yet (a host with several slots starts several at once) are waited for a little, so
         # that one host is one re-formation.
         joiners = self._joiners(set(self.members))
-        min_np = config.get("ACCORD_ELASTIC_MIN_NP") or 1
+        min_np = elastic.min_np
         settle = time.monotonic() + _SETTLE_S
         while time.monotonic() < deadline:
             pending = self._launched() - set(joiners) - set(self.members)
@@ -231,7 +234,7 @@ class Membership:
             except Exception as exc:  # the store went away: nobody is left to tell
                 log.debug("elastic: could not mark member %d exiting: %s", self.member_id, exc)
 
-    def _dead_after(self, member: int) -> float:
+    def _dead_after(self, member: int, elastic: ElasticSettings) -> float:
         """Seconds without a heartbeat after which a missing member counts as gone.
 
         A member that said it is ending with an error is gone at once, unless accordrun's elastic
@@ -243,7 +246,7 @@ class Membership:
         key = self._key(f"exiting/{member}")
         if not self._store.check([key]) or self._store.get(key) != b"1":
             return _DEAD_AFTER_S
-        return _EXIT_WAIT_S if config.get("ACCORD_ELASTIC_ID") is not None else 0.0
+        return _EXIT_WAIT_S if elastic.member_id is not None else 0.0
 
     def _joiners(self, known: set[int]) -> list[int]:
         """Workers waiting to join (not dead, not members already), in id order."""
