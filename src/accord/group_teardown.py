@@ -33,3 +33,19 @@ def destroy_process_group(group: dist.ProcessGroup | None = None) -> None:
     if not DESTRUCTOR_RELEASES_GIL:
         time.sleep(LINGER_S)
     dist.destroy_process_group(group)
+
+
+def release_group(group: dist.ProcessGroup | None) -> None:
+    """Let a private library group go (one built directly, not through ``new_group``): shut it down
+    where torch can, after the same pause as :func:`destroy_process_group` on an affected torch.
+    The caller drops its last reference right after."""
+    if group is None:
+        return
+    if not DESTRUCTOR_RELEASES_GIL:
+        time.sleep(LINGER_S)
+    shutdown = getattr(group, "shutdown", None)
+    if shutdown is not None:
+        try:
+            shutdown()
+        except RuntimeError:  # backends of torch versions that do not implement it
+            pass

@@ -24,6 +24,7 @@ import torch
 from accord.comm.backend import Communicator
 from accord.comm.ops import ReduceOp
 from accord.errors import BackendError, MismatchError
+from helpers import groups
 from helpers.values import bits_equal, random_values, reduce_tolerance, to_tensor, within
 
 SUM, AVG, MIN, MAX, PROD = ReduceOp.SUM, ReduceOp.AVERAGE, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT
@@ -445,8 +446,8 @@ def check_errors(c: Checks) -> None:
 
 def run_checks(backend: Any, rank: int, size: int) -> tuple[int, list[str]]:
     """Run every check on this rank over the full set and a subset; return (checks, failures)."""
-    groups = [list(range(size))] + ([[0, 2]] if size >= 3 else [[1]])
-    comms = [(g, backend.create(g)) for g in groups]  # collective: every rank, same order
+    sets = [list(range(size))] + ([[0, 2]] if size >= 3 else [[1]])
+    comms = [(g, groups.create(backend, g)) for g in sets]  # every rank, same order
     count, failures = 0, []
     for members, comm in comms:
         if comm is None:

@@ -2,6 +2,8 @@
 and an Engine wired the way the session wires it (without the rendezvous)."""
 from __future__ import annotations
 
+from helpers import groups
+
 
 def make_comm(ranks):
     """A gloo communicator over ``ranks`` (collective on every rank; None on non-members).
@@ -10,7 +12,7 @@ def make_comm(ranks):
     """
     from accord.comm import get_backend
 
-    return get_backend("gloo").create(list(ranks))
+    return groups.create(get_backend("gloo"), list(ranks))
 
 
 class CountingComm:

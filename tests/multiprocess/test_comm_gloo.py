@@ -4,6 +4,7 @@ All checks for one world size run inside one set of ranks (a rank costs ~1 s to 
 tests/helpers/comm_checks.py for what is checked and how expected values are computed.
 """
 import pytest
+from helpers import groups
 from helpers.ranks import run_ranks
 
 
@@ -31,7 +32,7 @@ def _peer_leaves(rank, size):
     from accord.comm import ReduceOp, get_backend
     from accord.errors import RankFailedError
 
-    comm = get_backend("gloo").create(range(size))
+    comm = groups.create(get_backend("gloo"), range(size))
     if rank == 1:
         return "left"  # exits without joining the allreduce below
     try:
@@ -50,27 +51,35 @@ def test_lost_peer_raises_rank_failed():
 
 
 
-def _reduce_scatter_as_on_torch_2_4(rank, size):
-    import torch.distributed as dist
-    from helpers.comm_checks import Checks, check_reductions
+class _GlooOfTorch24:
+    """A Gloo group as torch 2.4 has it: no list reduce_scatter (refused before sending anything),
+    and a tensor reduce_scatter that sums whatever op it is given."""
 
-    from accord.comm import get_backend, torch_backend
+    def __init__(self, group):
+        self._group = group
 
-    comm = get_backend("gloo").create(range(size))
-    real_list_form, real_tensor_form = dist.reduce_scatter, torch_backend._reduce_scatter_single
+    def __getattr__(self, name):
+        return getattr(self._group, name)
 
-    def refuse(*args, **kwargs):  # no list form before torch 2.7: refused before sending anything
+    def reduce_scatter(self, *args, **kwargs):
         raise RuntimeError("ProcessGroupGloo does not support reduce_scatter")
 
-    def always_sum(out, tensor, op, group):  # torch 2.4's Gloo reduce_scatter_tensor ignores op
-        return real_tensor_form(out, tensor, op=dist.ReduceOp.SUM, group=group)
+    def _reduce_scatter_base(self, out, tensor, options):
+        import torch.distributed as dist
 
-    dist.reduce_scatter, torch_backend._reduce_scatter_single = refuse, always_sum
-    try:
-        checks = Checks(comm, "gloo as on torch 2.4")
-        check_reductions(checks)
-    finally:
-        dist.reduce_scatter, torch_backend._reduce_scatter_single = real_list_form, real_tensor_form
+        options.reduceOp = dist.ReduceOp.SUM
+        return self._group._reduce_scatter_base(out, tensor, options)
+
+
+def _reduce_scatter_as_on_torch_2_4(rank, size):
+    from helpers.comm_checks import Checks, check_reductions
+
+    from accord.comm import get_backend
+
+    comm = groups.create(get_backend("gloo"), range(size))
+    comm.group = _GlooOfTorch24(comm.group)
+    checks = Checks(comm, "gloo as on torch 2.4")
+    check_reductions(checks)
     return checks.count, checks.failures, comm._uneven_reduce_scatter
 
 

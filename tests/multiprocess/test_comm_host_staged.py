@@ -6,6 +6,7 @@ values from numpy, see tests/helpers/comm_checks.py) runs through it here on CPU
 same wrapper over CUDA tensors on one shared GPU is tested in tests/gpu/.
 """
 import pytest
+from helpers import groups
 from helpers.ranks import run_ranks
 
 pytestmark = pytest.mark.timeout(120)
@@ -22,7 +23,7 @@ def _staged_checks(rank, size, inner):
     backend = HostStagedBackend(get_backend(inner))
     count, failures = run_checks(backend, rank, size)
     # Results never alias the reused staging buffer: a later collective must not change them.
-    comm = backend.create(list(range(size)))
+    comm = groups.create(backend, list(range(size)))
     assert isinstance(comm, HostStagedCommunicator) and comm.inner.backend_name == inner
     first = comm.allgather(torch.full((2,), float(rank)))
     comm.allreduce(torch.full((64,), 7.0), ReduceOp.SUM)

@@ -12,6 +12,7 @@ import threading
 
 import numpy as np
 import pytest
+from helpers import groups
 from helpers.dying_ranks import run_ranks_with_deaths
 from helpers.ranks import run_ranks
 
@@ -116,12 +117,12 @@ def _suite(rank, size):
         count, failures = count + n, failures + f
     paths = []
     for kwargs, tag in (({}, "default"), ({"direct_max_ranks": 1}, "split")):
-        comm = ShmBackend(**kwargs).create(range(size))
+        comm = groups.create(ShmBackend(**kwargs), range(size))
         paths.append(comm.segment_path)
         failures += _large_checks(comm, rank, size, tag)
         failures += _many_checks(comm, rank, size, tag)
         comm.close()
-    comm = ShmBackend(chunk_bytes=4096, direct_max_ranks=1, split_min_bytes=0).create(range(size))
+    comm = groups.create(ShmBackend(chunk_bytes=4096, direct_max_ranks=1, split_min_bytes=0), range(size))
     failures += _many_checks(comm, rank, size, "4 KB split")
     comm.close()
     return count, failures, paths, os.getpid()
@@ -149,12 +150,12 @@ def _hosts(rank, size):
     from accord.errors import BackendError
 
     with pytest.raises(BackendError) as info:  # ACCORD_HOSTNAME differs per rank
-        get_backend("shm").create(range(size))
+        groups.create(get_backend("shm"), range(size))
     text = str(info.value)
     assert "span 2 hosts: rank 0 on 'host0', rank 1 on 'host1'" in text and "HINT:" in text
-    only_me = get_backend("shm").create([1])  # one host: fine; rank 0 is not a member
+    only_me = groups.create(get_backend("shm"), [1])  # one host: fine; rank 0 is not a member
     assert (only_me is None) == (rank == 0)
-    comm = ShmBackend(hostnames=["box", "box"]).create(range(size))  # the caller knows better
+    comm = groups.create(ShmBackend(hostnames=["box", "box"]), range(size))  # the caller knows better
     t = torch.full((3,), float(rank + 1))
     comm.allreduce(t, ReduceOp.SUM)
     assert t.tolist() == [3.0, 3.0, 3.0]
@@ -175,7 +176,7 @@ def _mismatch_and_close(rank, size):
     from accord.comm.shm.backend import ShmBackend
     from accord.errors import MismatchError, RankFailedError
 
-    comm = ShmBackend().create(range(size))
+    comm = groups.create(ShmBackend(), range(size))
     with pytest.raises(MismatchError) as info:
         comm.allreduce(torch.ones(4 + rank), ReduceOp.SUM)
     assert ("rank 0 called allreduce (16 bytes, float32 SUM), rank 1 called allreduce (20 bytes, "
@@ -233,7 +234,7 @@ def _peer_dies(rank, size, how):
     from accord.comm import ReduceOp, get_backend
     from accord.errors import RankFailedError
 
-    comm = get_backend("shm").create(range(size))
+    comm = groups.create(get_backend("shm"), range(size))
     t = torch.ones(3)
     comm.allreduce(t, ReduceOp.SUM)
     assert t.tolist() == [2.0] * 3

@@ -142,9 +142,11 @@ def test_backend_objects():
     assert (mpi.name, mpi.device_types) == ("mpi", frozenset({"cpu"}))
 
 
-def test_torch_backend_needs_default_group():
-    with pytest.raises(BackendError, match="not initialized") as info:
-        comm.get_backend("gloo").create([0])
+def test_a_communicator_is_built_by_its_members_only():
+    from accord.comm.groups import GroupContext
+
+    with pytest.raises(ValueError, match="which it is not a member of") as info:
+        GroupContext(None, "k", (0, 1), 2, ("h", "h", "h"), 5.0)
     assert "HINT:" in str(info.value)
 
 

@@ -185,7 +185,7 @@ def _sweep(opts: CollectivesOptions, backend: str, say: Callable[[str, bool], No
         device = torch.device("cuda", torch.cuda.current_device())
     else:
         device = torch.device("cpu")
-    comm = get_backend(backend).create(list(range(n))) if opts.api == "comm" else None
+    comm = engine.build_communicator(get_backend(backend), range(n)) if opts.api == "comm" else None
     out = []
     try:
         for op in opts.ops:

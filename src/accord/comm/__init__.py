@@ -6,7 +6,7 @@ lazy: importing this package imports neither torch nor mpi4py; a backend's modul
 when :func:`get_backend` first asks for it.
 
     from accord.comm import backend_name_for, get_backend
-    comm = get_backend(backend_name_for("cpu")).create(range(world_size))
+    comm = get_backend(backend_name_for("cpu")).create(context)   # an accord.comm.groups.GroupContext
 """
 from __future__ import annotations
 

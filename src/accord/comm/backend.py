@@ -20,6 +20,7 @@ import inspect
 from abc import ABC, abstractmethod
 from typing import Callable, Protocol, Sequence, runtime_checkable
 
+from accord.comm.groups import GroupContext
 from accord.comm.ops import ReduceOp
 from accord.errors import BackendError, with_hint
 from accord.registry import Registry
@@ -97,17 +98,20 @@ class ScatteredAllreduce(Protocol):
 
 
 class Backend(ABC):
-    """A communication library. ``create`` is collective over every rank of the job.
+    """A communication library.
 
-    Subclasses set ``name`` and ``device_types`` (class or instance attributes).
+    Subclasses set ``name`` and ``device_types`` (class or instance attributes) and implement
+    ``create``, which only the members of the new communicator call, together (see
+    :mod:`accord.comm.groups`: the context gives them a store of their own, private library
+    groups and small exchanges).
     """
 
     name: str
     device_types: frozenset[str]  # e.g. {"cpu"} or {"cuda"}
 
     @abstractmethod
-    def create(self, ranks: Sequence[int]) -> Communicator | None:
-        """Make a communicator over ``ranks`` (returns None on ranks outside it)."""
+    def create(self, context: GroupContext) -> Communicator:
+        """Make this rank's communicator over ``context.members`` (collective over the members)."""
 
 
 BackendFactory = Callable[[], Backend]
@@ -155,5 +159,5 @@ def get_backend(name: str) -> Backend:
         raise BackendError(with_hint(
             f"backend {name!r} was built as a {type(backend).__qualname__}, which is not a complete "
             f"accord.comm.Backend" + (f" (missing: {', '.join(missing)})" if missing else ""),
-            "subclass accord.comm.Backend, set name and device_types, and implement create(ranks)"))
+            "subclass accord.comm.Backend, set name and device_types, and implement create(context)"))
     return backend

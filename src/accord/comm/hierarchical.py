@@ -92,6 +92,13 @@ class HierarchicalCommunicator(Communicator):
         self.ranks, self.rank, self.size = flat.ranks, flat.rank, flat.size
         self.hierarchical_allreduces = 0  # allreduces that took the three-step path (tests read it)
 
+    def close(self) -> None:
+        """Close the flat, host and cross-host communicators (every member calls it)."""
+        for comm in (self.flat, self.local, self.cross):
+            close = getattr(comm, "close", None)
+            if close is not None:
+                close()
+
     def allreduce(self, tensor: torch.Tensor, op: ReduceOp) -> None:
         """Reduce ``tensor`` in place: reduce-scatter in the host, allreduce across hosts,
         allgather in the host. Tensors smaller than a part per local rank or than ``min_bytes``,

@@ -16,12 +16,13 @@ only refilled after the previous copy out of it has finished (the copies are syn
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 
 from accord.comm.backend import Backend, Communicator
 from accord.comm.base_communicator import check_writable
+from accord.comm.groups import GroupContext
 from accord.comm.ops import ReduceOp
 
 
@@ -155,7 +156,6 @@ class HostStagedBackend(Backend):
         self.inner = inner
         self.name = "host"
 
-    def create(self, ranks: Sequence[int]) -> HostStagedCommunicator | None:
-        """Make ``inner``'s communicator over ``ranks`` and wrap it (collective, as inner's)."""
-        comm: Any = self.inner.create(ranks)
-        return None if comm is None else HostStagedCommunicator(comm)
+    def create(self, context: GroupContext) -> HostStagedCommunicator:
+        """Make ``inner``'s communicator over the members and wrap it (collective over the members)."""
+        return HostStagedCommunicator(self.inner.create(context))

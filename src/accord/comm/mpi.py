@@ -15,14 +15,16 @@ timeout (ACCORD_COLLECTIVE_TIMEOUT does not apply): when a rank dies, mpirun end
 from __future__ import annotations
 
 import itertools
+import zlib
 from typing import Any, Sequence
 
 import torch
 
 from accord.comm import memory
 from accord.comm.backend import Backend
-from accord.comm.base_communicator import BaseCommunicator, normalize_ranks
+from accord.comm.base_communicator import BaseCommunicator
 from accord.comm.dtypes import LIBRARY_OPS
+from accord.comm.groups import GroupContext
 from accord.comm.ops import ReduceOp
 from accord.errors import BackendError, with_hint
 from accord.mpi_init import initialized_mpi
@@ -154,25 +156,25 @@ class MpiBackend(Backend):
     name = "mpi"
     device_types = frozenset({"cpu"})
 
-    def create(self, ranks: Sequence[int]) -> MpiCommunicator | None:
-        """Make a communicator over ``ranks`` (collective over MPI_COMM_WORLD; None on non-members).
+    def create(self, context: GroupContext) -> MpiCommunicator:
+        """Make this rank's communicator over ``context.members`` (collective over the members only:
+        ``MPI_Comm_create_group``).
 
         Raises:
-            BackendError: mpi4py is missing.
-            ValueError: ``ranks`` is empty, has duplicates or ranks outside MPI_COMM_WORLD.
+            BackendError: mpi4py is missing, or the job's ranks are not MPI_COMM_WORLD's.
         """
         MPI = load_mpi()
         world = MPI.COMM_WORLD
-        wanted = [int(r) for r in ranks]
-        if wanted and max(wanted) >= world.Get_size():
+        members = list(context.members)
+        if members[-1] >= world.Get_size() or world.Get_rank() != context.rank:
             raise BackendError(with_hint(
-                f"the mpi backend needs every rank of the job in MPI_COMM_WORLD, which has "
-                f"{world.Get_size()} rank(s) here; asked for ranks {wanted}",
+                f"the mpi backend needs every rank of the job in MPI_COMM_WORLD at its own rank, which has "
+                f"{world.Get_size()} rank(s) here (this is MPI rank {world.Get_rank()}, accord rank "
+                f"{context.rank}); asked for ranks {members}",
                 "start the job with mpirun (or srun with MPI) to use ACCORD_CPU_BACKEND=mpi; "
                 "under accordrun, torchrun or accord.spawn use gloo or shm"))
-        members = normalize_ranks(wanted, world.Get_size())
-        me = world.Get_rank()
-        comm = world.Split(0 if me in members else MPI.UNDEFINED, me)
-        if me not in members:
-            return None
-        return MpiCommunicator(comm, members, members.index(me))
+        group = world.Get_group().Incl(members)
+        # The tag tells apart sets their members create at the same time (any order of keys).
+        comm = world.Create_group(group, tag=zlib.crc32(context.key.encode()) % 32767)
+        group.Free()
+        return MpiCommunicator(comm, context.members, context.index)

@@ -1,8 +1,11 @@
-"""The ``gloo`` and ``nccl`` backends, over torch.distributed process groups.
+"""The ``gloo`` and ``nccl`` backends, over private torch.distributed process groups.
 
-Both need torch.distributed's default process group to exist already (accord's init, or
-``init_process_group``). ``create(ranks)`` calls ``new_group``, which is collective over every
-rank of the default group: all ranks call it, in the same order, with the same list.
+Each communicator owns a Gloo or NCCL process group built directly on its members' store
+(:meth:`accord.comm.groups.GroupContext.gloo_group`), so neither backend needs torch.distributed's
+default process group, and the members alone build it. Collectives call the group's own methods
+(``group.allreduce([t], options)``) with ranks within the group: the group is not registered with
+torch.distributed, whose functions (``dist.all_reduce``) translate global ranks for registered
+groups only.
 
 Gloo lacks ragged allgather/gather/scatter, int16 and the unsigned types above uint8, integer
 AVERAGE and complex PRODUCT; :class:`~accord.comm.base_communicator.BaseCommunicator` emulates
@@ -10,19 +13,16 @@ those on the primitives below (padding to the largest size, byte views, widening
 """
 from __future__ import annotations
 
-from datetime import timedelta
-from typing import Sequence
-
 import torch
 import torch.distributed as dist
 
 from accord import group_teardown
 from accord.comm import memory
 from accord.comm.backend import Backend
-from accord.comm.base_communicator import BaseCommunicator, normalize_ranks
+from accord.comm.base_communicator import BaseCommunicator
 from accord.comm.dtypes import LIBRARY_OPS
+from accord.comm.groups import GroupContext
 from accord.comm.ops import ReduceOp
-from accord.comm.settings import CommSettings
 from accord.errors import BackendError, with_hint
 
 _OPS = {
@@ -34,9 +34,22 @@ _OPS = {
 # Types both Gloo and NCCL reduce with all four library ops (bool goes through uint8).
 _NATIVE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64,
                   torch.int8, torch.uint8, torch.int32, torch.int64)
-# Renamed in recent torch; keep working on torch >= 2.4.
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def _reduce_options(op: ReduceOp, cls: type = dist.AllreduceOptions, root: int | None = None) -> object:
+    options = cls()
+    options.reduceOp = _OPS[op]
+    if root is not None:
+        options.rootRank, options.rootTensor = root, 0
+    return options
+
+
+def _rooted(cls: type, root: int) -> object:
+    options = cls()
+    options.rootRank = root
+    if hasattr(options, "rootTensor"):
+        options.rootTensor = 0
+    return options
 
 
 class TorchCommunicator(BaseCommunicator):
@@ -64,16 +77,15 @@ class TorchCommunicator(BaseCommunicator):
         return self._meta_device
 
     def close(self) -> None:
-        """Release the process group (collective: every member calls it)."""
-        if self.group is not None:
-            group_teardown.destroy_process_group(self.group)
-            self.group = None
+        """Release the process group (every member calls it)."""
+        group, self.group = self.group, None
+        group_teardown.release_group(group)
 
     def _allreduce_native(self, tensor: torch.Tensor, op: ReduceOp) -> None:
-        dist.all_reduce(tensor, op=_OPS[op], group=self.group)
+        self.group.allreduce([tensor], _reduce_options(op)).wait()
 
     def _reduce_native(self, tensor: torch.Tensor, op: ReduceOp, root: int) -> None:
-        dist.reduce(tensor, dst=self.ranks[root], op=_OPS[op], group=self.group)
+        self.group.reduce([tensor], _reduce_options(op, dist.ReduceOptions, root)).wait()
 
     def _reduce_scatter_native(self, tensor: torch.Tensor, op: ReduceOp, rows: list[int]) -> torch.Tensor:
         out = memory.empty((rows[self.rank], *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
@@ -85,10 +97,11 @@ class TorchCommunicator(BaseCommunicator):
             # an allreduce.
             return super()._reduce_scatter_native(tensor, op, rows)
         if len(set(rows)) == 1:
-            _reduce_scatter_single(out, tensor, op=_OPS[op], group=self.group)
+            self.group._reduce_scatter_base(out, tensor, _reduce_options(op, dist.ReduceScatterOptions)).wait()
         elif self._uneven_reduce_scatter:
             try:
-                dist.reduce_scatter(out, list(tensor.split(rows)), op=_OPS[op], group=self.group)
+                self.group.reduce_scatter([out], [list(tensor.split(rows))],
+                                          _reduce_options(op, dist.ReduceScatterOptions)).wait()
             except RuntimeError as exc:
                 # Gloo before torch 2.7 has only the equal-parts form; it refuses the list form
                 # on every rank before sending anything, so all ranks switch here together.
@@ -110,19 +123,19 @@ class TorchCommunicator(BaseCommunicator):
             padded[index * longest:index * longest + len(part)] = part
             padded[index * longest + len(part):(index + 1) * longest] = 0
         mine = memory.empty((longest, *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
-        _reduce_scatter_single(mine, padded, op=_OPS[op], group=self.group)
+        self.group._reduce_scatter_base(mine, padded, _reduce_options(op, dist.ReduceScatterOptions)).wait()
         return mine[:rows[self.rank]].clone() if rows[self.rank] < longest else mine
 
     def _broadcast_native(self, data: torch.Tensor, root: int) -> None:
         if data.numel():
-            dist.broadcast(data, src=self.ranks[root], group=self.group)
+            self.group.broadcast([data], _rooted(dist.BroadcastOptions, root)).wait()
 
     def _allgatherv(self, data: torch.Tensor, counts: list[int]) -> torch.Tensor:
         width = max(counts)
         if width == 0:
             return data.new_empty(0)
         out = memory.empty(width * self.size, dtype=data.dtype, device=data.device)
-        _all_gather_single(out, _padded(data, width), group=self.group)
+        self.group._allgather_base(out, _padded(data, width)).wait()
         if all(c == width for c in counts):
             return out
         return torch.cat([out[i * width:i * width + c] for i, c in enumerate(counts)])
@@ -133,8 +146,8 @@ class TorchCommunicator(BaseCommunicator):
         if width == 0:
             return data.new_empty(0) if is_root else None
         table = data.new_empty((self.size, width)) if is_root else None
-        dist.gather(_padded(data, width), list(table.unbind(0)) if is_root else None,
-                    dst=self.ranks[root], group=self.group)
+        outputs = [list(table.unbind(0))] if is_root else []
+        self.group.gather(outputs, [_padded(data, width)], _rooted(dist.GatherOptions, root)).wait()
         if not is_root:
             return None
         return torch.cat([table[i, :c] for i, c in enumerate(counts)])
@@ -152,20 +165,20 @@ class TorchCommunicator(BaseCommunicator):
                 table[i, :count] = data[offset:offset + count]
                 offset += count
             parts = list(table.unbind(0))
-        dist.scatter(out, parts, src=self.ranks[root], group=self.group)
+        self.group.scatter([out], [parts] if parts is not None else [], _rooted(dist.ScatterOptions, root)).wait()
         return out[: counts[self.rank]]
 
     def _alltoallv(self, data: torch.Tensor, send: list[int], recv: list[int]) -> torch.Tensor:
         out = memory.empty(sum(recv), dtype=data.dtype, device=data.device)
         # Always called (even with nothing to move here): Gloo waits on every peer's message.
-        dist.all_to_all_single(out, data, output_split_sizes=recv, input_split_sizes=send, group=self.group)
+        self.group.alltoall_base(out, data, recv, send, dist.AllToAllOptions()).wait()
         return out
 
     def _barrier(self) -> None:
+        options = dist.BarrierOptions()
         if self.backend_name == "nccl":
-            dist.barrier(group=self.group, device_ids=[self.meta_device.index])
-        else:
-            dist.barrier(group=self.group)
+            options.device_ids = [self.meta_device.index]
+        self.group.barrier(options).wait()
 
 
 def _padded(data: torch.Tensor, width: int) -> torch.Tensor:
@@ -186,31 +199,16 @@ class TorchBackend(Backend):
         self.name = name
         self.device_types = frozenset({"cpu"} if name == "gloo" else {"cuda"})
 
-    def create(self, ranks: Sequence[int]) -> TorchCommunicator | None:
-        """Make a communicator over ``ranks`` (collective over every rank; None on non-members).
+    def create(self, context: GroupContext) -> TorchCommunicator:
+        """Make this rank's communicator over ``context.members`` (collective over the members).
 
         Raises:
-            BackendError: torch.distributed is not initialized, or the library is not built in.
-            ValueError: ``ranks`` is empty, has duplicates or ranks outside the job.
+            BackendError: the library is not built into this torch.
         """
-        if not dist.is_available() or not dist.is_initialized():
-            raise BackendError(with_hint(
-                f"the {self.name} backend needs torch.distributed's default process group, which is not initialized",
-                "call accord's init (hvd.init()) or torch.distributed.init_process_group() first"))
-        available = dist.is_gloo_available() if self.name == "gloo" else dist.is_nccl_available()
-        if not available:
-            raise BackendError(with_hint(
-                f"this torch build ({torch.__version__}) has no {self.name} support",
-                "install a torch build with it, or choose another backend "
-                "(ACCORD_CPU_BACKEND / ACCORD_GPU_BACKEND)"))
-        members = normalize_ranks(ranks, dist.get_world_size())
-        timeout = timedelta(seconds=CommSettings.from_config().collective_timeout)
-        group = dist.new_group(list(members), timeout=timeout, backend=self.name)
-        me = dist.get_rank()
-        if me not in members:
-            return None
         if self.name == "nccl":
+            group = context.nccl_group()
             meta = torch.device("cuda", torch.cuda.current_device())
         else:
+            group = context.gloo_group()
             meta = torch.device("cpu")
-        return TorchCommunicator(self.name, group, members, members.index(me), meta)
+        return TorchCommunicator(self.name, group, context.members, context.index, meta)

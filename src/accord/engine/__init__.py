@@ -37,8 +37,10 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and readers
     from accord.engine.compression import BF16Compressor, Compression, Compressor, FP16Compressor, NoneCompressor
     from accord.engine.request import Handle, Op
     from accord.engine.session import (
+        add_private_process_set,
         add_process_set,
         backend_name,
+        build_communicator,
         communicator,
         find_process_set,
         init,
@@ -65,7 +67,7 @@ _HOMES: dict[str, tuple[str, str]] = {
         "init", "shutdown", "is_initialized", "topology", "runtime", "communicator", "backend_name",
         "add_process_set", "remove_process_set", "process_sets", "process_set_members",
         "find_process_set", "submit", "submit_group", "poll", "synchronize", "start_timeline",
-        "stop_timeline")},
+        "stop_timeline", "build_communicator", "add_private_process_set")},
     # ``engine`` is also the name of a module of this package, which its import binds here
     "current_engine": ("session", "engine"),
     "Op": ("request", "Op"),
@@ -78,7 +80,8 @@ _HOMES: dict[str, tuple[str, str]] = {
 
 __all__ = [
     "BF16Compressor", "Compression", "Compressor", "FP16Compressor", "GLOBAL_ID", "Handle",
-    "NoneCompressor", "Op", "add_process_set", "backend_name", "communicator", "current_engine",
+    "NoneCompressor", "Op", "add_private_process_set", "add_process_set", "backend_name",
+    "build_communicator", "communicator", "current_engine",
     "find_process_set", "init", "is_initialized", "poll", "process_set_members", "process_sets",
     "remove_process_set", "runtime", "sets_given_at_init", "shutdown", "start_timeline",
     "stop_timeline", "submit", "submit_group", "synchronize", "topology",

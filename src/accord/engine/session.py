@@ -25,9 +25,11 @@ from accord.engine.compression import Compressor, NoneCompressor
 from accord.engine.engine import Engine
 from accord.engine.naming import RequestNamer
 from accord.engine.request import Handle, Op, build_request
-from accord.engine.sets import GLOBAL_ID, ProcessSetRegistry
+from accord.engine.sets import GLOBAL_ID, PRIVATE_IDS, ProcessSetRegistry
 from accord.engine.settings import EngineSettings
+from accord.engine.startup import GroupContexts, set_key
 from accord.errors import with_hint
+from accord.runtime.bootstrap import GivenGroup
 from accord.runtime.topology import Topology
 
 
@@ -37,6 +39,8 @@ class _Session:
     engine: Engine
     sets: ProcessSetRegistry
     backends: dict[str, Any]  # device type -> Backend
+    contexts: GroupContexts  # where the members of each new set's communicators meet
+    adhoc: int = 0  # communicators built by build_communicator so far
     names: RequestNamer = field(default_factory=RequestNamer)
     wire_buffers: dict[str, torch.Tensor] = field(default_factory=dict)  # see build_request
 
@@ -46,12 +50,14 @@ _lock = threading.RLock()
 
 
 def init(process_sets: Sequence[Sequence[int]] | None = None,
-         settings: EngineSettings | None = None) -> list[int]:
+         settings: EngineSettings | None = None, given: GivenGroup | None = None) -> list[int]:
     """Join the job and start the engine; a no-op if already initialized.
 
     Args:
         process_sets: rank lists to register now (ids 1, 2, ... in this order).
         settings: engine settings (default: read from accord.config).
+        given: the group torch.distributed formed (its store, this rank, the world size), when
+            ``init_process_group("accord")`` starts accord (see :mod:`accord.runtime.bootstrap`).
     Returns:
         The ids of ``process_sets``.
     Raises:
@@ -64,10 +70,10 @@ def init(process_sets: Sequence[Sequence[int]] | None = None,
         from accord.engine.startup import build_engine
         from accord.runtime.bootstrap import bootstrap
 
-        runtime = bootstrap()
+        runtime = bootstrap(given=given)
         try:
-            backends, sets, engine = build_engine(runtime.topology, runtime.store, settings)
-            session = _Session(runtime, engine, sets, backends)
+            backends, sets, engine, contexts = build_engine(runtime.topology, runtime.store, settings)
+            session = _Session(runtime, engine, sets, backends, contexts)
             ids = [_add(session, ranks) for ranks in process_sets or []]
             engine.start()
         except BaseException:
@@ -95,6 +101,7 @@ def shutdown() -> None:
         finally:
             # Release the communicators' process groups now, while the interpreter is whole:
             # left to interpreter teardown, their C++ threads can abort the process at exit.
+            session.sets.close_all()
             session.sets.clear()
             session.backends.clear()
             session.runtime.close()
@@ -149,10 +156,72 @@ def backend_name(device_type: str = "cpu") -> str:
 
 def _add(session: _Session, ranks: Sequence[int]) -> int:
     ranks = session.sets.check_new(int(r) for r in ranks)  # equal on every rank
-    comms = {d: b.create(list(ranks)) for d, b in session.backends.items()}  # collective on all ranks
-    set_id = session.sets.add(ranks, comms)
+    set_id = session.sets.next_id
+    comms = _communicators(session, set_id, ranks)
+    added = session.sets.add(ranks, comms)
+    assert added == set_id
     session.engine.open_set(set_id)  # its members start the set's controller (once started)
     return set_id
+
+
+def _communicators(session: _Session, set_id: int, ranks: Sequence[int],
+                   timeout: float | None = None) -> dict[str, Any]:
+    """The set's communicator per device kind, built by its members (None elsewhere)."""
+    if session.runtime.topology.rank not in ranks:
+        return {d: None for d in session.backends}
+    return {d: b.create(session.contexts.make(ranks, set_key(set_id, d), timeout))
+            for d, b in session.backends.items()}
+
+
+def build_communicator(backend: Any, ranks: Sequence[int]) -> Any:
+    """A communicator of ``backend`` over ``ranks`` outside any process set, for benchmarks and
+    tests that drive a backend directly. Every rank calls it, in the same order (the order is the
+    members' key); non-members get None. The caller closes it.
+    """
+    with _lock:
+        session = _current()
+        session.adhoc += 1
+        members = tuple(sorted(int(r) for r in ranks))
+        if session.runtime.topology.rank not in members:
+            return None
+        return backend.create(session.contexts.make(members, f"adhoc{session.adhoc}"))
+
+
+def add_private_process_set(ranks: Sequence[int], name: str, timeout: float | None = None) -> int:
+    """Register a process set that only its members create and know, as torch.distributed's
+    ``new_group`` does (the accord process group's sub-groups); return its id.
+
+    Args:
+        ranks: the members' global ranks (this rank among them).
+        name: a name the members share and no other private set of this job has (torch's group
+            name).
+        timeout: seconds a collective of the set may take (default ACCORD_COLLECTIVE_TIMEOUT).
+    Raises:
+        ValueError: ranks invalid, or this rank is not among them.
+        BackendError: a member did not take part in time.
+    """
+    with _lock:
+        session = _current()
+        ranks = tuple(sorted(int(r) for r in ranks))
+        me = session.runtime.topology.rank
+        if me not in ranks:
+            raise ValueError(with_hint(f"rank {me} registers private process set {name!r} over {list(ranks)}",
+                                       "only the members of a private set register it"))
+        set_id = _private_id(session, ranks, name, timeout)
+        comms = _communicators(session, set_id, ranks, timeout)
+        session.sets.add_private(set_id, ranks, comms)
+        session.engine.open_set(set_id)
+        return set_id
+
+
+def _private_id(session: _Session, ranks: tuple[int, ...], name: str, timeout: float | None) -> int:
+    """An id for a private set that its members agree on: the first member draws it from a
+    counter of the job's store and publishes it under the set's name."""
+    context = session.contexts.make(ranks, f"private/{name}", timeout)
+    drawn = None
+    if context.index == 0:
+        drawn = str(PRIVATE_IDS + int(session.runtime.store.add("accord/private-sets", 1))).encode()
+    return int(context.broadcast_bytes("id", drawn, 0))
 
 
 def add_process_set(ranks: Sequence[int]) -> int:

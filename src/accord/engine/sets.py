@@ -8,13 +8,19 @@ are views that carry an id and ask here for members.
 """
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any, Iterable, Mapping
 
 from accord.comm.backend import Communicator
 from accord.errors import BackendError, with_hint
 
+log = logging.getLogger("accord.engine")
+
 GLOBAL_ID = 0
+# Ids of sets only their members register (torch.distributed groups) start here, far above the
+# ids of sets every rank registers, so the two kinds never meet.
+PRIVATE_IDS = 1 << 20
 
 
 class ProcessSetRegistry:
@@ -35,6 +41,7 @@ class ProcessSetRegistry:
         self._members: dict[int, tuple[int, ...]] = {GLOBAL_ID: tuple(range(size))}
         self._comms: dict[int, dict[str, Communicator | None]] = {GLOBAL_ID: {}}
         self._next_id = 1
+        self._private: set[int] = set()
 
     # --- bookkeeping (pure, no communication) ----------------------------------------------------
 
@@ -53,6 +60,11 @@ class ProcessSetRegistry:
                                        f"reuse id {existing}, or remove it first"))
         return ranks
 
+    @property
+    def next_id(self) -> int:
+        """The id :meth:`add` gives the next shared set (the same on every rank)."""
+        return self._next_id
+
     def add(self, ranks: Iterable[int], comms: Mapping[str, Communicator | None]) -> int:
         """Register a set with its communicators; return its new id (see :meth:`check_new`)."""
         ranks = self.check_new(ranks)
@@ -62,6 +74,24 @@ class ProcessSetRegistry:
             self._members[set_id] = ranks
             self._comms[set_id] = dict(comms)
         return set_id
+
+    def add_private(self, set_id: int, ranks: Iterable[int], comms: Mapping[str, Communicator | None]) -> None:
+        """Register a set that only its members know (a torch.distributed group), under an id its
+        members agreed on (at least :data:`PRIVATE_IDS`). Several may have the same ranks; they
+        are not listed by :meth:`snapshot` nor found by :meth:`find` (Horovod's view of sets).
+
+        Raises:
+            ValueError: the ranks are invalid, or the id is taken or below :data:`PRIVATE_IDS`.
+        """
+        ranks = tuple(ranks)
+        self._check(ranks)
+        if set_id < PRIVATE_IDS or set_id in self._members:
+            raise ValueError(with_hint(f"process set id {set_id} is taken or not a private id",
+                                       f"private sets take fresh ids from {PRIVATE_IDS} on"))
+        with self._lock:
+            self._members[set_id] = ranks
+            self._comms[set_id] = dict(comms)
+            self._private.add(set_id)
 
     def remove(self, set_id: int) -> list[Communicator]:
         """Forget a set; return its communicators to close.
@@ -76,13 +106,29 @@ class ProcessSetRegistry:
             raise ValueError(self._unknown(set_id))
         with self._lock:
             del self._members[set_id]
+            self._private.discard(set_id)
             return [c for c in self._comms.pop(set_id).values() if c is not None]
+
+    def close_all(self) -> None:
+        """Close every communicator of every set (at shutdown, once the engine has stopped); a
+        communicator that fails to close is logged and the others are still closed."""
+        with self._lock:
+            comms = [c for per_set in self._comms.values() for c in per_set.values() if c is not None]
+        for comm in comms:
+            close = getattr(comm, "close", None)
+            if close is None:
+                continue
+            try:
+                close()
+            except Exception as exc:  # noqa: BLE001 (shutting down: report and go on)
+                log.warning("closing a %s communicator failed: %s", type(comm).__name__, exc)
 
     def clear(self) -> None:
         """Drop every communicator and every set but the global one's ranks (at shutdown)."""
         with self._lock:
             self._members = {GLOBAL_ID: self._members[GLOBAL_ID]}
             self._comms = {GLOBAL_ID: {}}
+            self._private.clear()
 
     def ids(self) -> list[int]:
         """Registered set ids, ascending (0 first)."""
@@ -104,12 +150,12 @@ class ProcessSetRegistry:
         """The id of the set with exactly these (sorted) ranks, or None."""
         wanted = tuple(ranks)
         with self._lock:
-            return next((i for i, r in self._members.items() if r == wanted), None)
+            return next((i for i, r in self._members.items() if r == wanted and i not in self._private), None)
 
     def snapshot(self) -> dict[int, tuple[int, ...]]:
-        """Every registered set: id -> global ranks."""
+        """Every set registered on every rank: id -> global ranks (private sets are left out)."""
         with self._lock:
-            return dict(self._members)
+            return {i: r for i, r in self._members.items() if i not in self._private}
 
     def __contains__(self, set_id: object) -> bool:
         return set_id in self._members

@@ -3,10 +3,11 @@ communicators, agreed engine settings and the engine itself."""
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
+from accord.comm.groups import GroupContext
 from accord.engine.engine import Engine
 from accord.engine.sets import GLOBAL_ID, ProcessSetRegistry
 from accord.engine.settings import EngineSettings
@@ -16,30 +17,55 @@ from accord.runtime.topology import Topology
 log = logging.getLogger("accord.engine")
 
 
-def build_engine(topology: Topology, store: Any, settings: EngineSettings | None
-                 ) -> tuple[dict[str, Any], ProcessSetRegistry, Engine]:
-    """Backends by device kind, the set registry (global set wired) and the (unstarted) engine.
+class GroupContexts:
+    """Makes the :class:`~accord.comm.groups.GroupContext` each new communicator of this job is built
+    from: the job's store, this rank, every rank's host, and the collective timeout."""
 
-    Collective over every rank: each creates the same communicators in the same order. ``store``
-    (the job's) carries what each rank sees of its GPUs (:mod:`accord.comm.devices`).
+    def __init__(self, topology: Topology, store: Any, timeout: float) -> None:
+        self.topology, self.store, self.timeout = topology, store, timeout
+
+    def make(self, members: Sequence[int], key: str, timeout: float | None = None) -> GroupContext:
+        """The context of communicator ``key`` over ``members`` (this rank among them)."""
+        return GroupContext(self.store, key, tuple(members), self.topology.rank, tuple(self.topology.hostnames),
+                            self.timeout if timeout is None else timeout)
+
+
+def set_key(set_id: int, device: str) -> str:
+    """The key of a set's communicator for one device kind (the same on every member)."""
+    return f"set{set_id}/{device}"
+
+
+def build_engine(topology: Topology, store: Any, settings: EngineSettings | None
+                 ) -> tuple[dict[str, Any], ProcessSetRegistry, Engine, GroupContexts]:
+    """Backends by device kind, the set registry (global set wired), the (unstarted) engine and
+    the contexts later sets are built from.
+
+    Collective over every rank: each creates the global set's communicators. ``store`` (the
+    job's) carries what each rank sees of its GPUs (:mod:`accord.comm.devices`) and is where
+    the members of each communicator meet.
     """
     from accord.comm.devices import device_backends
+    from accord.comm.settings import CommSettings
 
     size = topology.size
     single_host = size > 1 and len(set(topology.hostnames)) == 1
     backends = device_backends(store, topology.rank, topology.hostnames, single_host)
     check_devices(backends)
+    contexts = GroupContexts(topology, store, CommSettings.from_config().collective_timeout)
     registry = ProcessSetRegistry(size)
+    everyone = list(range(size))
     for device, backend in backends.items():
-        registry.set_communicator(GLOBAL_ID, device, backend.create(list(range(size))))
+        comm = backend.create(contexts.make(everyone, set_key(GLOBAL_ID, device)))
+        registry.set_communicator(GLOBAL_ID, device, comm)
     cpu = registry.communicator(GLOBAL_ID, "cpu")
     settings = settings or EngineSettings.from_config(cpu_backend=backends["cpu"].name)
     check_settings_agree(settings, cpu)
     if (settings.hierarchical_allreduce or settings.hierarchical_auto) and size > 1:
-        registry.set_communicator(GLOBAL_ID, "cpu", hierarchical(topology, cpu, settings))
+        context = contexts.make(everyone, set_key(GLOBAL_ID, "cpu"))
+        registry.set_communicator(GLOBAL_ID, "cpu", hierarchical(topology, cpu, settings, context))
     # The engine negotiates on the global CPU communicator: its own process group, not the
     # default one, so collectives a frontend runs directly never interleave with it.
-    return backends, registry, Engine(topology.rank, size, cpu, registry, settings)
+    return backends, registry, Engine(topology.rank, size, cpu, registry, settings), contexts
 
 
 def check_devices(backends: dict[str, Any]) -> None:
@@ -54,7 +80,7 @@ def check_devices(backends: dict[str, Any]) -> None:
                 "use gloo, shm or mpi for CPU tensors and nccl for CUDA tensors"))
 
 
-def hierarchical(topology: Topology, flat: Any, settings: EngineSettings) -> Any:
+def hierarchical(topology: Topology, flat: Any, settings: EngineSettings, context: GroupContext) -> Any:
     """The global CPU communicator under ACCORD_HIERARCHICAL_ALLREDUCE (forced, or chosen
     automatically when unset): allreduce within each host (the one-host CPU backend, shm by
     default), then across hosts (the multi-host one, gloo by default). ``flat`` when the layout
@@ -71,17 +97,17 @@ def hierarchical(topology: Topology, flat: Any, settings: EngineSettings) -> Any
         if topology.rank == 0 and not auto:
             log.warning("ACCORD_HIERARCHICAL_ALLREDUCE is set, but allreduce stays flat: %s", problem)
         return flat
-    # create() is collective over every rank: all ranks create every host's and every local
-    # rank's communicator, in the same order, and keep the one they belong to.
-    local_backend = get_backend(backend_name_for("cpu", single_host=True))
-    local = [c for c in (local_backend.create(r) for r in hosts) if c is not None]
-    cross_backend = get_backend(backend_name_for("cpu", single_host=False))
-    cross = [c for c in (cross_backend.create(r) for r in cross_sets(topology)) if c is not None]
+    # Each rank builds the two communicators it belongs to: its host's and its local rank's.
+    me = topology.rank
+    local_index, mine = next((i, r) for i, r in enumerate(hosts) if me in r)
+    local = get_backend(backend_name_for("cpu", single_host=True)).create(context.sub(mine, f"local{local_index}"))
+    cross_index, across = next((i, r) for i, r in enumerate(cross_sets(topology)) if me in r)
+    cross = get_backend(backend_name_for("cpu", single_host=False)).create(context.sub(across, f"cross{cross_index}"))
     if auto and topology.rank == 0:
         log.info("allreduce may be hierarchical (%d hosts x %d ranks, from %d bytes, if faster on "
                  "the first ones); HOROVOD_HIERARCHICAL_ALLREDUCE=0|1 decides instead", len(hosts),
                  len(hosts[0]), settings.hierarchical_min_bytes)
-    return HierarchicalCommunicator(flat, local[0], cross[0],
+    return HierarchicalCommunicator(flat, local, cross,
                                     min_bytes=settings.hierarchical_min_bytes if auto else 0, measure=auto)
 
 

@@ -23,21 +23,24 @@
 4. exchange host names (ACCORD_HOSTNAME overrides socket.gethostname()) under one key per rank;
    this is also the start barrier: ranks missing at the deadline are named in the error;
 5. when every rank is on one host, pin Gloo and NCCL to the loopback interface
-   (:meth:`Rendezvous.loopback_data_plane`), so the data plane listens on 127.0.0.1 only;
-6. initialise torch.distributed's default process group through the store: backend "gloo",
-   or "cpu:gloo,cuda:nccl" when CUDA and NCCL are available, timeout ACCORD_COLLECTIVE_TIMEOUT.
+   (:meth:`Rendezvous.loopback_data_plane`), so the data plane listens on 127.0.0.1 only.
+
+torch.distributed's default process group is left to the program (as Horovod leaves it): the
+engine builds private groups on the store (:mod:`accord.comm.groups`), so a program may start
+its own default group before or after, ``init_process_group("accord")`` included. A process group
+backend that already met the ranks passes its store as ``given`` (rendezvous ``given-store``).
 """
 from __future__ import annotations
 
 import atexit
 import logging
 import socket
+from dataclasses import dataclass, replace
 from datetime import timedelta
 
-import torch
 import torch.distributed as dist
 
-from accord import config, group_teardown, worker_contract
+from accord import config, worker_contract
 from accord.errors import RendezvousError, with_hint
 from accord.logs import apply_log_level
 from accord.runtime import environments as envs
@@ -55,20 +58,19 @@ class Runtime:
     """The result of :func:`bootstrap`: where this rank is, and the job's store and secret.
 
     ``store`` is scoped to this bootstrap's generation (keys do not collide with an earlier or
-    later bootstrap). ``close()`` destroys the default process group (when bootstrap made it),
-    closes the store client and any store server this rank hosts; it is idempotent.
+    later bootstrap). ``close()`` closes the store client and any store server this rank hosts;
+    it is idempotent. torch.distributed's default process group is the program's own: a runtime
+    neither makes nor destroys it (the engine's groups are private, see :mod:`accord.comm.groups`).
     """
 
-    def __init__(self, topology: Topology, rdv: Rendezvous, store: dist.Store, backend: str,
-                 owns_pg: bool, environment: envs.JobEnvironment, close_timeout: float) -> None:
+    def __init__(self, topology: Topology, rdv: Rendezvous, store: dist.Store,
+                 environment: envs.JobEnvironment, close_timeout: float) -> None:
         self.topology = topology
         self.store = store
         self.secret = rdv.secret
         self.source = environment.source
         self.environment = environment
-        self.backend = backend
         self._rdv = rdv
-        self._owns_pg = owns_pg
         self._close_timeout = close_timeout
         self._closed = False
 
@@ -78,7 +80,7 @@ class Runtime:
         return self._closed
 
     def close(self) -> None:
-        """Leave the job: destroy the process group, release the store (idempotent)."""
+        """Leave the job: release the store (idempotent)."""
         global _active
         if self._closed:
             return
@@ -86,11 +88,7 @@ class Runtime:
         if _active is self:
             _active = None
         atexit.unregister(self.close)
-        try:
-            if self._owns_pg and dist.is_initialized():
-                group_teardown.destroy_process_group()
-        finally:
-            self._rdv.leave(self.store, self.topology.rank, self.topology.size, self._close_timeout)
+        self._rdv.leave(self.store, self.topology.rank, self.topology.size, self._close_timeout)
 
     def __enter__(self) -> "Runtime":
         return self
@@ -101,7 +99,7 @@ class Runtime:
     def __repr__(self) -> str:
         t = self.topology
         return (f"Runtime(source={self.source!r}, rank={t.rank}, size={t.size}, "
-                f"local_rank={t.local_rank}, backend={self.backend!r}, closed={self._closed})")
+                f"local_rank={t.local_rank}, closed={self._closed})")
 
 
 def active_runtime() -> Runtime | None:
@@ -109,11 +107,14 @@ def active_runtime() -> Runtime | None:
     return _active
 
 
-def bootstrap(*, timeout: float | None = None) -> Runtime:
-    """Detect the environment, meet every rank and initialise the default process group.
+def bootstrap(*, timeout: float | None = None, given: GivenGroup | None = None) -> Runtime:
+    """Detect the environment and meet every rank.
 
     Args:
         timeout: seconds for every rank to reach the rendezvous (default ACCORD_START_TIMEOUT).
+        given: the group torch.distributed already formed (``init_process_group("accord")``):
+            its store, this rank and the world size. Under accordrun the job's authenticated
+            store is used all the same (the rank and size must agree with the launcher's).
 
     Raises:
         RendezvousError: the store is unreachable or refuses us, or ranks are missing at the
@@ -129,11 +130,14 @@ def bootstrap(*, timeout: float | None = None) -> Runtime:
     apply_log_level()
     environ = config.snapshot()
     env = envs.detect(environ)
+    if given is not None:
+        env = _with_given(env, given)
     settings = BootstrapSettings.from_config(start_timeout=timeout)
     start_timeout, collective_timeout = settings.start_timeout, settings.collective_timeout
     hostname = env.hostname or socket.gethostname()
     rdv = reach_store(env, load_secret(env), hostname, start_timeout,
-                      max(start_timeout, collective_timeout), interface=settings.interface)
+                      max(start_timeout, collective_timeout), interface=settings.interface,
+                      given=given.store if given is not None else None)
     try:
         generation = rdv.generation(env.size)
         store = dist.PrefixStore(f"{rdv.prefix}/g{generation}", rdv.store)
@@ -142,15 +146,11 @@ def bootstrap(*, timeout: float | None = None) -> Runtime:
         _check_agrees(env, topology)
         if topology.local_size == topology.size:
             rdv.loopback_data_plane()  # one host: nothing of the data plane listens beyond it
-        # NCCL only where torch has it: a CUDA build without NCCL still runs CPU work (its CUDA
-        # tensors then go through host memory, see accord.comm.devices).
-        cuda_nccl = torch.cuda.is_available() and dist.is_nccl_available()
-        backend = "cpu:gloo,cuda:nccl" if cuda_nccl else "gloo"
-        owns_pg = _init_process_group(store, backend, env, collective_timeout)
+        _check_default_group(env)
     except BaseException:
         rdv.leave(None, env.rank, env.size, 0.0)
         raise
-    runtime = Runtime(topology, rdv, store, backend, owns_pg, env, start_timeout)
+    runtime = Runtime(topology, rdv, store, env, start_timeout)
     _active = runtime
     # Ranks that exit without shutdown() still leave cleanly (rank 0 may host the store).
     atexit.register(runtime.close)
@@ -208,21 +208,40 @@ def _check_agrees(env: envs.JobEnvironment, topology: Topology) -> None:
                     env.rank, env.source, differ)
 
 
-def _init_process_group(store: dist.Store, backend: str, env: envs.JobEnvironment,
-                        timeout: float) -> bool:
-    """Start the default process group; False when the user already started a matching one."""
-    if dist.is_initialized():
-        if dist.get_rank() == env.rank and dist.get_world_size() == env.size:
-            log.info("using the default process group the program already initialised")
-            return False
+@dataclass(frozen=True)
+class GivenGroup:
+    """A group torch.distributed formed before accord started: its store, this rank, the size."""
+
+    store: dist.Store
+    rank: int
+    size: int
+
+
+def _with_given(env: envs.JobEnvironment, given: GivenGroup) -> envs.JobEnvironment:
+    """The environment of a job torch.distributed formed: its rank and size, and its store unless
+    the job runs under accordrun (whose authenticated store serves it)."""
+    if env.rendezvous == envs.ACCORD_STORE:
+        if (env.rank, env.size) != (given.rank, given.size):
+            raise RendezvousError(with_hint(
+                f"init_process_group gave rank {given.rank} of {given.size}, but the launcher "
+                f"(accordrun) started this process as rank {env.rank} of {env.size}",
+                "pass rank and world_size as the launcher set them (or leave them out: env:// reads them)"))
+        return env
+    return replace(env, rank=given.rank, size=given.size, rendezvous=envs.GIVEN_STORE,
+                               source=f"{env.source}+torch.distributed" if env.source != "single"
+                               else "torch.distributed")
+
+
+def _check_default_group(env: envs.JobEnvironment) -> None:
+    """accord's groups are its own, but a default group the program started must be this job."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if (dist.get_rank(), dist.get_world_size()) != (env.rank, env.size):
         raise RendezvousError(with_hint(
             f"torch.distributed is already initialised as rank {dist.get_rank()} of "
             f"{dist.get_world_size()}, but the {env.source} environment says rank {env.rank} "
             f"of {env.size}",
-            "destroy that process group first, or let accord create it"))
-    dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=env.rank,
-                            world_size=env.size, timeout=timedelta(seconds=timeout))
-    return True
+            "destroy that process group first, or start accord in the same job"))
 
 
 def _install_error_file() -> None:

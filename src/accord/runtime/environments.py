@@ -33,6 +33,8 @@ from accord.runtime.settings import AccordPlace, HostAndSecret
 # How a source's processes meet: connect to accord's store the launcher runs; use torchrun's
 # TCPStore; rank 0 starts accord's store and tells the others; or nothing to meet (one process).
 ACCORD_STORE, TORCH_STORE, RANK0_STORE, NO_STORE = "accord-store", "torch-store", "rank0-store", "none"
+# torch.distributed met the ranks already and hands its store over (the accord process group's creator)
+GIVEN_STORE = "given-store"
 
 
 @dataclass(frozen=True)

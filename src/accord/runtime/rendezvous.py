@@ -128,8 +128,12 @@ class Rendezvous:
 
 
 def reach_store(env: envs.JobEnvironment, secret: bytes | None, hostname: str,
-                timeout: float, op_timeout: float | None = None, *, interface: str | None) -> Rendezvous:
+                timeout: float, op_timeout: float | None = None, *, interface: str | None,
+                given: dist.Store | None = None) -> Rendezvous:
     """Connect to (or, on rank 0, start) the store this environment uses.
+
+    ``given``: the store torch.distributed handed over (rendezvous ``given-store``): used as it
+    is, the job secret agreed through it when none is set (the first rank to write wins).
 
     ``timeout`` bounds reaching the store; ``op_timeout`` (default ``timeout``) is how long a
     blocking request may wait afterwards (torch calls ``get`` when creating process groups).
@@ -140,7 +144,12 @@ def reach_store(env: envs.JobEnvironment, secret: bytes | None, hostname: str,
         RendezvousError: the store cannot be reached, or a secret or address is missing.
         ConfigError: ``interface`` names no interface of this host.
     """
-    rdv = _reach(env, secret, hostname, _Reach(timeout, op_timeout or timeout, interface))
+    if env.rendezvous == envs.GIVEN_STORE:
+        if given is None:
+            raise ValueError("the given-store rendezvous needs the store torch handed over")
+        rdv = Rendezvous(given, secret or _agreed_secret(given, "accord"))
+    else:
+        rdv = _reach(env, secret, hostname, _Reach(timeout, op_timeout or timeout, interface))
     if interface and not is_ip_address(interface) and "GLOO_SOCKET_IFNAME" not in config.snapshot():
         # Gloo reads its interface from this variable; set it for the life of the runtime.
         rdv.restore_env = {"GLOO_SOCKET_IFNAME": None}
@@ -193,10 +202,14 @@ def _torch_store(env: envs.JobEnvironment, secret: bytes | None,
             "check MASTER_ADDR/MASTER_PORT and that rank 0 (or torchrun's agent) is running"
         )) from None
     prefix = f"accord/r{env.restart_count}"
-    if secret is None:  # agree on one: the first rank to write wins
-        agreed = store.compare_set(f"{prefix}/secret", "", _new_secret().hex())
-        secret = bytes.fromhex(agreed.decode() if isinstance(agreed, bytes) else agreed)
+    secret = secret or _agreed_secret(store, prefix)
     return Rendezvous(store, secret, prefix, owner=owner, in_rank0=not env.agent_store)
+
+
+def _agreed_secret(store: dist.Store, prefix: str) -> bytes:
+    """One secret for every rank of a store that is not accord's: the first rank to write wins."""
+    agreed = store.compare_set(f"{prefix}/secret", "", _new_secret().hex())
+    return bytes.fromhex(agreed.decode() if isinstance(agreed, bytes) else agreed)
 
 
 def _rank0_via_master(env: envs.JobEnvironment, secret: bytes | None,

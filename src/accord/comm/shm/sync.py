@@ -11,7 +11,7 @@ ACCORD_COLLECTIVE_TIMEOUT has passed. The word only grows (modulo 2**32): barrie
 complete once it reaches ``s * size``, so it never needs resetting and a fast rank may arrive at
 the next barrier before a slow one has seen this one complete.
 
-:class:`GlooBarrier` (``dist.barrier`` on a Gloo group) is the fallback where futexes are not
+:class:`GlooBarrier` (a barrier on a Gloo group) is the fallback where futexes are not
 available (not Linux, or an architecture whose syscall number we do not know).
 
 Failures raise :class:`PeerLostError`; the communicator base turns it into
@@ -215,7 +215,7 @@ class FutexBarrier:
 
 
 class GlooBarrier:
-    """The fallback: ``dist.barrier`` on a Gloo group of the members (timeout: the group's)."""
+    """The fallback: a barrier on a private Gloo group of the members (timeout: the group's)."""
 
     def __init__(self, group: Any) -> None:
         self._group = group
@@ -225,7 +225,7 @@ class GlooBarrier:
         import torch.distributed as dist
 
         try:
-            dist.barrier(group=self._group)
+            self._group.barrier(dist.BarrierOptions()).wait()
         except RuntimeError as exc:
             raise PeerLostError(f"peer lost in the gloo barrier of the shm communicator: {exc}") from exc
 
@@ -236,9 +236,5 @@ class GlooBarrier:
         """Release the Gloo group."""
         from accord import group_teardown
 
-        if self._group is not None:
-            try:
-                group_teardown.destroy_process_group(self._group)
-            except (RuntimeError, ValueError):
-                pass  # already gone with the default group
-            self._group = None
+        group, self._group = self._group, None
+        group_teardown.release_group(group)
