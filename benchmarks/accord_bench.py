@@ -153,7 +153,7 @@ def _precision_md(results: list[tuple[str, dict]]) -> list[str]:
 
 
 def _targets_md() -> list[str]:
-    """Issue 4's targets next to what this recording measured (accord / DDP samples/s)."""
+    """The training targets next to what this recording measured (accord / DDP samples/s)."""
     rows = []
     for name, label, target in (("train_resnet50_ddp", "ResNet-50, batch 16/rank", 1.0),
                                 ("train_mlp_ddp", "MLP 26M, batch 32/rank", 1.0),
@@ -166,13 +166,13 @@ def _targets_md() -> list[str]:
         met = "yes" if acc["speedup_vs_baseline"] >= target else "**no**"
         rows.append(f"| {label} | ≥ {target:.2f}x | {acc['speedup_vs_baseline']:.2f}x | {met} | "
                     f"{acc['efficiency']:.2f} | {ddp['efficiency']:.2f} |")
-        if name == "train_resnet50_ddp":  # the issue also asks for scaling efficiency >= 0.85
+        if name == "train_resnet50_ddp":  # ResNet-50 also has a scaling-efficiency target: >= 0.85
             met = "yes" if acc["efficiency"] >= 0.85 else "**no**"
             rows.append(f"| {label}: accord's scaling efficiency | ≥ 0.85 | {acc['efficiency']:.2f} | {met} | "
                         f"{acc['efficiency']:.2f} | {ddp['efficiency']:.2f} |")
     if not rows:
         return []
-    return ["### Against issue 4's targets (accord samples/s ÷ DDP samples/s, same invocation)", "",
+    return ["### Against the targets (accord samples/s ÷ DDP samples/s, same invocation)", "",
             "| workload | target | measured | met | accord efficiency | DDP efficiency |",
             "|---|---:|---:|---|---:|---:|", *rows, "",
             "One noisy recording on a shared machine decides nothing either way: rerun the command "

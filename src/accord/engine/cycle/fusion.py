@@ -91,7 +91,7 @@ class StagingBuffers:
     """Small buffers with one extra element, kept per (device, dtype, size): a planned cycle's
     lone request travels in one with its control value (:mod:`accord.engine.cycle.plan`). Reusing
     ready-made views spares the tensor operations of slicing a fusion buffer every cycle, which
-    for a small request cost as much as the copies (issue 13)."""
+    for a small request cost as much as the copies."""
 
     _KEEP = 8  # a job plans few distinct lone shapes at a time
 
