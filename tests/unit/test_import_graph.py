@@ -15,12 +15,13 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
-# The layers, bottom first (the design's table). A module belongs to the longest prefix listed.
+# The layers, bottom first (the table of docs/architecture.md; scripts/module_map.py orders the module map
+# by them). A module belongs to the longest prefix listed.
 # Packages on one line sit side by side: they may not import each other either.
 LAYERS: list[tuple[str, list[str]]] = [
-    ("base", ["accord.config", "accord.errors", "accord.logs", "accord.models", "accord.version",
-              "accord.worker_contract", "accord.registry", "accord.group_teardown", "accord.mpi_init",
-              "accord.network_interfaces", "accord.placement", "accord.settings"]),
+    ("base", ["accord.config", "accord.errors", "accord.group_teardown", "accord.logs", "accord.models",
+              "accord.mpi_init", "accord.network_interfaces", "accord.placement", "accord.registry",
+              "accord.settings", "accord.version", "accord.worker_contract"]),
     ("store", ["accord.store"]),
     ("launcher", ["accord.run"]),  # no torch
     ("comm | runtime", ["accord.comm", "accord.runtime"]),
