@@ -1,7 +1,7 @@
 """Fusion: pack ready allreduces that can share one collective into one flat buffer.
 
 On Gloo a collective has a fixed cost of about a millisecond, so 160 small gradients reduced
-one by one take 10x longer than the same bytes in one buffer (see MEASUREMENTS.md). Requests
+one by one take 10x longer than the same bytes in one buffer (benchmarks/fusion_threshold.py). Requests
 are grouped by everything the reduction depends on (:class:`FusionKey`), in ready order (the
 same on every rank), and cut into batches of at most ``threshold`` bytes. Buffers are kept and
 reused across cycles: a fresh 64 MB allocation costs more page faults than the copy itself.
