@@ -20,7 +20,7 @@ after one on another group), which would favour the raw side. ``raw_hot_ms`` kee
 figure for the lone case, and ``engine_split_ms`` rank 0's medians of the engine's time before,
 in and after its own Gloo allreduce (what the engine adds, apart from the collective's spread).
 
-Targets of issue 13: lone 1 KB <= 1.3x raw; 160 x 100 KB <= 1.0x; 64 MB >= 0.95x raw bandwidth.
+Targets: lone 1 KB <= 1.3x raw; 160 x 100 KB <= 1.0x; 64 MB >= 0.95x raw bandwidth.
 Writes benchmarks/results/cluster_engine_vs_gloo.json.
 """
 from __future__ import annotations

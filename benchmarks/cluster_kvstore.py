@@ -7,7 +7,7 @@ server (accordrun --num-servers 2 spreads them; MXNet's scheduler runs on h1 as 
 would put it). The workload is examples/kvstore_bench.py's: one 100 MB float32 key, warm-up
 rounds, then measured rounds of push + pull between barriers; rank 0 reports the mean round.
 MXNet runs in its own venv (``mxnet==1.9.1 numpy==1.23.5``; see docs/simulated-cluster.md),
-started with DMLC_* variables on the same hosts, in the same run. Target of issue 13: >= 1.5x.
+started with DMLC_* variables on the same hosts, in the same run. Target: >= 1.5x.
 The same run also measures the link's floor (link_floor.py: plain TCP swapping the round's cross-host
 bytes, --mb MiB each way) and reports how close each framework comes to it, and the best ratio
 over MXNet any framework could reach on these links (MXNet's round over the floor).

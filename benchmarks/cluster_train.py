@@ -9,7 +9,7 @@ reference for scaling efficiency), accord (hvd.DistributedOptimizer, defaults: t
 allreduce chosen automatically) and DDP, alternating over ``--repeats``. A second MLP run gives
 accord's best settings (bf16 gradient compression on the wire). Writes
 benchmarks/results/cluster_train_<name>.json (accord-bench's own JSON, plus the cluster's setup).
-Target of issue 13: accord >= 1.2x DDP on the MLP at 1 Gbit/s.
+Target: accord >= 1.2x DDP on the MLP at 1 Gbit/s.
 """
 from __future__ import annotations
 

@@ -5,8 +5,8 @@
 1. ``resnet``: ``accord-bench train --model resnet50 --image-size 224`` on synthetic data, one
    rank, at the largest batch that fits (probed first, from 1024 down), for O0 (eager fp32),
    O1 (AMP: fp16 autocast + GradScaler, the CUDA default) and O1 + ``--compiler-opt``
-   (torch.compile), all NHWC (``--channels-last``): samples/s and peak GPU memory. Targets
-   (issue #19): O1 + compile >= 3,000 images/s on an H100, and >= 1.5x O0 in the same run.
+   (torch.compile), all NHWC (``--channels-last``): samples/s and peak GPU memory. Targets:
+   O1 + compile >= 3,000 images/s on an H100, and >= 1.5x O0 in the same run.
 2. ``allreduce``: ``accord-bench collectives --compare raw`` at one rank on CUDA tensors: the
    engine's time per call against raw ``torch.distributed`` NCCL, interleaved. At one rank bus
    bandwidth is 0 by definition (NCCL-tests' factor 2(n-1)/n), so the per-call overhead and

@@ -4,8 +4,8 @@
 
 Hosts are faked with ACCORD_HOSTNAME (host0, host1) and ACCORD_HIERARCHICAL_ALLREDUCE=1, so the
 engine takes the path of a job spanning hosts: Gloo across "hosts", shared memory within one,
-and (since issue 13's change) its per-cycle negotiation host-first (see
-accord/comm/host_first.py). Alternating on the same ranks, medians after warm-up:
+and its per-cycle negotiation host-first (see accord/comm/host_first.py). Alternating on the
+same ranks, medians after warm-up:
 
 1. a lone 1 KB synchronous allreduce through the engine vs ``dist.all_reduce`` on a Gloo group
    of the four ranks (target on a real cluster: <= 1.3x);
@@ -15,8 +15,7 @@ accord/comm/host_first.py). Alternating on the same ranks, medians after warm-up
 What this cannot show: loopback has no link latency and the four ranks share two cores, so a
 collective costs CPU time here, not round trips. The negotiation's share of a lone op on a real
 network (one cross-host exchange among 2 ranks instead of a flat 4-rank allreduce) is smaller
-than here. Compare trees with PYTHONPATH=<tree>/src (e.g. the code before the change) in one
-session.
+than here. Compare two trees with PYTHONPATH=<tree>/src, alternating in one session.
 """
 from __future__ import annotations
 

@@ -7,13 +7,13 @@ and ``--ops // 2`` synchronous 1 MB allreduces through the engine, in three situ
 
 1. ``other_waiting``: the other set's ranks wait in a global barrier (their engines cycle);
 2. ``other_stalled``: the other set's ranks compute (sleep) and submit nothing, so their
-   engines only wake at the idle tick (1 s). With one global negotiation per cycle (accord
-   before per-set controllers), every cycle of the measuring set waited for that tick;
+   engines only wake at the idle tick (1 s). With one global negotiation per cycle instead of a
+   controller per set, every cycle of the measuring set would wait for that tick;
 3. ``both_busy``: both sets run their allreduces at the same time (on this 2-core machine the
    4 ranks also share the cores, so some slow-down is the CPU's, not the engine's).
 
 Prints ms per op and writes benchmarks/results/process_sets.json. Run it against another tree
-(e.g. the code before a change) with PYTHONPATH=<that tree>/src to compare in one session.
+with PYTHONPATH=<that tree>/src to compare the two in one session.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU readiness in one command (issue #19): on a machine with a CUDA GPU, run every `gpu`-marked
+# GPU readiness in one command: on a machine with a CUDA GPU, run every `gpu`-marked
 # test and the GPU benchmarks, and write benchmarks/results/gpu/gpu_check.json + gpu_check.md
 # (copied, with the logs, to $OUT when that is set). Without a GPU it says so, runs nothing and
 # exits 0. Exit status otherwise: 0 when every gpu test passed, 1 when one failed.

@@ -1,7 +1,7 @@
 """A Horovod-style script that never calls shutdown() must still exit cleanly (status 0).
 
-Regression: the runtime's atexit close used to run before the engine stopped, destroying the
-Gloo process group under a running engine thread, and the process died with SIGABRT.
+The engine must stop before the runtime's atexit close destroys the Gloo process group: the
+other order destroys it under a running engine thread, and the process dies with SIGABRT.
 """
 import os
 import subprocess
@@ -23,7 +23,7 @@ print("rank", hvd.rank(), "done")
 def test_scripts_without_shutdown_exit_cleanly(tmp_path):
     script = tmp_path / "no_shutdown.py"
     script.write_text(SCRIPT)
-    for _attempt in range(3):  # the race showed up in a few runs out of ten before the fix
+    for _attempt in range(3):  # the wrong order shows in a few runs out of ten, not in every one
         proc = subprocess.run([sys.executable, "-m", "accord.run", "-np", "2", sys.executable, str(script)],
                               capture_output=True, text=True, timeout=60,
                               env={**os.environ, "OMP_NUM_THREADS": "1"})

@@ -153,7 +153,7 @@ def test_a_rank_leaving_a_broken_collective_frees_its_peer_at_once(tmp_path, kil
     done = [json.loads(line.split("DONE ", 1)[1]) for line in proc.stdout.splitlines() if "DONE {" in line]
     assert sorted(d["rank"] for d in done) == [0, 1] and all(d["size"] == 2 for d in done), proc.stdout
     assert "Timed out" not in proc.stderr, proc.stderr[-3000:]  # no wait ran out
-    # before the fix rank 0 waited for ACCORD_COLLECTIVE_TIMEOUT (90 s) in the allreduce rank 1 had left
+    # rank 0 must not wait for ACCORD_COLLECTIVE_TIMEOUT (90 s) in the allreduce rank 1 has left
     assert max(d["seconds"] for d in done) < 30, (done, proc.stderr[-3000:])
 
 

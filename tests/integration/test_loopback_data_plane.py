@@ -1,4 +1,4 @@
-"""One host, loopback only (issue #17, item 3): when every rank runs on one host, nothing of the
+"""One host, loopback only: when every rank runs on one host, nothing of the
 data plane listens beyond 127.0.0.1, even when the host name resolves to a LAN address.
 
 The job runs in private namespaces (``unshare --mount --net --uts``): its own host name, its own

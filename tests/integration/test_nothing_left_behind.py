@@ -1,4 +1,4 @@
-"""Nothing is left in the temporary directory when processes are SIGKILLed (issue #17, item 11):
+"""Nothing is left in the temporary directory when processes are SIGKILLed:
 not the launcher's job directory when the launcher is killed (its guardian removes it), not a
 parameter server's Unix-socket directory when the server is killed (the launcher removes it)."""
 from __future__ import annotations

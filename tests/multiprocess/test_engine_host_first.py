@@ -1,4 +1,4 @@
-"""Host-first negotiation (issue 13): with a hierarchical global communicator, the engine's
+"""Host-first negotiation: with a hierarchical global communicator, the engine's
 per-cycle negotiation sums within each host, then across hosts; mismatches still raise on every
 rank. 4 ranks as 2 fake hosts x 2 (ACCORD_HOSTNAME), expected values computed independently."""
 import pytest

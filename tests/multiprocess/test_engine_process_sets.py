@@ -1,4 +1,4 @@
-"""Process sets progress independently (issue 18 item 1): a collective on a set never waits for a
+"""Process sets progress independently: a collective on a set never waits for a
 rank outside it, overlapping sets both progress, and errors, stalls, removal and shutdown stay
 within a set's members. Real ranks, ``import accord.torch as hvd`` as a Horovod script does.
 
@@ -71,7 +71,7 @@ def test_disjoint_sets_do_not_wait_for_a_stalled_non_member(tmp_path):
 
 
 def _single_member_sets(rank, size, folder):
-    """Issue 18's own example: even = [0], odd = [1]; rank 0 holds back its barrier."""
+    """Sets of one rank each: even = [0], odd = [1]; rank 0 holds back its barrier."""
     import torch
     from helpers.marks import mark, wait_marked
 

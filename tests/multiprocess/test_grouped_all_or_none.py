@@ -3,8 +3,8 @@
 Each case submits a group of three tensors whose middle member fails in the negotiation on
 every rank: arguments one rank refuses (a non-contiguous member of an in-place grouped
 allreduce, a 0-d member of a grouped allgather), or a member's shape that differs between the
-ranks. Before, only that member failed: its siblings ran, so an in-place grouped allreduce
-raised with two of its three tensors already reduced. Now every member's handle fails on every
+ranks. Failing only that member would let its siblings run, so an in-place grouped allreduce
+would raise with two of its three tensors already reduced. So every member's handle fails on every
 rank (the failing member with its own error, the others with one naming the group and that
 member, with a HINT), no tensor of the group is modified, and a correct grouped call under the
 same name succeeds afterwards.

@@ -4,7 +4,7 @@ stops every rank after it.
 Rank 1 asks to stop at epoch 0's end (as EarlyStopping does); rank 0 is told that a host was
 removed, so epoch 0's commit re-forms the job. A removal only means no sync (the survivors keep
 their own commits), so rank 0 learns of rank 1's stop only if the ranks agree on it when they
-resume. It used to be lost: every rank trained all the epochs after the re-formation.
+resume; otherwise the stop is lost and every rank trains all the epochs after the re-formation.
 """
 import time
 

@@ -3,13 +3,13 @@
 - a dataset that does not divide: shards padded as torch's DistributedSampler, drop_last drops
   each rank's short batch, weights/loss/samples equal one process on the same global batches;
 - a fit that would run no step (empty data, drop_last with a batch above the share), or a count
-  fit cannot use, is a ValueError with a HINT on every rank (it used to train nothing and log
-  zeros, or die on a ZeroDivisionError);
+  fit cannot use, is a ValueError with a HINT on every rank (not a fit that trains nothing and logs
+  zeros, nor a ZeroDivisionError);
 - ``work_load_list`` as a numpy array; AMP O1 (bfloat16 on CPU) keeps the ranks identical;
 - ``fit(elastic=True)``: callbacks see the real epochs (checkpoint names, eval_freq), drop_last
-  applies, and EarlyStopping stops training (each epoch used to be a separate 1-epoch fit);
+  applies, and EarlyStopping stops training (the epochs are one fit, not a 1-epoch fit each);
 - ``evaluate`` where a rank's share is empty gives the global means; over no sample at all it is
-  a ValueError on every rank (it used to report loss 0.0 over 0 samples).
+  a ValueError on every rank (not a loss of 0.0 over 0 samples).
 
 One set of ranks runs every scenario (``_job``); each test checks one part of what it returned.
 """

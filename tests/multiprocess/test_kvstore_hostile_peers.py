@@ -1,4 +1,4 @@
-"""Parameter servers against hostile peers (issue #17): a huge frame from a peer without the
+"""Parameter servers against hostile peers: a huge frame from a peer without the
 secret does not raise the server's memory, frames recorded for one server are refused by
 another (a replayed ``stop`` included), and a worker takes an advertised Unix socket only from
 a private directory of its own user."""

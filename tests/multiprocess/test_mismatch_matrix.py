@@ -123,7 +123,7 @@ MISMATCHES = [
     ("grouped_reducescatter.member_dtype",
      lambda h, r: h.grouped_reducescatter([_t(4), _t(2, dtype=_f64(r))], name="m.grs"),
      "MismatchError", "Mismatched reducescatter data types for 'reducescatter.m.grs_2of2{s}'"),
-    # group sizes: the request names differ (g_1of2 against g_1of3), which used to stall
+    # group sizes: the request names differ (g_1of2 against g_1of3), so without this check they would stall
     ("grouped_allreduce.group_size", lambda h, r: h.grouped_allreduce([_t(2)] * (2 + r), name="m.gsize"),
      "MismatchError", "Mismatched allreduce group sizes for 'allreduce.m.gsize{s}': rank 0 sent a group of 2 tensors, "
                       "rank 1 sent a group of 3 tensors"),
@@ -134,7 +134,7 @@ MISMATCHES = [
     ("grouped_reducescatter_async.group_size",
      lambda h, r: h.synchronize(h.grouped_reducescatter_async([_t(4)] * (1 + 2 * r), name="m.grsize")),
      "MismatchError", "Mismatched reducescatter group sizes for 'reducescatter.m.grsize{s}'"),
-    # alltoall splits are per-rank data: bad ones on one rank used to stall the others
+    # alltoall splits are per-rank data: bad ones on one rank must not stall the others
     ("alltoall.bad_splits_on_rank_0", lambda h, r: h.alltoall(_t(2), splits=_pick(r, [2, 1], [1, 1]), name="m.sp0"),
      "InvalidArgumentError", "alltoall: invalid arguments on ranks [0]"),
     ("alltoall_async.split_count_on_rank_1",
@@ -349,9 +349,9 @@ def _stall_while_planned(rank, size):
 
 
 def test_a_stall_during_planned_cycles_stops_every_rank_on_time():
-    # Before: the rank with nothing pending left the plan only after a quarter of the
-    # collective timeout, its peer blocked meanwhile in the plan's collective, so the stall was
-    # reported that late whatever the stall settings said. That quarter is 60 s here.
+    # The rank with nothing pending must leave the plan at once: were it to leave only after a
+    # quarter of the collective timeout, its peer would block meanwhile in the plan's collective
+    # and the stall would be reported that late whatever the stall settings say (60 s here).
     env = {"ACCORD_STALL_CHECK_TIME_SECONDS": "0.5", "ACCORD_STALL_SHUTDOWN_TIME_SECONDS": "1.5",
            "ACCORD_COLLECTIVE_TIMEOUT": "240"}
     results = run_ranks(_stall_while_planned, 2, init="accord", timeout=100, env=env)
@@ -401,8 +401,8 @@ def test_group_sizes_are_compared_once_every_member_holds_the_name():
 
 
 def test_a_request_on_a_set_stopped_by_another_sets_error_names_that_error():
-    # Before: while the stop that another set's stall forced on this set was still being
-    # negotiated, a new request here failed with "not running (shut down, ...)".
+    # While the stop that another set's stall forced on this set is still being negotiated, a
+    # new request here fails with that stall, not with "not running (shut down, ...)".
     from accord.engine.cycle.controller import Controller
     from accord.engine.settings import EngineSettings
     from accord.errors import ShutdownError, StallError

@@ -3,17 +3,17 @@ settings).
 
 Each case has exactly one rank pass an argument the engine or the torch frontend refuses (a
 non-contiguous, 0-d, sparse or non-tensor argument, a reduce op or splits that do not fit, root's
-scatter splits...), while its peer submits a fine request under the same name. Before, the bad
-rank raised at submission and its peer waited for it forever (the default stall settings only
-warn); now the request carries the problem and the negotiation fails the name on every rank:
+scatter splits...), while its peer submits a fine request under the same name. Were the bad
+rank to raise at submission, its peer would wait for it forever (the default stall settings only
+warn); so the request carries the problem and the negotiation fails the name on every rank:
 InvalidArgumentError (a ValueError, as Horovod's frontend checks raise, and a RuntimeError, as
 its core's do), one message naming the rank, what it passed and a HINT. A correct collective
 afterwards succeeds on both ranks.
 
 The ``cached``/``planned`` cases submit under a name the response cache already holds (that the
 ranks run without negotiating), the refusing (or mismatching) rank first and its peer two
-seconds later: before, only the stall inspector's next full exchange (60 s) showed the conflict
-(engine/negotiation/announce.py).
+seconds later: the conflict must show at once, not only at the stall inspector's next full
+exchange (60 s) (engine/negotiation/announce.py).
 """
 from __future__ import annotations
 

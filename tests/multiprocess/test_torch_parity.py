@@ -1,4 +1,4 @@
-"""Horovod parity that scripts notice (issue 18): error types, broadcast_optimizer_state's
+"""Horovod parity that scripts notice: error types, broadcast_optimizer_state's
 gradients, and a failed rank releasing a peer that waits in join(). Real ranks; the Horovod
 behaviour each check holds accord to is listed in docs/horovod-parity.md."""
 import pytest

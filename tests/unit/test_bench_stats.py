@@ -42,7 +42,7 @@ def test_bandwidths():
 
 def test_throughput_efficiency_ratios():
     assert stats.throughput(512, 4.0) == 128.0
-    # MEASUREMENTS: 1 process 617 ms/step vs DDP 737 ms/step on 2 ranks, batch 16/rank
+    # measured: 1 process 617 ms/step vs DDP 737 ms/step on 2 ranks, batch 16/rank
     one = stats.throughput(16, 0.617)
     two = stats.throughput(32, 0.737)
     assert stats.scaling_efficiency(two, one, 2) == pytest.approx(617 / 737)

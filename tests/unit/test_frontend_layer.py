@@ -89,7 +89,7 @@ def test_the_process_set_class_is_defined_once_in_the_frontend_layer():
 
 def test_no_framework_neutral_name_is_defined_by_a_framework():
     torch_names, mxnet_names = _defined("torch"), _defined("mxnet")
-    assert sorted(NEUTRAL & torch_names & mxnet_names) == []  # was 16 before accord.frontend had them
+    assert sorted(NEUTRAL & torch_names & mxnet_names) == []  # accord.frontend defines them once
     assert sorted(NEUTRAL & (torch_names | mxnet_names)) == []
     frontend_names = _defined("frontend")
     assert NEUTRAL <= frontend_names, sorted(NEUTRAL - frontend_names)

@@ -1,4 +1,4 @@
-"""Seeded random mutation of valid, authenticated requests (issue #17, item 5): whatever a holder
+"""Seeded random mutation of valid, authenticated requests: whatever a holder
 of the secret sends, the rendezvous store and a parameter server answer, and keep serving.
 
 Each server runs in this process behind its real socket; a few thousand cases each, a few

@@ -1,6 +1,6 @@
 """Hostile input that is not a network message: NaN and infinity in every float flag and float
 environment variable, a NaN timeout sent to the store, and secret files that are symlinks,
-FIFOs or owned by someone else (issue #17, items 6 and 8)."""
+FIFOs or owned by someone else."""
 from __future__ import annotations
 
 import math

@@ -1,4 +1,5 @@
-"""The import graph of src/accord: no circles, and imports point down the layers of the design.
+"""The import graph of src/accord: no circles, imports point down the layers of the design, and an
+import from another package reaches only a module that package declares public.
 
 Every module is parsed with ``ast`` (nothing is imported). An edge ``a -> b`` is any
 ``import``/``from ... import`` of ``b`` anywhere in ``a``: at module level, inside functions
@@ -14,12 +15,13 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
-# The layers, bottom first (the design's table). A module belongs to the longest prefix listed.
+# The layers, bottom first (the table of docs/architecture.md; scripts/module_map.py orders the module map
+# by them). A module belongs to the longest prefix listed.
 # Packages on one line sit side by side: they may not import each other either.
 LAYERS: list[tuple[str, list[str]]] = [
-    ("base", ["accord.config", "accord.errors", "accord.logs", "accord.models", "accord.version",
-              "accord.worker_contract", "accord.registry", "accord.group_teardown", "accord.mpi_init",
-              "accord.network_interfaces", "accord.placement", "accord.settings"]),
+    ("base", ["accord.config", "accord.errors", "accord.group_teardown", "accord.logs", "accord.models",
+              "accord.mpi_init", "accord.network_interfaces", "accord.placement", "accord.registry",
+              "accord.settings", "accord.version", "accord.worker_contract"]),
     ("store", ["accord.store"]),
     ("launcher", ["accord.run"]),  # no torch
     ("comm | runtime", ["accord.comm", "accord.runtime"]),
@@ -127,7 +129,7 @@ def _layer_of(module: str) -> tuple[int, str, str]:
             if (module == package or module.startswith(package + ".")) and \
                     (best is None or len(package) > len(best[2])):
                 best = (index, layer, package)
-    assert best is not None, f"{module} is in no layer: add its package to LAYERS (and to DESIGN.md)"
+    assert best is not None, f"{module} is in no layer: add its package to LAYERS (and to docs/architecture.md)"
     return best
 
 
@@ -221,3 +223,71 @@ def test_imports_point_down_the_layers():
 def test_every_module_has_a_layer():
     for module in _graph():
         _layer_of(module)
+
+
+# What may be used from outside a package: each top-level package (``accord.<name>/__init__.py``)
+# declares ``PUBLIC_MODULES``, a literal tuple of its modules that other accord packages may import
+# (names relative to the package: ``"functions.spawn"``). Importing the package itself is always
+# allowed; tests may import anything, so only src/accord's imports are checked.
+
+
+def _top_package(module: str) -> str | None:
+    """``accord.<name>`` when that is a package holding ``module``; None for base modules and the facade."""
+    parts = module.split(".")
+    if len(parts) < 2:
+        return None
+    top = ".".join(parts[:2])
+    return top if _modules()[top][1] else None
+
+
+def _top_packages() -> list[str]:
+    return sorted({top for m in _modules() if (top := _top_package(m))})
+
+
+def _declared_public(package: str) -> tuple[str, ...]:
+    """The full names of the modules ``package`` lists in its ``PUBLIC_MODULES`` (read with ``ast``)."""
+    path = _modules()[package][0]
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else \
+            node.target if isinstance(node, ast.AnnAssign) else None
+        if isinstance(target, ast.Name) and target.id == "PUBLIC_MODULES":
+            value = ast.literal_eval(node.value)
+            assert isinstance(value, tuple) and all(isinstance(v, str) for v in value), \
+                f"{path}: PUBLIC_MODULES must be a literal tuple of module names"
+            return tuple(f"{package}.{name}" for name in value)
+    raise AssertionError(f"{path} declares no PUBLIC_MODULES: list the modules other packages may import "
+                         "(an empty tuple when they use the package itself)")
+
+
+def _imports_from_outside() -> dict[str, dict[str, set[str]]]:
+    """package -> {module of it imported from another package -> the importers}."""
+    found: dict[str, dict[str, set[str]]] = {}
+    for module, targets in _graph().items():
+        for target in targets:
+            package = _top_package(target)
+            if package and target != package and _top_package(module) != package:
+                found.setdefault(package, {}).setdefault(target, set()).add(module)
+    return found
+
+
+def test_every_package_declares_existing_public_modules():
+    modules = _modules()
+    for package in _top_packages():
+        for name in _declared_public(package):
+            assert name in modules, f"{package}.PUBLIC_MODULES names {name}, which is no module"
+
+
+def test_imports_across_packages_reach_only_public_modules():
+    wrong = sorted(f"{importer} -> {target}" for package, used in _imports_from_outside().items()
+                   for target, importers in used.items() if target not in _declared_public(package)
+                   for importer in importers)
+    assert not wrong, ("imports of modules their package does not declare public (use the package's own "
+                       "names, or add the module to its PUBLIC_MODULES):\n" + "\n".join(wrong))
+
+
+def test_every_public_module_is_used_from_outside():
+    """A list that only grows says nothing: a module no other package imports is the package's own."""
+    used = _imports_from_outside()
+    unused = sorted(name for package in _top_packages() for name in _declared_public(package)
+                    if name not in used.get(package, {}))
+    assert not unused, f"no other package imports these: remove them from PUBLIC_MODULES: {unused}"

@@ -64,7 +64,7 @@ def test_weighted_shares_are_mxnets_and_cover_each_sample_once():
 
 
 def test_numpy_weights_work_like_python_numbers():
-    # np.array([1, 3]) holds np.int64, which is no Python int: it used to be refused as "bad".
+    # np.array([1, 3]) holds np.int64, which is no Python int: it must not be refused as "bad".
     for weights in (np.array([1, 3]), [np.int64(1), np.int64(3)], np.array([1.0, 3.0], dtype=np.float32)):
         assert slice_bounds(10, weights) == slice_bounds(10, [1, 3])
         sampler = DistributedSampler(range(10), 2, 1, work_load_list=weights)

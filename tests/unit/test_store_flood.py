@@ -1,4 +1,4 @@
-"""The rendezvous store under a flood of strangers (issue #17, item 4): 200 silent sockets and a
+"""The rendezvous store under a flood of strangers: 200 silent sockets and a
 garbage sender neither keep the job's clients out nor fill the log, nor cost a thread each."""
 from __future__ import annotations
 

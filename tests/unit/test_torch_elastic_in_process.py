@@ -160,7 +160,7 @@ def test_every_reformation_bootstraps_a_new_generation_whatever_the_sizes():
         last = generations.pop()
         used.append(last)
     assert used == sorted(set(used)), used  # strictly increasing: no generation twice
-    # the sequence that met an old generation's keys before: 2, 4, 2, then 3 ranks
+    # after 2, 4, 2 ranks, 3 ranks must not meet an old generation's keys
     assert next_bootstrap_count(10, 3, 4) == 15 and next_bootstrap_count(10, 3, 4) // 3 == 5
 
 

@@ -4,8 +4,8 @@ ranks, default stall settings).
 Each case has exactly one rank pass an argument accord.mxnet refuses (a non-NDArray, a sparse
 NDArray, a 0-d array where dim 0 is concatenated or split, a reduce op reducescatter cannot
 run, alltoall splits that are not 1-D int32 or not numbers, a root_rank that is not an int),
-while its peer passes a fine one under the same name. Before, the bad rank raised at once and
-its peer waited for it forever (or the call ran, or failed with another error): now the request
+while its peer passes a fine one under the same name. Were the bad rank to raise at once, its
+peer would wait for it forever (or the call would run, or fail with another error): so the request
 carries the problem and every rank raises InvalidArgumentError (a ValueError and a RuntimeError)
 that is also an MXNetError, as Horovod's MXNet ops fail, with one message naming the rank and a
 HINT. A correct collective afterwards succeeds on both ranks.
@@ -172,8 +172,8 @@ def test_an_argument_refused_on_one_rank_raises_on_every_rank(outcomes, case):
 
 @pytest.mark.timeout(120)
 def test_broadcast_object_with_a_root_that_is_no_int_on_one_rank_fails_on_every_rank(outcomes):
-    """Before, the engine could not encode the root and failed on every rank ("a bug in accord");
-    now the bad rank says what it passed and its peer reports the roots that differ."""
+    """The root is refused before the engine has to encode it (which would fail on every rank as
+    "a bug in accord"): the bad rank says what it passed and its peer reports the roots that differ."""
     results = [per_rank[BROADCAST_OBJECT] for per_rank in outcomes]
     (good, _, _), (bad, _, _) = results[1 - BAD_RANK], results[BAD_RANK]
     both = ("ValueError", "RuntimeError", "MXNetError")

@@ -10,6 +10,10 @@ from accord.data.split import slice_bounds, split_batch
 
 __all__ = ["DistributedSampler", "slice_bounds", "split_batch"]
 
+# The modules other accord packages may import; the rest are this package's own
+# (tests/unit/test_import_graph.py checks every import that crosses a package boundary).
+PUBLIC_MODULES = ("samplers", "split")
+
 
 def __getattr__(name: str) -> Any:
     if name == "DistributedSampler":

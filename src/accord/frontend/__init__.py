@@ -18,3 +18,8 @@ by both.
 
 Its modules use the engine through ``accord.engine``'s declared names only.
 """
+
+# The modules other accord packages may import; the rest are this package's own
+# (tests/unit/test_import_graph.py checks every import that crosses a package boundary).
+PUBLIC_MODULES = ("backend_flags", "batch_norm_scope", "build_flags", "lifecycle", "object_collectives",
+                  "process_sets", "queries", "timeline_control")

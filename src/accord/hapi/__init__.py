@@ -10,3 +10,7 @@ from accord.hapi.model import Model
 
 __all__ = ["Accuracy", "Callback", "EarlyStopping", "LRScheduler", "Mean", "Metric", "Model",
            "ModelCheckpoint", "ProgBarLogger"]
+
+# The modules other accord packages may import; the rest are this package's own
+# (tests/unit/test_import_graph.py checks every import that crosses a package boundary).
+PUBLIC_MODULES = ("model",)

@@ -59,8 +59,8 @@ def eval_loop(state: ModelState, eval_batch: Callable[[Sequence[Any], Any], Any]
         cbks.on_eval_batch_end(step, logs)
     final = state.logs(EVAL_METRICS)
     # Paddle's Model.evaluate raises here too (a KeyError: with no batch its logs never get a
-    # "loss" or metric entry), and returns {} only when it has nothing to report; we used to
-    # report loss 0.0 over 0 samples. The count is the sum over ranks, so a rank whose shard is
+    # "loss" or metric entry), and returns {} only when it has nothing to report; a loss of 0.0 over 0
+    # samples would read as a perfect model. The count is the sum over ranks, so a rank whose shard is
     # empty still reports the global means, and either every rank raises or none does.
     if final["samples"] == 0 and state.meters.all():
         raise no_samples_error(what, loader, state.world.size)

@@ -25,6 +25,10 @@ from accord.kvstore.registry import create, known_types, register
 
 __all__ = ["KVStoreBase", "create", "known_types", "optimizers", "register"]
 
+# The modules other accord packages may import: none, they use the package itself
+# (tests/unit/test_import_graph.py checks every import that crosses a package boundary).
+PUBLIC_MODULES: tuple[str, ...] = ()
+
 
 def __getattr__(name: str) -> Any:
     # Lazy, so that `import accord.kvstore.server` stays torch-free.

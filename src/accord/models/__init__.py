@@ -19,6 +19,10 @@ __all__ = [
     "register_model", "resnet18", "resnet50",
 ]
 
+# The modules other accord packages may import: none, they use the package itself
+# (tests/unit/test_import_graph.py checks every import that crosses a package boundary).
+PUBLIC_MODULES: tuple[str, ...] = ()
+
 ModelFactory = Callable[..., nn.Module]
 
 _REGISTRY: Registry[ModelFactory] = Registry("model", "accord.models.register_model()", entries={

@@ -1,7 +1,7 @@
 """Multi-layer perceptrons: a builder, and the ~26.2M-parameter MLP of the benchmarks.
 
 ``mlp_26m()`` is 1024 -> 4096 -> 4096 -> 1024 -> 1000 with ReLU: 26,200,040 parameters (105 MB of
-float32 gradients per step), the communication-bound workload of MEASUREMENTS.md.
+float32 gradients per step), the communication-bound workload of benchmarks/RESULTS.md.
 """
 from __future__ import annotations
 

@@ -78,3 +78,7 @@ __all__ = [
     "mpi_threads_supported", "nccl_built", "rank", "reducescatter", "remove_process_set",
     "rocm_built", "shutdown", "size", "start_timeline", "stop_timeline",
 ]
+
+# The modules other accord packages may import: none, they use the package itself
+# (tests/unit/test_import_graph.py checks every import that crosses a package boundary).
+PUBLIC_MODULES: tuple[str, ...] = ()

@@ -6,7 +6,7 @@ As in Horovod, the wrapped optimizer's ``rescale_grad`` is multiplied by
 before the sum, so the update sees the average over the ranks. Unlike Horovod, public attributes
 set on the wrapper (``rescale_grad``, ``param_dict``, ``lr``...) reach the wrapped optimizer:
 ``gluon.Trainer`` sets ``rescale_grad = scale / batch_size`` there every step, and Horovod's
-wrapper kept it to itself, so the batch size was silently ignored.
+wrapper keeps it to itself, so there the batch size is silently ignored.
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
     accord-mxnet-launch -n 2 -s 1 --launcher local python train.py --kv-store dist_sync
     accord-mxnet-launch -n 4 -s 2 -H hosts --launcher ssh python train.py --kv-store dist_sync
 
-MXNet's launcher is not in its wheel and no longer runs on Python >= 3.9; this one takes its
+MXNet's launcher is not in its wheel and does not run on Python >= 3.9; this one takes its
 flags and starts the same processes through ``accordrun --ps mxnet`` (scheduler, servers and
 workers with ``DMLC_*`` roles; output prefixes, fail-fast, cleanup). ``-n`` workers, ``-s``
 servers (default: as many as workers), ``-H`` a file with one host per line (``host`` or

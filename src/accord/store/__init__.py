@@ -12,3 +12,7 @@ secret, checked before anything is decoded (:mod:`accord.store.wire`); no pickle
 - :mod:`accord.store.connection`: ``StoreConnection``, a blocking client.
 - :mod:`accord.store.secret`: reading the job secret (hex or a 0600 file).
 """
+
+# The modules other accord packages may import; the rest are this package's own
+# (tests/unit/test_import_graph.py checks every import that crosses a package boundary).
+PUBLIC_MODULES = ("connection", "sealed_objects", "secret", "server", "wire")

@@ -4,7 +4,7 @@ In the planned state (:mod:`accord.engine.cycle.plan`) a cycle needs no negotiat
 of the plan is submitted, the controller's thread only runs one data collective. For a
 synchronous call (``hvd.allreduce``) that still costs two thread hand-offs, caller to
 controller and back, which across hosts on a busy machine add as much as the Python work of
-the cycle itself (issue 13: a lone 1 KB allreduce). So when a caller starts waiting on a handle
+the cycle itself (a lone 1 KB allreduce). So when a caller starts waiting on a handle
 and the plan is complete with its request, the caller borrows the controller's role for that
 one cycle:
 
@@ -23,7 +23,7 @@ one cycle:
   caller's included, gets the error).
 
 Anything else (no plan, an incomplete plan, extra requests, stop, join, the thread busy) leaves
-the work to the thread, as before.
+the work to the thread.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Fusion: pack ready allreduces that can share one collective into one flat buffer.
 
 On Gloo a collective has a fixed cost of about a millisecond, so 160 small gradients reduced
-one by one take 10x longer than the same bytes in one buffer (see MEASUREMENTS.md). Requests
+one by one take 10x longer than the same bytes in one buffer (benchmarks/fusion_threshold.py). Requests
 are grouped by everything the reduction depends on (:class:`FusionKey`), in ready order (the
 same on every rank), and cut into batches of at most ``threshold`` bytes. Buffers are kept and
 reused across cycles: a fresh 64 MB allocation costs more page faults than the copy itself.
@@ -91,7 +91,7 @@ class StagingBuffers:
     """Small buffers with one extra element, kept per (device, dtype, size): a planned cycle's
     lone request travels in one with its control value (:mod:`accord.engine.cycle.plan`). Reusing
     ready-made views spares the tensor operations of slicing a fusion buffer every cycle, which
-    for a small request cost as much as the copies (issue 13)."""
+    for a small request cost as much as the copies."""
 
     _KEEP = 8  # a job plans few distinct lone shapes at a time
 

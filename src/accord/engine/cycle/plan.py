@@ -1,7 +1,7 @@
 """Planned cycles: skipping the negotiation while every rank repeats the same step.
 
 A negotiation costs one collective per cycle, as much as the data collective of a small
-request; across hosts a lone synchronous allreduce then pays about twice raw Gloo (issue 13).
+request; across hosts a lone synchronous allreduce then pays about twice raw Gloo.
 When the response cache shows that every member submits the same plan cycle after cycle, the
 members stop negotiating and only verify, inside the data collective itself:
 

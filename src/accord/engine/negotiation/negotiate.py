@@ -287,7 +287,7 @@ def decide(exchange: Exchange, cache: ResponseCache, tick: int) -> Decision:
         else:
             ready.append((name, sig, len(group)))
             decision.agreed[name] = (sig, group)
-    # A grouped call runs all or none: a failed member fails its ready siblings (group_failure.py).
+    # A grouped call runs all or none: a failed member fails its ready siblings (all_or_none.py).
     siblings, invalid = group_failures({n: s.op for n, s, _ in ready}, decision.errors, decision.invalid, groups)
     decision.errors.update(siblings)
     decision.invalid |= invalid
