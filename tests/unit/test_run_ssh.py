@@ -68,14 +68,17 @@ def test_remote_script_kills_worker_tree_when_stdin_closes(shell):
     # the worker notes the SIGTERM it ignores and has a child that ignores it too: EOF -> TERM,
     # grace, KILL of the whole group. The worker's note ("term") shows the TERM came first and
     # was survived; its status shows the KILL. The 3 s grace is ample time for the note.
-    body = ('trap "echo term" TERM; sh -c \'trap "" TERM; exec sleep 60\' & echo $$ $!; '
+    # The child says "ready" once it ignores TERM: a TERM sent before would end it at once.
+    body = ('trap "echo term" TERM; sh -c \'trap "" TERM; echo ready; exec sleep 60\' & echo $$ $!; '
             'while kill -0 $! 2>/dev/null; do wait $!; done')
     script = remote_script(["sh", "-c", body], {}, "/", 3)
     proc = subprocess.Popen([shell, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
         proc.stdin.write(secret_line(SECRET))
         proc.stdin.flush()
-        pids = [int(p) for p in proc.stdout.readline().split()]
+        lines = [proc.stdout.readline().decode().strip() for _ in range(2)]
+        assert "ready" in lines, lines
+        pids = [int(p) for p in next(line for line in lines if line != "ready").split()]
         assert len(pids) == 2
         proc.stdin.close()  # what the remote shell sees when the launcher or ssh dies
         # killed, not waited for: the child sleeps 60 s, three times this wait

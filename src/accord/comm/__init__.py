@@ -30,7 +30,7 @@ __all__ = [
 
 # The modules other accord packages may import; the rest are this package's own
 # (tests/unit/test_import_graph.py checks every import that crosses a package boundary).
-PUBLIC_MODULES = ("backend", "base_communicator", "devices", "dtypes", "hierarchical", "host_first",
+PUBLIC_MODULES = ("backend", "base_communicator", "devices", "dtypes", "groups", "hierarchical", "host_first",
                   "memory", "ops", "settings")
 
 _DEVICE_TYPES = ("cpu", "cuda")  # those a backend can be configured for
