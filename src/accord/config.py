@@ -178,6 +178,17 @@ def get(name: str, environ: Mapping[str, str] | None = None) -> Any:
         ) from None
 
 
+def is_set(name: str, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether a declared variable (or one of its aliases) is set to a non-empty value.
+
+    Raises:
+        KeyError: ``name`` is not declared in ``VARIABLES``.
+    """
+    if name not in VARIABLES:
+        raise KeyError(f"{name} is not an accord variable; known: {', '.join(sorted(VARIABLES))}")
+    return _raw(name, os.environ if environ is None else environ) is not None
+
+
 def snapshot() -> dict[str, str]:
     """A copy of the whole process environment (for detection and child processes)."""
     return dict(os.environ)

@@ -447,7 +447,7 @@ def check_errors(c: Checks) -> None:
 def run_checks(backend: Any, rank: int, size: int) -> tuple[int, list[str]]:
     """Run every check on this rank over the full set and a subset; return (checks, failures)."""
     sets = [list(range(size))] + ([[0, 2]] if size >= 3 else [[1]])
-    comms = [(g, groups.create(backend, g)) for g in sets]  # every rank, same order
+    comms = [(g, groups.create(backend, g, rank=rank)) for g in sets]  # every rank, same order
     count, failures = 0, []
     for members, comm in comms:
         if comm is None:

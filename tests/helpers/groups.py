@@ -13,8 +13,10 @@ _created = itertools.count()
 _hostnames: tuple[str, ...] | None = None
 
 
-def create(backend, ranks, timeout: float | None = None):
-    """``backend.create`` over ``ranks``: every rank calls it, in the same order; None elsewhere."""
+def create(backend, ranks, timeout: float | None = None, rank: int | None = None):
+    """``backend.create`` over ``ranks``: every rank calls it, in the same order; None elsewhere.
+    Without accord's init or a default group (ranks from MPI alone), pass ``rank``: the members
+    then get a store of their own process only, which the mpi backend does not use."""
     from accord import engine
 
     if engine.is_initialized():
@@ -23,8 +25,15 @@ def create(backend, ranks, timeout: float | None = None):
 
     n = next(_created)
     members = tuple(sorted(int(r) for r in ranks))
-    if dist.get_rank() not in members:
+    me = dist.get_rank() if dist.is_initialized() else rank
+    if me not in members:
         return None
+    if not dist.is_initialized():
+        from accord.comm.groups import GroupContext
+
+        hosts = (socket.gethostname(),) * (max(members) + 1)
+        return backend.create(GroupContext(dist.HashStore(), f"test{n}", members, me, hosts,
+                                           60.0 if timeout is None else timeout))
     return backend.create(context(members, f"test{n}", timeout))
 
 
@@ -50,3 +59,17 @@ def _hosts(store, hostname: str | None) -> tuple[str, ...]:
         store.set(f"test-hosts/{rank}", hostname or socket.gethostname())
         _hostnames = tuple(store.get(f"test-hosts/{r}").decode() for r in range(size))
     return _hostnames
+
+
+def gloo_allreduce(store, members, rank: int, key: str, tensor) -> None:
+    """Sum ``tensor`` in place over ``members`` on a private Gloo group met on ``store`` (a
+    runtime's store: proves the ranks met there)."""
+    import torch.distributed as dist
+
+    from accord.comm.groups import GroupContext
+
+    members = tuple(members)
+    group = GroupContext(store, key, members, rank, ("?",) * (max(members) + 1), 30.0).gloo_group()
+    options = dist.AllreduceOptions()
+    options.reduceOp = dist.ReduceOp.SUM
+    group.allreduce([tensor], options).wait()

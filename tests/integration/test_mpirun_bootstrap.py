@@ -13,7 +13,6 @@ _SCRIPT = r'''
 import json
 import sys
 import torch
-import torch.distributed as dist
 from mpi4py import MPI
 from accord.runtime.bootstrap import bootstrap
 from accord.runtime.rendezvous import _same_host
@@ -28,8 +27,11 @@ print(json.dumps({"same": _same_host(comm, MPI, "h"),
 for round_ in range(2):  # the second bootstrap checks shutdown-then-init under MPI
     rt = bootstrap(timeout=30)
     t = rt.topology
-    value = torch.tensor([float(t.rank + 1), float(round_)])
-    dist.all_reduce(value)
+    # summed over the store the ranks met on
+    rt.store.set(f"value/{t.rank}", f"{t.rank + 1} {round_}")
+    rt.store.wait([f"value/{r}" for r in range(t.size)])
+    rows = [[float(x) for x in rt.store.get(f"value/{r}").split()] for r in range(t.size)]
+    value = torch.tensor(rows).sum(0)
     print(json.dumps({"round": round_, "rank": t.rank, "size": t.size, "source": rt.source,
                       "local_size": t.local_size, "sum": value.tolist(),
                       "secret": rt.secret.hex()}), file=out, flush=True)

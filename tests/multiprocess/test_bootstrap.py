@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 
 import pytest
+from helpers import groups
 from helpers.ranks import run_ranks
 
 
@@ -42,7 +43,7 @@ def _bootstrap_twice(rank: int, size: int) -> dict:
         out[f"topo{round_}"] = (t.rank, t.size, t.local_rank, t.local_size, t.cross_rank,
                                 t.cross_size, t.hostnames, t.homogeneous)
         value = torch.tensor([float(rank + 1), float(10 * (round_ + 1))])
-        dist.all_reduce(value)
+        groups.gloo_allreduce(rt.store, range(size), rank, "sum", value)
         out[f"sum{round_}"] = value.tolist()
         out["source"] = rt.source
         out["secret_len"] = len(rt.secret)
@@ -92,21 +93,16 @@ def _fake_hosts(rank: int) -> dict[str, str]:
 
 def _topology_and_groups(rank: int, size: int) -> dict:
     import torch
-    import torch.distributed as dist
 
     from accord.runtime.bootstrap import bootstrap
     from accord.runtime.groups import cross_sets, local_sets
 
     with bootstrap(timeout=20) as rt:
         t = rt.topology
-        groups = {}
-        # new_group is collective over every rank, in the same order everywhere.
-        for ranks in local_sets(t) + cross_sets(t):
-            groups[tuple(ranks)] = dist.new_group(ranks)
         local = torch.tensor([float(rank)])
-        dist.all_reduce(local, group=groups[tuple(t.local_ranks())])
+        groups.gloo_allreduce(rt.store, t.local_ranks(), rank, f"local{t.local_ranks()}", local)
         cross = torch.tensor([float(rank)])
-        dist.all_reduce(cross, group=groups[tuple(t.cross_ranks())])
+        groups.gloo_allreduce(rt.store, t.cross_ranks(), rank, f"cross{t.cross_ranks()}", cross)
         return {"topo": (t.local_rank, t.local_size, t.cross_rank, t.cross_size),
                 "homogeneous": t.homogeneous, "hostnames": list(t.hostnames),
                 "local_sum": local.item(), "cross_sum": cross.item(),
@@ -153,7 +149,6 @@ def test_missing_rank_named_within_timeout():
 
 def _bootstrap_allreduce(rank: int, size: int) -> tuple:
     import torch
-    import torch.distributed as dist
 
     from accord.runtime.bootstrap import bootstrap
 
@@ -161,7 +156,7 @@ def _bootstrap_allreduce(rank: int, size: int) -> tuple:
     for _ in range(2):  # the second round re-binds rank 0's store on the same port
         with bootstrap(timeout=20) as rt:
             value = torch.tensor([float(rank + 1)])
-            dist.all_reduce(value)
+            groups.gloo_allreduce(rt.store, range(size), rank, "sum", value)
             out.append((rt.source, rt.topology.size, rt.topology.local_size, value.item(),
                         rt.secret.hex()))
     return tuple(out)

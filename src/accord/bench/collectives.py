@@ -31,6 +31,7 @@ from accord.bench.environment import describe
 from accord.bench.options import DTYPE_SIZES, CollectivesOptions
 from accord.bench.report import progress_bar
 from accord.bench.stats import format_size
+from accord.bench.strategies import baseline_group
 from accord.comm.backend import get_backend
 from accord.comm.ops import ReduceOp
 from accord.errors import CollectiveError, with_hint
@@ -230,7 +231,8 @@ def run(opts: CollectivesOptions, verbose: bool = True) -> dict[str, Any] | None
             if bar is None and rank == 0 and verbose:
                 total = len(opts.backends) * len(opts.ops) * len(opts.dtypes) * len(opts.sizes)
                 bar = progress_bar(total, "collectives", opts.progress)
-            all_series += _sweep(opts, backend, say)
+            with baseline_group():
+                all_series += _sweep(opts, backend, say)
             if environment is None:
                 environment = describe(world_size=n, threads=opts.threads,
                                        backend=",".join(opts.backends), device=opts.device)

@@ -15,7 +15,8 @@ Every strategy broadcasts rank 0's initial weights (DDP does it in its construct
 from __future__ import annotations
 
 import contextlib
-from typing import Any, ContextManager
+from datetime import timedelta
+from typing import Any, ContextManager, Iterator
 
 import torch
 import torch.distributed as dist
@@ -24,6 +25,26 @@ from torch import nn
 from accord.bench.precision import Precision
 
 KINDS = ("local", "accord", "ddp", "horovod-style")
+
+
+@contextlib.contextmanager
+def baseline_group(timeout_s: float = 300.0) -> Iterator[None]:
+    """torch.distributed's default group for the baselines (raw Gloo, DDP, the Horovod-style
+    hooks), met on accord's store once accord runs: accord leaves the default group to the
+    program. Gloo for CPU tensors, NCCL for CUDA ones where torch has it; destroyed on exit."""
+    from accord import engine, group_teardown
+
+    if dist.is_initialized():
+        yield
+        return
+    topology = engine.topology()
+    backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
+    dist.init_process_group(backend, store=dist.PrefixStore("bench-baseline", engine.runtime().store),
+                            rank=topology.rank, world_size=topology.size, timeout=timedelta(seconds=timeout_s))
+    try:
+        yield
+    finally:
+        group_teardown.destroy_process_group()
 
 
 class Strategy:

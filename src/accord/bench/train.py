@@ -30,7 +30,7 @@ from accord.bench.memory import MemoryMeter
 from accord.bench.options import TrainOptions
 from accord.bench.precision import Precision
 from accord.bench.report import progress_bar
-from accord.bench.strategies import make_strategy
+from accord.bench.strategies import baseline_group, make_strategy
 from accord.bench.workload import batches, build_model, image_size
 
 _SINGLE_DONE = "accord-bench/single-done"
@@ -148,29 +148,36 @@ def run(opts: TrainOptions) -> dict[str, Any] | None:
     torch.set_num_threads(opts.threads)
     hvd.init()
     try:
-        rank, size = hvd.rank(), hvd.size()
-        device = _device(opts, hvd.local_rank())
-
-        def barrier() -> None:
-            if size > 1:
-                dist.all_reduce(torch.zeros(1))  # CPU tensor: the default group's Gloo part
-
-        plan = [("accord", "accord")]
-        if opts.baseline != "none":
-            plan.append((opts.baseline, opts.baseline))
-        parts: dict[str, list[dict[str, Any]]] = {"single": [], **{label: [] for label, _ in plan}}
-        for repeat in range(opts.repeats):
-            tag = f" #{repeat + 1}" if opts.repeats > 1 else ""
-            if rank == 0:
-                parts["single"].append(_run("single" + tag, "local", opts, 0, 1, device, True, lambda: None))
-            if size > 1:
-                _wait_for_single(rank, repeat)
-                for label, kind in (plan if repeat % 2 == 0 else plan[::-1]):
-                    parts[label].append(_run(label + tag, kind, opts, rank, size, device, rank == 0, barrier))
-        backend = engine.backend_name(device.type)
-        environment = describe(world_size=size, threads=opts.threads, backend=backend, device=device.type)
+        with baseline_group():
+            return _run_all(opts)
     finally:
         hvd.shutdown()
+
+
+def _run_all(opts: TrainOptions) -> dict[str, Any] | None:
+    import accord.torch as hvd
+
+    rank, size = hvd.rank(), hvd.size()
+    device = _device(opts, hvd.local_rank())
+
+    def barrier() -> None:
+        if size > 1:
+            dist.all_reduce(torch.zeros(1))  # CPU tensor: the default group's Gloo part
+
+    plan = [("accord", "accord")]
+    if opts.baseline != "none":
+        plan.append((opts.baseline, opts.baseline))
+    parts: dict[str, list[dict[str, Any]]] = {"single": [], **{label: [] for label, _ in plan}}
+    for repeat in range(opts.repeats):
+        tag = f" #{repeat + 1}" if opts.repeats > 1 else ""
+        if rank == 0:
+            parts["single"].append(_run("single" + tag, "local", opts, 0, 1, device, True, lambda: None))
+        if size > 1:
+            _wait_for_single(rank, repeat)
+            for label, kind in (plan if repeat % 2 == 0 else plan[::-1]):
+                parts[label].append(_run(label + tag, kind, opts, rank, size, device, rank == 0, barrier))
+    backend = engine.backend_name(device.type)
+    environment = describe(world_size=size, threads=opts.threads, backend=backend, device=device.type)
     if rank != 0:
         return None
     kinds = {"single": "local", **dict(plan)}

@@ -170,7 +170,7 @@ class BaseCommunicator(Communicator):
         if plan.gather:
             stacked = self._gather_equal(work, root)
             if receives:
-                _write_back(tensor, stacked.prod(dim=0))
+                _write_back(tensor, dtypes.fold(stacked, plan.op))
             return
         wire = dtypes.encode(work, plan)
         if root is None:
@@ -193,7 +193,7 @@ class BaseCommunicator(Communicator):
         work = self._contiguous(tensor, writable=False)
         if plan.gather:
             start = sum(rows[: self.rank])
-            return self._gather_equal(work, None)[:, start:start + rows[self.rank]].prod(dim=0)
+            return dtypes.fold(self._gather_equal(work, None)[:, start:start + rows[self.rank]], plan.op)
         out = self._reduce_scatter_native(dtypes.encode(work, plan), plan.op, rows)
         if plan.average:
             dtypes.divide_(out, self.size)

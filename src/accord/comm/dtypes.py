@@ -18,6 +18,9 @@ backend:
 - Integer SUM/PRODUCT wrap around like the native type; types the library lacks are widened
   (uint16, int16 -> int32; uint32 -> int64) or reinterpreted (uint64 as int64, with the sign
   bit flipped for MIN/MAX so that the signed order equals the unsigned one).
+- BAND/BOR/BXOR: integers and bool only (bool as uint8 bytes, the other unsigned types as the
+  signed type of their width: the bits are the same); natively where the library has them, else
+  by gathering every rank's tensor and folding locally.
 """
 from __future__ import annotations
 
@@ -26,10 +29,15 @@ from typing import Callable
 
 import torch
 
-from accord.comm.ops import ReduceOp
+from accord.comm.ops import BITWISE_OPS, ReduceOp
 from accord.errors import BackendError, with_hint
 
 LIBRARY_OPS = (ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT)
+# Folding a stack of every rank's tensors (dim 0) where no library op fits.
+_FOLDS = {ReduceOp.PRODUCT: lambda x: x.prod(dim=0),
+          ReduceOp.BAND: lambda x: _fold_pairwise(x, torch.bitwise_and),
+          ReduceOp.BOR: lambda x: _fold_pairwise(x, torch.bitwise_or),
+          ReduceOp.BXOR: lambda x: _fold_pairwise(x, torch.bitwise_xor)}
 
 # A stable code per dtype, so ranks can compare dtypes inside an integer header.
 _DTYPE_NAMES = (
@@ -57,6 +65,11 @@ _UINT64 = getattr(torch, "uint64", None)
 _PACKED = {getattr(torch, n) for n in ("float4_e2m1fn_x2",) if hasattr(torch, n)}  # only moved as bytes
 _REAL_OF = {torch.complex32: torch.float16, torch.complex64: torch.float32, torch.complex128: torch.float64}
 _SIGN_BIT = -(2**63)
+# Bitwise ops see only the bits: bool as bytes, unsigned types as the signed type of their width.
+_SAME_BITS = {torch.bool: torch.uint8}
+for _name, _signed in (("uint16", torch.int16), ("uint32", torch.int32), ("uint64", torch.int64)):
+    if hasattr(torch, _name):
+        _SAME_BITS[getattr(torch, _name)] = _signed
 
 
 def dtype_code(dtype: torch.dtype) -> int:
@@ -82,7 +95,7 @@ class ReducePlan:
     ``view_as`` (bit reinterpretation), ``flip_sign`` (xor the int64 sign bit), ``cast_to``.
     """
 
-    op: ReduceOp  # the library op: SUM, MIN, MAX or PRODUCT
+    op: ReduceOp  # the library op: SUM, MIN, MAX, PRODUCT or a bitwise one
     average: bool = False  # divide by the number of ranks after the reduction
     view_real: bool = False
     view_as: torch.dtype | None = None
@@ -115,6 +128,8 @@ def plan_reduction(
         raise BackendError(with_hint(
             f"Adasum is not implemented by accord's backends (tensor dtype {dtype})",
             "use op=Average (or Sum) instead"))
+    if op in BITWISE_OPS:
+        return _plan_bitwise(dtype, op, native)
     average = op == ReduceOp.AVERAGE
     base = ReduceOp.SUM if average else op
     if dtype in _PACKED:
@@ -149,6 +164,29 @@ def plan_reduction(
         return _plan_integer(dtype, op, base, average, native)
     raise _refuse(dtype, op, "the dtype is not a number type accord can reduce",
                   "convert the tensor to a plain integer or floating type first")
+
+
+def _plan_bitwise(dtype: torch.dtype, op: ReduceOp, native: Callable[[torch.dtype, ReduceOp], bool]) -> ReducePlan:
+    if dtype != torch.bool and not is_integer(dtype):
+        raise _refuse(dtype, op, "bitwise reductions take integers or bool",
+                      "use SUM/MIN/MAX/PRODUCT for floating tensors, or reduce an integer view")
+    view = _SAME_BITS.get(dtype)
+    if native(view or dtype, op):
+        return ReducePlan(op, view_as=view)
+    return ReducePlan(op, gather=True)
+
+
+def fold(stacked: torch.Tensor, op: ReduceOp) -> torch.Tensor:
+    """Reduce a stack of every rank's tensors (dim 0, rank order) with ``op`` locally: what a plan
+    with ``gather`` does after the gather."""
+    return _FOLDS[ReduceOp(op)](stacked)
+
+
+def _fold_pairwise(stacked: torch.Tensor, fn: Callable[..., torch.Tensor]) -> torch.Tensor:
+    out = stacked[0].clone()
+    for row in stacked[1:]:
+        fn(out, row, out=out)
+    return out
 
 
 def _plan_integer(dtype, op, base, average, native) -> ReducePlan:

@@ -23,9 +23,9 @@ import torch
 from accord.comm import memory
 from accord.comm.backend import Backend
 from accord.comm.base_communicator import BaseCommunicator
-from accord.comm.dtypes import LIBRARY_OPS
+from accord.comm.dtypes import LIBRARY_OPS, is_integer
 from accord.comm.groups import GroupContext
-from accord.comm.ops import ReduceOp
+from accord.comm.ops import BITWISE_OPS, ReduceOp
 from accord.errors import BackendError, with_hint
 from accord.mpi_init import initialized_mpi
 
@@ -86,8 +86,10 @@ class MpiCommunicator(BaseCommunicator):
         self._byte = MPI.BYTE
         self._in_place = MPI.IN_PLACE
         self._ops = {ReduceOp.SUM: MPI.SUM, ReduceOp.MIN: MPI.MIN, ReduceOp.MAX: MPI.MAX,
-                     ReduceOp.PRODUCT: MPI.PROD}
+                     ReduceOp.PRODUCT: MPI.PROD, ReduceOp.BAND: MPI.BAND, ReduceOp.BOR: MPI.BOR,
+                     ReduceOp.BXOR: MPI.BXOR}
         pairs = [(dt, op) for dt in _NATIVE_REAL for op in LIBRARY_OPS if (dt, op) not in _MISREDUCED]
+        pairs += [(dt, op) for dt in _NATIVE_REAL if is_integer(dt) for op in BITWISE_OPS]
         pairs += [(dt, op) for dt in _NATIVE_COMPLEX for op in (ReduceOp.SUM, ReduceOp.PRODUCT)]
         self._set_native(pairs)
 
@@ -168,7 +170,7 @@ class MpiBackend(Backend):
         members = list(context.members)
         if members[-1] >= world.Get_size() or world.Get_rank() != context.rank:
             raise BackendError(with_hint(
-                f"the mpi backend needs every rank of the job in MPI_COMM_WORLD at its own rank, which has "
+                f"the mpi backend needs every rank of the job in MPI_COMM_WORLD, which has "
                 f"{world.Get_size()} rank(s) here (this is MPI rank {world.Get_rank()}, accord rank "
                 f"{context.rank}); asked for ranks {members}",
                 "start the job with mpirun (or srun with MPI) to use ACCORD_CPU_BACKEND=mpi; "

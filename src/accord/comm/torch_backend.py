@@ -20,9 +20,9 @@ from accord import group_teardown
 from accord.comm import memory
 from accord.comm.backend import Backend
 from accord.comm.base_communicator import BaseCommunicator
-from accord.comm.dtypes import LIBRARY_OPS
+from accord.comm.dtypes import LIBRARY_OPS, is_integer
 from accord.comm.groups import GroupContext
-from accord.comm.ops import ReduceOp
+from accord.comm.ops import BITWISE_OPS, ReduceOp
 from accord.errors import BackendError, with_hint
 
 _OPS = {
@@ -30,6 +30,9 @@ _OPS = {
     ReduceOp.MIN: dist.ReduceOp.MIN,
     ReduceOp.MAX: dist.ReduceOp.MAX,
     ReduceOp.PRODUCT: dist.ReduceOp.PRODUCT,
+    ReduceOp.BAND: dist.ReduceOp.BAND,
+    ReduceOp.BOR: dist.ReduceOp.BOR,
+    ReduceOp.BXOR: dist.ReduceOp.BXOR,
 }
 # Types both Gloo and NCCL reduce with all four library ops (bool goes through uint8).
 _NATIVE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64,
@@ -63,7 +66,9 @@ class TorchCommunicator(BaseCommunicator):
         self.rank = rank
         self.size = len(ranks)
         self._meta_device = meta_device
-        self._set_native([(dt, op) for dt in _NATIVE_DTYPES for op in LIBRARY_OPS])
+        pairs = [(dt, op) for dt in _NATIVE_DTYPES for op in LIBRARY_OPS]
+        pairs += [(dt, op) for dt in _NATIVE_DTYPES if is_integer(dt) for op in BITWISE_OPS]
+        self._set_native(pairs)
         # Gloo's list reduce_scatter accepts uneven parts; NCCL's needs equal ones.
         self._uneven_reduce_scatter = backend_name == "gloo"
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import enum
+import logging
 import numbers
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import torch
 
@@ -94,7 +95,7 @@ class Handle:
 
     # A bare lock held until completion: a fraction of threading.Event's creation cost, which
     # matters when a training step submits hundreds of gradients.
-    __slots__ = ("name", "_gate", "_done", "_value", "_error", "owner")
+    __slots__ = ("name", "_gate", "_done", "_value", "_error", "owner", "_callbacks")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -104,6 +105,7 @@ class Handle:
         self._value: Any = None
         self._error: BaseException | None = None
         self.owner: Any = None  # the engine's controller that runs the request (set at submit)
+        self._callbacks: list[Callable[[Handle], None]] | None = None
 
     def done(self) -> bool:
         """True once the request has completed or failed."""
@@ -123,12 +125,36 @@ class Handle:
             raise self._error
         return self._value
 
+    def add_done_callback(self, callback: Callable[["Handle"], None]) -> None:
+        """Call ``callback(handle)`` once the request completes or fails (at once if it has):
+        on the engine's thread, so it must be short and must not wait on the engine. One
+        callback per handle."""
+        if self._callbacks is not None:
+            raise RuntimeError(f"request {self.name!r} already has a done callback")
+        self._callbacks = [callback]
+        if self._done:
+            self._run_callback()
+
+    def _run_callback(self) -> None:
+        # Both the engine and add_done_callback may get here; list.pop is atomic, so exactly
+        # one of them runs the callback.
+        try:
+            callback = self._callbacks.pop()
+        except (IndexError, AttributeError):
+            return
+        try:
+            callback(self)
+        except Exception:  # noqa: BLE001 (the engine's thread must go on completing others)
+            logging.getLogger("accord.engine").exception("the done callback of %r failed", self.name)
+
     def _finish(self, value: Any, error: BaseException | None) -> None:
         if self._done:  # the first outcome wins
             return
         self._value, self._error = value, error
         self._done = True
         self._gate.release()
+        if self._callbacks is not None:
+            self._run_callback()
 
     def set_result(self, value: Any) -> None:
         """Complete the handle (engine side)."""

@@ -16,7 +16,7 @@ import atexit
 import gc
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -50,7 +50,8 @@ _lock = threading.RLock()
 
 
 def init(process_sets: Sequence[Sequence[int]] | None = None,
-         settings: EngineSettings | None = None, given: GivenGroup | None = None) -> list[int]:
+         settings: EngineSettings | None = None, given: GivenGroup | None = None,
+         overrides: Mapping[str, Any] | None = None) -> list[int]:
     """Join the job and start the engine; a no-op if already initialized.
 
     Args:
@@ -58,6 +59,8 @@ def init(process_sets: Sequence[Sequence[int]] | None = None,
         settings: engine settings (default: read from accord.config).
         given: the group torch.distributed formed (its store, this rank, the world size), when
             ``init_process_group("accord")`` starts accord (see :mod:`accord.runtime.bootstrap`).
+        overrides: engine settings that win over accord.config's (when ``settings`` is None),
+            e.g. the timeout ``init_process_group`` was given.
     Returns:
         The ids of ``process_sets``.
     Raises:
@@ -72,7 +75,7 @@ def init(process_sets: Sequence[Sequence[int]] | None = None,
 
         runtime = bootstrap(given=given)
         try:
-            backends, sets, engine, contexts = build_engine(runtime.topology, runtime.store, settings)
+            backends, sets, engine, contexts = build_engine(runtime.topology, runtime.store, settings, overrides)
             session = _Session(runtime, engine, sets, backends, contexts)
             ids = [_add(session, ranks) for ranks in process_sets or []]
             engine.start()

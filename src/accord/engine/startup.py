@@ -3,7 +3,7 @@ communicators, agreed engine settings and the engine itself."""
 from __future__ import annotations
 
 import logging
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -35,10 +35,12 @@ def set_key(set_id: int, device: str) -> str:
     return f"set{set_id}/{device}"
 
 
-def build_engine(topology: Topology, store: Any, settings: EngineSettings | None
+def build_engine(topology: Topology, store: Any, settings: EngineSettings | None,
+                 overrides: Mapping[str, Any] | None = None
                  ) -> tuple[dict[str, Any], ProcessSetRegistry, Engine, GroupContexts]:
     """Backends by device kind, the set registry (global set wired), the (unstarted) engine and
-    the contexts later sets are built from.
+    the contexts later sets are built from. ``overrides`` win over accord.config's settings
+    (when ``settings`` is None); their ``collective_timeout`` also bounds the communicators.
 
     Collective over every rank: each creates the global set's communicators. ``store`` (the
     job's) carries what each rank sees of its GPUs (:mod:`accord.comm.devices`) and is where
@@ -51,14 +53,16 @@ def build_engine(topology: Topology, store: Any, settings: EngineSettings | None
     single_host = size > 1 and len(set(topology.hostnames)) == 1
     backends = device_backends(store, topology.rank, topology.hostnames, single_host)
     check_devices(backends)
-    contexts = GroupContexts(topology, store, CommSettings.from_config().collective_timeout)
+    overrides = dict(overrides or {})
+    timeout = overrides.get("collective_timeout", CommSettings.from_config().collective_timeout)
+    contexts = GroupContexts(topology, store, timeout)
     registry = ProcessSetRegistry(size)
     everyone = list(range(size))
     for device, backend in backends.items():
         comm = backend.create(contexts.make(everyone, set_key(GLOBAL_ID, device)))
         registry.set_communicator(GLOBAL_ID, device, comm)
     cpu = registry.communicator(GLOBAL_ID, "cpu")
-    settings = settings or EngineSettings.from_config(cpu_backend=backends["cpu"].name)
+    settings = settings or EngineSettings.from_config(cpu_backend=backends["cpu"].name, **overrides)
     check_settings_agree(settings, cpu)
     if (settings.hierarchical_allreduce or settings.hierarchical_auto) and size > 1:
         context = contexts.make(everyone, set_key(GLOBAL_ID, "cpu"))

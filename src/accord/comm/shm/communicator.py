@@ -33,8 +33,8 @@ import torch
 
 from accord.comm import dtypes, memory
 from accord.comm.base_communicator import BaseCommunicator
-from accord.comm.dtypes import LIBRARY_OPS
-from accord.comm.ops import ReduceOp
+from accord.comm.dtypes import LIBRARY_OPS, is_integer
+from accord.comm.ops import BITWISE_OPS, ReduceOp
 from accord.comm.shm import segment as shm_segment
 from accord.comm.shm.reduce import chunk_pieces, combine, reduction_stages
 from accord.comm.shm.segment import Layout
@@ -80,6 +80,7 @@ class ShmCommunicator(BaseCommunicator):
         self._lock = threading.Lock()
         pairs = [(dt, op) for dt in _NATIVE_REAL for op in LIBRARY_OPS]
         pairs += [(dt, op) for dt in _NATIVE_COMPLEX for op in (ReduceOp.SUM, ReduceOp.PRODUCT)]
+        pairs += [(dt, op) for dt in _NATIVE_REAL if is_integer(dt) for op in BITWISE_OPS]
         self._set_native(pairs)
 
     def close(self) -> None:

@@ -18,7 +18,8 @@ Piece = tuple[int, int, int, int]  # (tensor index, first element, end element, 
 Stage = Callable[[int, int], None]  # (chunk, bank)
 
 _FNS = {ReduceOp.SUM: torch.add, ReduceOp.MIN: torch.minimum, ReduceOp.MAX: torch.maximum,
-        ReduceOp.PRODUCT: torch.mul}
+        ReduceOp.PRODUCT: torch.mul, ReduceOp.BAND: torch.bitwise_and, ReduceOp.BOR: torch.bitwise_or,
+        ReduceOp.BXOR: torch.bitwise_xor}
 
 
 def chunk_pieces(sizes: Sequence[int], per: int) -> tuple[list[list[Piece]], int]:

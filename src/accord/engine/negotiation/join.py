@@ -65,6 +65,8 @@ def stand_in(name: str, sig: Signature, members: Sequence[int], device_index: in
     ragged = op in RAGGED_OPS
     shape = (0, *sig.shape) if ragged else tuple(sig.shape)
     tensor = torch.zeros(shape, dtype=_dtype(sig.wire_dtype), device=_device(sig.device, device_index))
+    if op in REDUCING_OPS and sig.reduce_op == ReduceOp.BAND:
+        tensor = torch.bitwise_not(tensor)  # all bits set: what leaves the others' AND as it is
     splits = (0,) * len(members) if op is Op.ALLTOALL else None
     return Request(
         name, op, tensor, reduce_op=ReduceOp(sig.reduce_op) if op in REDUCING_OPS else ReduceOp.SUM,
