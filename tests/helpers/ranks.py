@@ -52,19 +52,22 @@ def _rank_main(fn, rank, size, args, env, init, store_port, results, stack_file)
             import torch
 
             torch.set_num_threads(1)
-            if init == "torch":
+            if init.startswith("torch"):
                 from datetime import timedelta
 
                 import torch.distributed as dist
 
+                backend = init.partition(":")[2] or "gloo"
+                if backend == "accord":
+                    import accord.distributed  # noqa: F401 (registers the backend's name)
                 store = dist.TCPStore("127.0.0.1", store_port, size, is_master=False,
                                       timeout=timedelta(seconds=30))
-                dist.init_process_group("gloo", store=store, rank=rank, world_size=size,
+                dist.init_process_group(backend, store=store, rank=rank, world_size=size,
                                         timeout=timedelta(seconds=30))
             try:
                 value = fn(rank, size, *args)
             finally:
-                if init == "torch":
+                if init.startswith("torch"):
                     import torch.distributed as dist
 
                     from accord.group_teardown import destroy_process_group
@@ -103,14 +106,17 @@ def run_ranks(
 ) -> list[Any]:
     """Run ``fn(rank, nprocs, *args)`` on ``nprocs`` ranks; return results in rank order.
 
-    ``fn`` must be importable (defined at module level) and its results picklable.
+    ``fn`` must be importable (defined at module level) and its results picklable. ``init``:
+    ``"torch"`` (torch.distributed's default group on Gloo, over a TCPStore), ``"torch:<backend>"``
+    (the same with that backend, e.g. ``"torch:accord"``), ``"accord"`` (accord's store and the
+    worker contract, as accordrun gives them) or anything else for none.
     """
     ctx = _context()
     results = ctx.Queue()
     store = None
     store_port = 0
     common = dict(env or {})
-    if init == "torch":
+    if init.startswith("torch"):
         from datetime import timedelta
 
         import torch.distributed as dist

@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("comm | runtime", ["accord.comm", "accord.runtime"]),
     ("engine", ["accord.engine"]),
     ("frontend", ["accord.frontend"]),  # the framework-neutral half of every frontend
-    ("frontends", ["accord.torch", "accord.kvstore", "accord.data", "accord.mxnet"]),
+    ("frontends", ["accord.torch", "accord.kvstore", "accord.data", "accord.mxnet", "accord.distributed"]),
     ("high-level", ["accord.hapi"]),
     ("tools", ["accord.bench"]),
     # The package itself: ``accord.__version__`` and the lazy ``accord.spawn`` / ``accord.Model``
@@ -39,7 +39,9 @@ LAYERS: list[tuple[str, list[str]]] = [
 SIDE_BY_SIDE_ALLOWED = {"base"}
 # Packages of one layer that build on another of the same layer, by design (package -> package):
 # MXNet's KVStore plug-in is accord's KVStore behind MXNet's interface.
-BUILDS_ON = {("accord.mxnet", "accord.kvstore")}
+BUILDS_ON = {("accord.mxnet", "accord.kvstore"),
+             # importing accord.torch makes the torch.distributed backend's name known (registration only)
+             ("accord.torch", "accord.distributed")}
 
 # Known cycles (none left); a new one fails the test.
 KNOWN_CYCLES: set[frozenset[str]] = set()

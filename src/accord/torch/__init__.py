@@ -20,6 +20,7 @@ SyncBatchNorm on CPU with ``comm_scope='local'``, every dtype torch has in allre
 from __future__ import annotations
 
 from accord.comm.ops import ReduceOp
+from accord.distributed.autoload import register as _register_process_group_backend
 from accord.errors import CollectiveError as HorovodInternalError
 from accord.torch import elastic  # noqa: E402  (hvd.elastic.run, TorchState, ElasticSampler)
 from accord.torch.async_ops import (
@@ -112,3 +113,6 @@ __all__ = [
 # The modules other accord packages may import: none, they use the package itself
 # (tests/unit/test_import_graph.py checks every import that crosses a package boundary).
 PUBLIC_MODULES: tuple[str, ...] = ()
+
+# `import accord.torch as hvd` is enough for dist.init_process_group("accord") too.
+_register_process_group_backend()
