@@ -1,7 +1,7 @@
 """Test-only: run ranks where some are *expected* to die or hang, keeping the hard timeout.
 
 ``run_ranks_with_deaths(fn, nprocs, dying, *args)`` behaves like helpers.ranks.run_ranks with
-init="torch", except that ranks in ``dying`` must not return a result (they die or hang: that
+init="torch" (or ``init="torchrun"``), except that ranks in ``dying`` must not return a result (they die or hang: that
 is the point of the test; they are killed once the survivors are done) and the survivors'
 results are returned as {rank: value}. Reuses the
 harness's rank entry point, environment and hang report; every process is killed at the end.
@@ -13,28 +13,26 @@ import queue
 import shutil
 import tempfile
 import time
-from datetime import timedelta
 from typing import Any, Callable
 
-from helpers.ranks import RanksFailed, _context, _hang_report, _rank_main, worker_env
+from helpers.ranks import RanksFailed, _context, _hang_report, _rank_main, agent_store, rank_env
 
 
 def run_ranks_with_deaths(fn: Callable[..., Any], nprocs: int, dying: set[int], *args: Any,
-                          timeout: float = 60.0, env: dict[str, str] | None = None) -> dict[int, Any]:
+                          timeout: float = 60.0, env: dict[str, str] | None = None,
+                          init: str = "torch") -> dict[int, Any]:
     """Run ``fn(rank, nprocs, *args)``; ranks in ``dying`` must die, the others must return."""
-    import torch.distributed as dist
-
+    assert init in ("torch", "torchrun"), init
     ctx = _context()
     results = ctx.Queue()
-    store = dist.TCPStore("127.0.0.1", 0, nprocs, is_master=True, wait_for_workers=False,
-                          timeout=timedelta(seconds=30))
+    store = agent_store(nprocs)
     tmp = tempfile.mkdtemp(prefix="accord-ranks-")
     stack_files = [os.path.join(tmp, f"stacks.{r}") for r in range(nprocs)]
     procs = []
     try:
         for rank in range(nprocs):
             p = ctx.Process(target=_rank_main, daemon=True,
-                            args=(fn, rank, nprocs, args, worker_env(rank, nprocs, env), "torch",
+                            args=(fn, rank, nprocs, args, rank_env(rank, nprocs, init, store.port, env), init,
                                   store.port, results, stack_files[rank]))
             p.start()
             procs.append(p)

@@ -10,6 +10,9 @@ accordrun would give it, runs ``fn(rank, size, *args)`` and returns the results 
 - ``init="accord"``: the parent starts accord's authenticated rendezvous store on a free port
   and sets the worker contract (ACCORD_RANK, ACCORD_STORE_*, ACCORD_JOB_SECRET...); ``fn`` calls
   accord's own init.
+- ``init="torchrun"``: the parent hosts a ``TCPStore`` as torchrun's agent does, and each rank
+  gets torchrun's environment (:func:`torchrun_env`) and none of accordrun's; ``fn`` calls
+  ``init_process_group`` itself (env://), as a script under torchrun does.
 - ``init="none"``: only the worker contract's rank/size variables are set.
 
 A rank that raises makes the call raise ``RanksFailed`` with every rank's traceback. On timeout
@@ -52,7 +55,7 @@ def _rank_main(fn, rank, size, args, env, init, store_port, results, stack_file)
             import torch
 
             torch.set_num_threads(1)
-            if init.startswith("torch"):
+            if init == "torch" or init.startswith("torch:"):
                 from datetime import timedelta
 
                 import torch.distributed as dist
@@ -67,7 +70,7 @@ def _rank_main(fn, rank, size, args, env, init, store_port, results, stack_file)
             try:
                 value = fn(rank, size, *args)
             finally:
-                if init.startswith("torch"):
+                if init.startswith("torch"):  # torchrun's fn may leave its group too
                     import torch.distributed as dist
 
                     from accord.group_teardown import destroy_process_group
@@ -77,6 +80,34 @@ def _rank_main(fn, rank, size, args, env, init, store_port, results, stack_file)
             results.put((rank, "ok", value))
         except BaseException:  # report everything, including SystemExit, to the parent
             results.put((rank, "error", traceback.format_exc()))
+
+
+def torchrun_env(rank: int, size: int, store_port: int) -> dict[str, str]:
+    """The environment torchrun gives a worker on a single host whose agent hosts the store."""
+    return {
+        "RANK": str(rank),
+        "WORLD_SIZE": str(size),
+        "LOCAL_RANK": str(rank),
+        "LOCAL_WORLD_SIZE": str(size),
+        "GROUP_RANK": "0",
+        "GROUP_WORLD_SIZE": "1",
+        "ROLE_RANK": str(rank),
+        "ROLE_WORLD_SIZE": str(size),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(store_port),
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_MAX_RESTARTS": "0",
+        "TORCHELASTIC_RUN_ID": "none",
+        "OMP_NUM_THREADS": "1",
+    }
+
+
+def rank_env(rank: int, size: int, init: str, store_port: int, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """What a rank started with ``init`` finds in its environment, plus ``extra``."""
+    if init == "torchrun":
+        return {**torchrun_env(rank, size, store_port), **(extra or {})}
+    return worker_env(rank, size, extra)
 
 
 def worker_env(rank: int, size: int, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -108,8 +139,9 @@ def run_ranks(
 
     ``fn`` must be importable (defined at module level) and its results picklable. ``init``:
     ``"torch"`` (torch.distributed's default group on Gloo, over a TCPStore), ``"torch:<backend>"``
-    (the same with that backend, e.g. ``"torch:accord"``), ``"accord"`` (accord's store and the
-    worker contract, as accordrun gives them) or anything else for none.
+    (the same with that backend, e.g. ``"torch:accord"``), ``"torchrun"`` (torchrun's store and
+    environment; ``fn`` initialises), ``"accord"`` (accord's store and the worker contract, as
+    accordrun gives them) or anything else for none.
     """
     ctx = _context()
     results = ctx.Queue()
@@ -117,12 +149,7 @@ def run_ranks(
     store_port = 0
     common = dict(env or {})
     if init.startswith("torch"):
-        from datetime import timedelta
-
-        import torch.distributed as dist
-
-        store = dist.TCPStore("127.0.0.1", 0, nprocs, is_master=True, wait_for_workers=False,
-                              timeout=timedelta(seconds=30))
+        store = agent_store(nprocs)
         store_port = store.port
     elif init == "accord":
         store, extra = _start_accord_store()
@@ -133,12 +160,12 @@ def run_ranks(
     procs = []
     try:
         for rank in range(nprocs):
-            rank_env = worker_env(rank, nprocs, common)
+            env_of_rank = rank_env(rank, nprocs, init, store_port, common)
             if per_rank_env is not None:
-                rank_env.update(per_rank_env(rank))
+                env_of_rank.update(per_rank_env(rank))
             p = ctx.Process(
                 target=_rank_main,
-                args=(fn, rank, nprocs, args, rank_env, init, store_port, results, stack_files[rank]),
+                args=(fn, rank, nprocs, args, env_of_rank, init, store_port, results, stack_files[rank]),
                 daemon=True,
             )
             p.start()
@@ -153,6 +180,17 @@ def run_ranks(
             store.close()
         del store
         shutil.rmtree(tmp, ignore_errors=True)  # the stack dumps were read by _hang_report
+
+
+def agent_store(nprocs: int) -> Any:
+    """A ``TCPStore`` on a free loopback port (port 0: the OS picks it, so there is no race),
+    hosted here as torchrun's agent hosts it."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    return dist.TCPStore("127.0.0.1", 0, nprocs, is_master=True, wait_for_workers=False,
+                         timeout=timedelta(seconds=30))
 
 
 def _collect(procs, results, nprocs, timeout, stack_files) -> list[Any]:

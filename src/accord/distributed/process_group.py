@@ -203,14 +203,22 @@ class AccordProcessGroup(dist.ProcessGroup):
 
     def allgather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
                   opts: Any = None) -> AccordWork:
-        """Every rank's ``inputs[0]`` into every rank's ``output_lists[0]``, in rank order."""
-        return self.allgather_coalesced(output_lists, inputs, opts)
+        """Every rank's ``inputs[i]`` into every rank's ``output_lists[i]`` (one output per rank),
+        in rank order."""
+        return self._allgather(output_lists, inputs, "allgather")
 
     def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
                             opts: Any = None) -> AccordWork:
-        """Several list allgathers as one group."""
+        """``all_gather_coalesced``: rank ``r``'s ``inputs`` into ``output_lists[r]``, in input
+        order. torch's layout is one list per rank, where ``allgather``'s is one list per input."""
+        per_input = [[outs[i] for outs in output_lists if i < len(outs)] for i in range(len(inputs))]
+        return self._allgather(per_input, inputs, "all_gather_coalesced")
+
+    def _allgather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
+                   what: str) -> AccordWork:
+        """List allgathers as one group: ``output_lists[i]`` takes every rank's ``inputs[i]``."""
         problems = ["" if len(outs) == self._size else with_hint(
-            f"allgather got {len(outs)} outputs for a group of {self._size}", "pass one output per rank")
+            f"{what} got {len(outs)} outputs for a group of {self._size}", "pass one output per rank")
             for outs in output_lists]
 
         def finish(results: list[Any]) -> list[torch.Tensor]:
@@ -218,7 +226,7 @@ class AccordProcessGroup(dist.ProcessGroup):
                 _copy_parts(r, outs)
             return [t for outs in output_lists for t in outs]
 
-        return self._submit("allgather", [t.reshape(-1) for t in inputs], finish, "allgather", problems=problems)
+        return self._submit("allgather", [t.reshape(-1) for t in inputs], finish, what, problems=problems)
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> AccordWork:  # noqa: A002
         """``all_gather_into_tensor``: every rank's ``input`` into ``output``, in rank order."""
