@@ -506,15 +506,30 @@ def _hvd_and_dist(rank, size, order, port):
     return out
 
 
+def _torchrun_env(port):
+    def env(rank):
+        # Empty ACCORD_* values count as unset: the ranks see torchrun's variables only, and
+        # torch's store (this test's, standing in for torchrun's agent) at MASTER_PORT.
+        return {"ACCORD_RANK": "", "ACCORD_SIZE": "", "RANK": str(rank), "WORLD_SIZE": "2",
+                "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port), "TORCHELASTIC_USE_AGENT_STORE": "1"}
+    return env
+
+
 @pytest.mark.parametrize("order", ["hvd_first", "dist_first"])
-def test_hvd_and_dist_collectives_in_one_process(order):
-    """As under accordrun (its worker contract, and torch's store for env://); torchrun's case is
-    in tests/integration/test_distributed_launchers.py."""
+@pytest.mark.parametrize("launcher", ["accordrun", "torchrun"])
+def test_hvd_and_dist_collectives_in_one_process(launcher, order):
+    """With accordrun's worker contract (and torch's store for init_process_group), or with
+    torchrun's variables only."""
     import torch.distributed as dist
 
     store = dist.TCPStore("127.0.0.1", 0, 2, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
     try:
-        results = run_ranks(_hvd_and_dist, 2, order, store.port, init="accord", timeout=90)
+        if launcher == "accordrun":
+            results = run_ranks(_hvd_and_dist, 2, order, store.port, init="accord", timeout=90)
+        else:
+            results = run_ranks(_hvd_and_dist, 2, order, store.port, init="none", timeout=90,
+                                per_rank_env=_torchrun_env(store.port))
     finally:
         del store
     for rank, got in enumerate(results):
