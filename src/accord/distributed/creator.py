@@ -5,12 +5,16 @@ torch calls the creator on the group's members only (``new_group``, ``new_subgro
 ``DeviceMesh``): a sub-group is an engine process set that only its members register
 (:func:`accord.engine.add_private_process_set`) and that progresses independently of the others.
 Destroying a group removes its set; destroying the default group shuts accord down if this
-group started it.
+group started it. torch calls ``shutdown()`` on the groups it destroys from 2.5 on; before, its
+``destroy_process_group`` shuts down NCCL backends only (``_shutdown_backend``), so
+:func:`_shut_down_when_destroyed` makes it call ``shutdown()`` on accord's groups too.
 """
 from __future__ import annotations
 
 from datetime import timedelta
 from typing import Any
+
+import torch.distributed.distributed_c10d as c10d
 
 from accord import engine
 from accord.distributed.process_group import AccordProcessGroup
@@ -30,6 +34,7 @@ def create_process_group(options: Any, backend_options: Any = None) -> AccordPro
         RendezvousError: the ranks could not meet, or the group disagrees with the job accord
             already runs.
     """
+    _shut_down_when_destroyed()
     rank, size = int(options.group_rank), int(options.group_size)
     timeout: timedelta = options.timeout
     name = str(options.group_id)
@@ -71,3 +76,21 @@ def _remove_set(group: AccordProcessGroup) -> None:
     except ValueError:
         return  # gone with an engine that was shut down and started again
     engine.remove_process_set(group.set_id)
+
+
+def _shut_down_when_destroyed() -> None:
+    """On a torch whose ``destroy_process_group`` leaves Python groups alone (before 2.5: it
+    calls ``_shutdown_backend(pg)``, which shuts down NCCL only), make that call shut accord's
+    groups down as well; a no-op on later torch and when already done."""
+    torch_shutdown = getattr(c10d, "_shutdown_backend", None)
+    if torch_shutdown is None or getattr(torch_shutdown, "_accord", False):
+        return
+
+    def shutdown_backend(pg: Any) -> None:
+        if isinstance(pg, AccordProcessGroup):
+            pg.shutdown()
+        else:
+            torch_shutdown(pg)
+
+    shutdown_backend._accord = True  # type: ignore[attr-defined]
+    c10d._shutdown_backend = shutdown_backend
