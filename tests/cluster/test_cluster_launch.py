@@ -95,6 +95,21 @@ def test_ips_with_a_ddp_env_script(cluster):
         assert got[r]["weights"] == pytest.approx(expected, abs=1e-5), f"rank {r}"
 
 
+def test_ddp_on_the_accord_backend_across_hosts(cluster):
+    """The same DDP script on init_process_group("accord") across 2 hosts x 2 ranks: the weights
+    of a one-host computation, and accord's engine allreduces host-first (shared memory within a
+    host, Gloo across) for the large tensors where that is faster."""
+    res = accordrun(cluster, "-H", "h1:2,h2:2", PYTHON, script("ddp_train.py"), "accord")
+    assert res.returncode == 0, res.stderr
+    got = reports(res.stdout)
+    expected = trained_weights(4)
+    for r in range(4):
+        assert got[r]["weights"] == pytest.approx(expected, abs=1e-5), f"rank {r}"
+        assert got[r]["big_ok"], f"rank {r}: a large all_reduce came back wrong"
+        assert got[r]["path"] == "HierarchicalCommunicator", got[r]
+    assert all(got[r]["hierarchical_allreduces"] > 0 for r in range(4)), got
+
+
 def test_a_bare_python_from_an_activated_venv_runs_the_venv_on_every_host(cluster):
     """`accordrun -H h1:1,h2:1 python ...` with the venv activated (PATH and VIRTUAL_ENV, as
     `source .venv/bin/activate` sets them): the remote rank runs the venv's python too, found
