@@ -46,6 +46,9 @@ def worker(iters: int) -> None:
 
     torch.set_num_threads(1)
     hvd.init()
+    from accord.bench.strategies import start_baseline_group, stop_baseline_group
+
+    baseline = start_baseline_group()  # the raw torch.distributed baseline's default group
     raw = dist.new_group(backend="gloo")  # the same ranks, outside the engine
     meet = dist.new_group(backend="gloo")  # the barrier before each timed call (see the module)
     lone = torch.ones(256)
@@ -116,6 +119,7 @@ def worker(iters: int) -> None:
     if hvd.rank() == 0:
         print("RESULT " + json.dumps({"cases": table, "torch": torch.__version__,
                                       "engine_allreduce": _engine_path()}), flush=True)
+    stop_baseline_group(baseline)
     hvd.shutdown()
 
 

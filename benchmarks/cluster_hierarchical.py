@@ -42,6 +42,9 @@ def worker(iters: int, warmup: int, max_bytes: int, pieces: list[int]) -> None:
 
     torch.set_num_threads(1)
     hvd.init()
+    from accord.bench.strategies import start_baseline_group, stop_baseline_group
+
+    baseline = start_baseline_group()  # the raw torch.distributed baseline's default group
     # communicators of our own (the engine's are busy with its idle negotiations), built as the
     # engine builds them: every rank creates every group, in the same order, keeps its own
     size, local_size = hvd.size(), hvd.local_size()
@@ -80,6 +83,7 @@ def worker(iters: int, warmup: int, max_bytes: int, pieces: list[int]) -> None:
                 table[str(size)][f"{name}_speedup"] = round(med["flat"] / med[name], 3)
     if hvd.rank() == 0:
         print("RESULT " + json.dumps({"sizes": table, "torch": torch.__version__}), flush=True)
+    stop_baseline_group(baseline)
     hvd.shutdown()
 
 

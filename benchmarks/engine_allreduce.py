@@ -48,6 +48,9 @@ def _worker(iters: int, warmup: int) -> dict:
 
     torch.set_num_threads(1)
     session.init()
+    from accord.bench.strategies import start_baseline_group, stop_baseline_group
+
+    baseline = start_baseline_group()  # the raw torch.distributed baseline's default group
     rank = session.topology().rank
     big = torch.ones(16 * 1024 * 1024)  # 64 MB
     smalls = [torch.ones(25_600) for _ in range(160)]  # 100 KB each, separately allocated
@@ -91,6 +94,7 @@ def _worker(iters: int, warmup: int) -> dict:
                 samples[name].append(elapsed)
     stats = session.engine().stats()
     backend = session.backend_name("cpu")
+    stop_baseline_group(baseline)
     session.shutdown()
     if rank != 0:
         return {}

@@ -35,6 +35,9 @@ def _worker(iters: int, warmup: int) -> dict:
 
     torch.set_num_threads(1)
     session.init()
+    from accord.bench.strategies import start_baseline_group, stop_baseline_group
+
+    baseline = start_baseline_group()  # the raw torch.distributed baseline's default group
     engine = session.engine()
     base = engine.settings
     grads = [torch.ones(p.shape) for p in reversed(list(get_model("resnet50").parameters()))]
@@ -63,6 +66,7 @@ def _worker(iters: int, warmup: int) -> dict:
     use(base.fusion_threshold)
     backend = session.backend_name("cpu")
     rank = session.topology().rank
+    stop_baseline_group(baseline)
     session.shutdown()
     if rank != 0:
         return {}

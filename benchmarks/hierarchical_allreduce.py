@@ -43,6 +43,9 @@ def _worker(iters: int, warmup: int) -> dict:
     rank = int(config.get("ACCORD_RANK"))
     pose_as_hosts(rank)
     session.init()
+    from accord.bench.strategies import start_baseline_group, stop_baseline_group
+
+    baseline = start_baseline_group()  # the raw torch.distributed baseline's default group
     # communicators of our own, built as the engine builds them (every rank creates every group,
     # in the same order): the engine's own local one carries its host-first negotiations
     hosts = [[0, 1], [2, 3]]
@@ -66,6 +69,7 @@ def _worker(iters: int, warmup: int) -> dict:
                 comms[name].allreduce(t, ReduceOp.SUM)
                 if it >= warmup:
                     samples[name][size].append(time.perf_counter() - start)
+    stop_baseline_group(baseline)
     session.shutdown()
     if rank != 0:
         return {}

@@ -30,6 +30,9 @@ def _worker(ops: int, reps: int) -> dict:
 
     torch.set_num_threads(1)
     session.init()
+    from accord.bench.strategies import start_baseline_group, stop_baseline_group
+
+    baseline = start_baseline_group()  # the raw torch.distributed baseline's default group
     tiny = torch.ones(256)
     pairs = []
     for rep in range(reps):
@@ -46,6 +49,7 @@ def _worker(ops: int, reps: int) -> dict:
         if rep:
             pairs.append((engine, raw))
     stats = session.engine().stats()
+    stop_baseline_group(baseline)
     session.shutdown()
     engine_ms = statistics.median(e for e, _ in pairs) * 1e3
     raw_ms = statistics.median(r for _, r in pairs) * 1e3

@@ -44,6 +44,9 @@ def _worker(iters: int, warmup: int) -> dict:
     rank = int(config.get("ACCORD_RANK"))
     pose_as_hosts(rank)
     session.init()
+    from accord.bench.strategies import start_baseline_group, stop_baseline_group
+
+    baseline = start_baseline_group()  # the raw torch.distributed baseline's default group
     raw = dist.new_group(backend="gloo")
     tiny, big = torch.ones(256), torch.ones(16 * 1024 * 1024)
     smalls = [torch.ones(25_600) for _ in range(160)]
@@ -75,6 +78,7 @@ def _worker(iters: int, warmup: int) -> dict:
                 samples[name].append((time.perf_counter() - start) / reps)
     negotiation = type(session.engine()._comm).__name__
     dist.destroy_process_group(raw)
+    stop_baseline_group(baseline)
     session.shutdown()
     if rank != 0:
         return {}

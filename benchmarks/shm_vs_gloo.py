@@ -41,19 +41,21 @@ def _worker(iters: int, warmup: int, chunk_bytes: int | None, spin_us: float) ->
     import torch
     import torch.distributed as dist
 
+    from accord import engine
     from accord.bench import stats
+    from accord.bench.strategies import start_baseline_group, stop_baseline_group
     from accord.comm import ReduceOp, get_backend
     from accord.comm.shm.backend import ShmBackend
-    from accord.runtime.bootstrap import bootstrap
 
     torch.set_num_threads(1)
     load_before = os.getloadavg()[0]  # the machine is shared: say how busy it was
-    runtime = bootstrap()
+    engine.init()
+    baseline = start_baseline_group()  # for the barriers between timed runs
     rank = dist.get_rank()
     comms = {
-        "shm": ShmBackend(chunk_bytes=chunk_bytes, spin_s=spin_us * 1e-6).create(range(2)),
-        "shm_gloo_sync": ShmBackend(chunk_bytes=chunk_bytes, sync="gloo").create(range(2)),
-        "gloo": get_backend("gloo").create(range(2)),
+        "shm": engine.build_communicator(ShmBackend(chunk_bytes=chunk_bytes, spin_s=spin_us * 1e-6), range(2)),
+        "shm_gloo_sync": engine.build_communicator(ShmBackend(chunk_bytes=chunk_bytes, sync="gloo"), range(2)),
+        "gloo": engine.build_communicator(get_backend("gloo"), range(2)),
     }
     for name, comm in comms.items():  # correct before fast
         check = torch.full((1000,), float(rank + 1))
@@ -92,7 +94,8 @@ def _worker(iters: int, warmup: int, chunk_bytes: int | None, spin_us: float) ->
     chunk = comms["shm"].chunk_bytes
     for comm in comms.values():
         comm.close()
-    runtime.close()
+    stop_baseline_group(baseline)
+    engine.shutdown()
     if rank != 0:
         return {}
     return {

@@ -27,24 +27,38 @@ from accord.bench.precision import Precision
 KINDS = ("local", "accord", "ddp", "horovod-style")
 
 
-@contextlib.contextmanager
-def baseline_group(timeout_s: float = 300.0) -> Iterator[None]:
-    """torch.distributed's default group for the baselines (raw Gloo, DDP, the Horovod-style
+def start_baseline_group(timeout_s: float = 300.0) -> bool:
+    """Start torch.distributed's default group for the baselines (raw Gloo, DDP, the Horovod-style
     hooks), met on accord's store once accord runs: accord leaves the default group to the
-    program. Gloo for CPU tensors, NCCL for CUDA ones where torch has it; destroyed on exit."""
-    from accord import engine, group_teardown
+    program. Gloo for CPU tensors, NCCL for CUDA ones where torch has it. Returns whether it
+    started one (False: the program has one already)."""
+    from accord import engine
 
     if dist.is_initialized():
-        yield
-        return
+        return False
     topology = engine.topology()
     backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
     dist.init_process_group(backend, store=dist.PrefixStore("bench-baseline", engine.runtime().store),
                             rank=topology.rank, world_size=topology.size, timeout=timedelta(seconds=timeout_s))
+    return True
+
+
+def stop_baseline_group(started: bool) -> None:
+    """Destroy the default group :func:`start_baseline_group` started (``started`` is its answer)."""
+    from accord import group_teardown
+
+    if started and dist.is_initialized():
+        group_teardown.destroy_process_group()
+
+
+@contextlib.contextmanager
+def baseline_group(timeout_s: float = 300.0) -> Iterator[None]:
+    """:func:`start_baseline_group` for the duration of a block."""
+    started = start_baseline_group(timeout_s)
     try:
         yield
     finally:
-        group_teardown.destroy_process_group()
+        stop_baseline_group(started)
 
 
 class Strategy:
