@@ -3,9 +3,10 @@
 Every collective goes through the engine's one door (:func:`accord.engine.submit_group`): the
 negotiation (a call that differs between ranks, in shape, dtype, op or root, raises on every rank
 of the group instead of hanging), fusion, planned cycles, shared memory on one host, the hierarchy
-across hosts, NCCL for CUDA tensors. Each call is one engine request per tensor, named after the
-group and the call's number in it (``<group>.<n>``), so ranks that make their calls in a
-different order are told so, whatever the op.
+across hosts, NCCL for CUDA tensors. Each call is one engine request per tensor, named by its
+place in the group's sequence of calls (:mod:`accord.distributed.naming`: the names recur while
+the program repeats a step, which the engine's cache and planned cycles need, and ranks that make
+their calls in another order are told so, whatever the op).
 
 Ranks in torch's options (``rootRank``, ``send``'s ``dst``) are ranks within the group; the engine
 takes global ones (``members``). Results the engine hands back as new tensors are copied into the
@@ -19,7 +20,8 @@ torch calls these methods by the names of the version in use (2.13: ``all_gather
 """
 from __future__ import annotations
 
-import itertools
+import os
+import sys
 from datetime import timedelta
 from typing import Any, Callable, Sequence
 
@@ -28,6 +30,7 @@ import torch.distributed as dist
 
 from accord import engine
 from accord.distributed import ops
+from accord.distributed.naming import GroupNames, describe
 from accord.distributed.p2p import PointToPoint
 from accord.distributed.work import AccordWork
 from accord.errors import ShutdownError, with_hint
@@ -55,7 +58,7 @@ class AccordProcessGroup(dist.ProcessGroup):
         self._rank, self._size = rank, len(members)
         self._timeout = timeout
         self._name = name
-        self._calls = itertools.count(1)
+        self._names = GroupNames(name)
         self._on_shutdown = on_shutdown
         self._closed = False
         self._p2p = PointToPoint(self.members, rank, timeout, f"c10d/{name}")
@@ -99,11 +102,20 @@ class AccordProcessGroup(dist.ProcessGroup):
                 what: str, *, problems: Sequence[str] | None = None, **kwargs: Any) -> AccordWork:
         """Submit one request per tensor, as one group; ``finish(results)`` gives the future's value."""
         self._check_open(what)
-        name = f"{self._name}.{next(self._calls)}"
+        name = self._names.next(describe(op, tensors, **kwargs))
+        earlier = self._names.previous_work(name)
+        if earlier is not None and not earlier.is_completed():
+            earlier.drive()  # its name comes again: the earlier request must be done here first
+        waited = _caller_waits()
         handles = engine.submit_group(op, list(tensors), name, process_set_id=self.set_id,
-                                      grouped=len(tensors) > 1, problems=problems, **kwargs)
-        work = AccordWork(handles, lambda: finish([h.result() for h in handles]), f"{what} on group {self._name!r}")
-        engine.poll(handles[-1])  # start the engine's cycle now: torch may wait on the future only
+                                      grouped=len(tensors) > 1, problems=problems, waited=waited, **kwargs)
+        work = AccordWork(handles, lambda: finish([h.result() for h in handles]), f"{what} on group {self._name!r}",
+                          on_error=self._names.forget)
+        self._names.submitted(name, work)
+        if not waited:
+            # Nobody may call wait(): DDP's reducer and functional collectives wait on the future
+            # from C++, which the engine cannot see; its cycle starts now.
+            engine.poll(handles[-1])
         return work
 
     def _check_open(self, what: str) -> None:
@@ -351,6 +363,23 @@ class AccordProcessGroup(dist.ProcessGroup):
     def abort(self) -> None:
         """As :meth:`shutdown` (accord's groups have no in-flight state to abandon here)."""
         self.shutdown()
+
+
+_THIS_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+_TORCH_WRAPPERS = "distributed_c10d.py"
+
+
+def _caller_waits() -> bool:
+    """Whether the call came from one of torch's synchronous collectives (``async_op=False``),
+    which call ``wait()`` at once: then the engine may wait for that, and the caller's thread runs
+    the engine's planned cycle itself, as ``hvd.allreduce`` does (two thread hand-offs fewer for
+    a small tensor). The first frame outside this package is torch's Python wrapper, if any."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_THIS_PACKAGE):
+        frame = frame.f_back
+    if frame is None or not frame.f_code.co_filename.endswith(_TORCH_WRAPPERS):
+        return False
+    return frame.f_locals.get("async_op") is False
 
 
 def _size_problem(what: str, got: int, expected: int) -> str:

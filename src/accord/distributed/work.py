@@ -60,10 +60,13 @@ class AccordWork(dist.Work):
         finish: run once every handle has succeeded (on the engine's thread); returns the
             future's value.
         what: the call, for messages ("allreduce on group '0'").
+        on_error: called (on the engine's thread, before any waiter wakes) when the call failed.
     """
 
-    def __init__(self, handles: Sequence[Any], finish: Finish, what: str) -> None:
+    def __init__(self, handles: Sequence[Any], finish: Finish, what: str,
+                 on_error: Callable[[], None] | None = None) -> None:
         super().__init__()
+        self._on_error = on_error
         self._handles = list(handles)
         self._finish_fn = finish
         self._what = what
@@ -106,6 +109,8 @@ class AccordWork(dist.Work):
             self._error = exc if isinstance(exc, RuntimeError) else CollectiveError(
                 with_hint(f"{self._what} failed: {type(exc).__name__}: {exc}",
                           "see the error above; every rank of the group raises it"))
+        if self._error is not None and self._on_error is not None:
+            self._on_error()
         self._done.set()
         done_keeping(self)
         self._source.set(self._value if self._error is None else _Failure(self._error))
@@ -122,13 +127,7 @@ class AccordWork(dist.Work):
         """
         seconds = None if timeout is None or timeout.total_seconds() <= 0 else timeout.total_seconds()
         if seconds is None:
-            for handle in self._handles:
-                if not handle.done():
-                    try:
-                        engine.synchronize(handle)
-                    except Exception:  # noqa: BLE001 (the work's own error is raised below)
-                        pass
-            self._done.wait()
+            self.drive()
         elif not self._wait_for(seconds):
             raise CollectiveError(with_hint(
                 f"{self._what} did not finish within the {seconds:g} s timeout of this wait",
@@ -139,6 +138,16 @@ class AccordWork(dist.Work):
         if self._cuda_event is not None:
             torch.cuda.current_stream().wait_event(self._cuda_event)
         return True
+
+    def drive(self) -> None:
+        """Wait until done without raising (the engine's cycle runs on this thread where it can)."""
+        for handle in self._handles:
+            if not handle.done():
+                try:
+                    engine.synchronize(handle)
+                except Exception:  # noqa: BLE001 (the work keeps its own error for its waiters)
+                    pass
+        self._done.wait()
 
     def _wait_for(self, seconds: float) -> bool:
         for handle in self._handles:
