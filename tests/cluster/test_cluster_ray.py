@@ -21,10 +21,10 @@ HEAD = "10.77.0.1"
 def test_ray_executor_across_two_hosts(cluster):
     from simcluster import Cluster
 
-    # Ray's token authentication with a token of this test's own, given in the environment: no
-    # token file is written in the home folder the hosts share
-    env = Cluster.env({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32),
-                       "OMP_NUM_THREADS": "1", "RAY_USAGE_STATS_ENABLED": "0"})
+    # Ray's token authentication with a token of this test's own, in the environment: no token
+    # file is written in the home folder the hosts share
+    env = Cluster.env({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32), "OMP_NUM_THREADS": "1",
+                       "RAY_USAGE_STATS_ENABLED": "0"})
     common = ["--num-cpus=1", "--object-store-memory=200000000", "--disable-usage-stats"]
     try:
         head = cluster.run("h1", RAY + ["start", "--head", f"--node-ip-address={HEAD}", "--port=6379",
