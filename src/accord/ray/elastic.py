@@ -106,15 +106,15 @@ class ElasticJob:
         self.cooldown_range = cooldown
         self.elastic_timeout = float(elastic_timeout)
         self.cpus, self.gpus = cpus_per_worker, gpus_per_worker
-        self._executable: tuple[Any, Any, Any] = (None, None, None)
-        self._extra_env: dict[str, str] = {}
+        self.executable: tuple[Any, Any, Any] = (None, None, None)
+        self.extra_env: dict[str, str] = {}
 
     def start(self, executable_cls: Callable[..., Any] | None, executable_args: Any, executable_kwargs: Any,
               extra_env_vars: dict[str, str] | None) -> None:
         """Check the driver and keep what each ``run()`` starts its workers with."""
         check_driver(need_ray())
-        self._executable = (executable_cls, executable_args, executable_kwargs)
-        self._extra_env = {str(k): str(v) for k, v in (extra_env_vars or {}).items()}
+        self.executable = (executable_cls, executable_args, executable_kwargs)
+        self.extra_env = {str(k): str(v) for k, v in (extra_env_vars or {}).items()}
 
     def call(self, fn: Callable[..., Any], args: Any, kwargs: Any, on_executable: bool,
              ranks: Sequence[int] | None = None) -> list[Any]:
@@ -204,7 +204,7 @@ class _Run:
             n = int(self.conn.add(ELASTIC_LAUNCHED_KEY, 1))
             self.conn.set(ELASTIC_LAUNCH_KEY.format(n=n), str(member_id))
         env = environment(slot, self.job_env, self.store.secret_hex,
-                          {**self.job.settings.worker_variables(), **self.job._extra_env})
+                          {**self.job.settings.worker_variables(), **self.job.extra_env})
         env.update(elastic_env(member_id, joining, self.job.min_workers, self.job.elastic_timeout))
         actor = self.remote.options(
             num_cpus=self.job.cpus, num_gpus=self.job.gpus, max_restarts=0, max_task_retries=0,
@@ -213,7 +213,7 @@ class _Run:
         actor.set_env.remote(env)
         fn, args, kwargs, on_executable = self.payload
         if on_executable:
-            actor.start_executable.remote(*self.job._executable)
+            actor.start_executable.remote(*self.job.executable)
         call = actor.call.remote(fn, args, kwargs, on_executable)
         self.members[member_id] = Member(member_id, actor, node, call, described, time.monotonic(), joining)
 
@@ -266,8 +266,12 @@ class _Run:
         self.ray.kill(m.actor, no_restart=True)  # a worker that raised still holds its engine
         where = failures.where(m.description or {"ip": m.node.ip})
         who = f"elastic worker {m.member_id}"
-        error = (failures.raised(who, m.member_id, value, where) if status == ERROR
-                 else failures.died(who, m.member_id, where, value))
+        if status == ERROR:
+            error = failures.raised(who, m.member_id, value, where, then=failures.WENT_ON)
+        elif isinstance(value, self.ray.exceptions.RayActorError):
+            error = failures.died(who, m.member_id, where, value, then=failures.WENT_ON)
+        else:
+            error = failures.unsent(who, m.member_id, where, value)
         self.lost.append(error)
         self._count_reset()
         alive_node = any(n.node_id == m.node.node_id for n in self.nodes.live(self.ray))

@@ -174,6 +174,8 @@ class StaticJob:
                     status, value = ray.get(ref)
                 except ray.exceptions.RayActorError as exc:
                     raise self._fail(ray, failures.died(self._who(rank), rank, self._where(rank), exc)) from None
+                except ray.exceptions.RayError as exc:  # the actor lives, its result did not come
+                    raise self._fail(ray, failures.unsent(self._who(rank), rank, self._where(rank), exc)) from None
                 if status == ERROR:
                     raise self._fail(ray, failures.raised(self._who(rank), rank, value, self._where(rank)))
                 results[rank] = None if status == LEFT else value
