@@ -15,7 +15,7 @@ from typing import Any
 
 # The modules other accord packages may import; the rest are this package's own
 # (tests/unit/test_import_graph.py checks every import that crosses a package boundary).
-PUBLIC_MODULES = ("functions.spawn",)
+PUBLIC_MODULES = ("functions.spawn", "processes.job_store", "spec.assignment", "spec.worker_env")
 
 
 def __getattr__(name: str) -> Any:
