@@ -76,6 +76,10 @@ def test_accord_strategy_keeps_the_learning_rate_and_adam_starts_fresh(out):
     check(out, "adam", common.reference(common.plan(2), lambda params: torch.optim.Adam(params, lr=0.01)))
 
 
+def test_manual_optimization_with_clipping(out):
+    check(out, "manual", common.reference(common.plan(1), sgd(0.1), clip=("norm", 0.5)))
+
+
 def test_results_are_reduced_across_ranks(out):
     for rank, result in enumerate(common.read(out, "results")):
         metrics, checks = result["metrics"], result["checks"]

@@ -3,7 +3,8 @@
 ``strategy="horovod"`` itself). The cases are those of Lightning's own Horovod tests: a simple fit,
 ``accumulate_grad_batches``, gradient clipping by value and by norm, results reduced across
 ranks, ``ModelCheckpoint`` writing once, final weights equal to one process trained on the global
-batch, and uneven data; then the same on Lightning Fabric (``Fabric(strategy="accord")``).
+batch, and uneven data; manual optimization; then the same on Lightning Fabric
+(``Fabric(strategy="accord")``).
 
     python -m accord.run -np 2 python lightning_horovod.py OUT [CASE ...]
 
@@ -121,6 +122,27 @@ def case_schedule():
 def case_adam():
     model = Regression(optimizer="adam", lr=0.01)
     t = trainer(strategy="accord", max_epochs=2)
+    t.fit(model, loader())
+    return finished(t, model)
+
+
+class Manual(Regression):
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        optimizer = self.optimizers()
+        x, y = batch
+        optimizer.zero_grad()
+        self.manual_backward(F.mse_loss(self(x), y))
+        self.clip_gradients(optimizer, gradient_clip_val=0.5, gradient_clip_algorithm="norm")
+        optimizer.step()
+
+
+def case_manual():
+    model = Manual()
+    t = trainer()
     t.fit(model, loader())
     return finished(t, model)
 
