@@ -29,7 +29,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("frontend", ["accord.frontend"]),  # the framework-neutral half of every frontend
     ("frontends", ["accord.torch", "accord.kvstore", "accord.data", "accord.mxnet", "accord.distributed"]),
     ("high-level", ["accord.hapi"]),
-    ("integrations", ["accord.lightning", "accord.ray"]),  # other frameworks' ways of starting jobs
+    ("integrations", ["accord.lightning", "accord.ray"]),  # other frameworks' ways of training and of starting jobs
     ("tools", ["accord.bench"]),
     # The package itself: ``accord.__version__`` and the lazy ``accord.spawn`` / ``accord.Model``
     # (nothing inside accord imports it; the version lives in accord.version).
