@@ -112,6 +112,9 @@ def _erring_worker(rank, size):
     kv = kvs.create("dist_sync")
     kv.init("k", np.zeros(4 if rank == 0 else 6, np.float32))  # rank 0's 4 elements win
     messages = []
+    with pytest.raises(ValueError, match=r"(?s)not valid Unicode text.*HINT") as info:
+        kv.push("k\ud800", np.ones(4, np.float32))  # before any server is asked
+    assert not isinstance(info.value, UnicodeError)
     if rank == 1:
         kv.push("k", np.ones(6, np.float32))
         with pytest.raises(ServerError) as info:
