@@ -148,7 +148,8 @@ def test_a_malformed_push_waiting_for_the_next_round_gets_its_own_error_and_noth
     assert [a.get("ok") for a in got[1]] == [True]
     assert [a.get("ok") for a in got[4]] == [True], got[4]  # once, and not another one's error
     assert len(got[2]) == 1 and "multiple of element size" in got[2][0]["error"], got.get(2)
-    assert [a.get("ok") for a in got[3]] == [True], got.get(3)  # the pull behind it is answered
+    # the pull behind it is answered once: its round has no value (its own push was refused)
+    assert len(got[3]) == 1 and "round of key 'w' cannot complete" in got[3][0]["error"], got.get(3)
 
 
 def test_a_round_whose_optimizer_fails_ends_with_one_error_per_request_and_frees_the_key():
@@ -167,6 +168,43 @@ def test_a_round_whose_optimizer_fails_ends_with_one_error_per_request_and_frees
     core.handle("w1", {"op": "push", **SYNC, "dtype": "<i4", "rank": 1, "seq": 5}, [ones])
     got = answers.by_seq()
     assert [len(got.get(seq, [])) for seq in (4, 5)] == [1, 1], got
+
+
+@pytest.mark.parametrize("refused", [
+    ({"dtype": "<f4"}, [np.ones(3, np.float32)], "with 3 elements, but it was initialised with 4"),
+    ({"dtype": "<f8"}, [np.ones(4, np.float64)], "as float64, but it was initialised as float32"),
+    ({"dtype": "<f4", "rop": "max"}, [np.ones(4, np.float32)], "op='max' while other workers pushed"),
+    ({}, [np.ones(4, np.float32)], "malformed 'push' request: KeyError('dtype')"),
+], ids=["size", "dtype", "op", "malformed"])
+def test_a_refused_push_ends_its_round_for_every_worker_at_once(refused):
+    fields, payloads, reason = refused
+    answers = _Answers()
+    core = ServerCore(3, 0, answers)
+    core.handle("w0", {"op": "init", **SYNC, "dtype": "<f4", "n": 4, "seq": "init"}, [np.zeros(4, np.float32)])
+    ones = np.ones(4, np.float32)
+    core.handle("w0", {"op": "push", **SYNC, "dtype": "<f4", "rank": 0, "seq": 1}, [ones])
+    core.handle("w0", {"op": "pull", **SYNC, "rank": 0, "seq": 2}, [])  # waits for the round
+    core.handle("w0", {"op": "push", **SYNC, "dtype": "<f4", "rank": 0, "seq": 3}, [ones * 5])  # next round
+    core.handle("w1", {"op": "push", **SYNC, **fields, "rank": 1, "seq": 4}, payloads)  # refused
+    got = answers.by_seq()
+    assert len(got[4]) == 1 and reason in got[4][0]["error"], got.get(4)
+    told = "the dist_sync round of key 'w' cannot complete: the push of rank 1 in it was refused"
+    for seq in (1, 2):  # rank 0's push and pull: told now, not after the timeout
+        assert len(got.get(seq, [])) == 1 and told in got[seq][0]["error"] and reason in got[seq][0]["error"]
+    core.handle("w1", {"op": "pull", **SYNC, "rank": 1, "seq": 5}, [])  # the refused rank pulls too
+    core.handle("w2", {"op": "pull", **SYNC, "rank": 2, "seq": 6}, [])  # not in the round: the value
+    core.handle("w2", {"op": "push", **SYNC, "dtype": "<f4", "rank": 2, "seq": 7}, [ones])  # ends it
+    got = answers.by_seq()
+    assert told in got[5][0]["error"] and got[6][0]["ok"] and told in got[7][0]["error"]
+    assert 3 not in got  # rank 0's second push belongs to the next round, which now runs
+    for rank, seq in ((1, 8), (2, 9)):
+        core.handle(f"w{rank}", {"op": "push", **SYNC, "dtype": "<f4", "rank": rank, "seq": seq}, [ones])
+    core.handle("w0", {"op": "pull", **SYNC, "rank": 0, "seq": 10}, [])
+    got = answers.by_seq()
+    assert [got[seq][0].get("ok") for seq in (3, 8, 9, 10)] == [True] * 4, got
+    entry = core._spaces[1].entries["s:w#0"]
+    np.testing.assert_array_equal(entry.stored.array, np.full(4, 7.0))  # 5 + 1 + 1: a clean round
+    assert all(len(v) == 1 for v in got.values()), got  # exactly one answer per request
 
 
 # --- a stranger's unfinished handshake ---------------------------------------------------------

@@ -11,7 +11,9 @@ acknowledged. A pull from a worker that pushed in the unfinished round waits for
 worker always pulls a value that includes its own push. A second push (or anything after it) from
 a worker that already pushed in this round waits for the next round, keeping each worker's
 requests in order. ``param_only`` entries store the mean over workers and skip the optimizer, as
-do max/min rounds.
+do max/min rounds. A round with a refused push (wrong size, dtype or op) can never complete: the
+requests waiting in it, and its later pushes, are answered with an error naming the rank whose
+push was refused, and the key serves the next round with its value unchanged.
 
 ``dist_async``: each push is applied on its own as it arrives, with the optimizer (required:
 a push without one is answered with an error, never a hang).
@@ -218,17 +220,53 @@ class ServerCore:
         if any(int(h["rank"]) == rank for _, h, _ in entry.backlog):
             entry.backlog.append((peer, header, payloads))
         elif header["op"] == "pull":
-            if rank in entry.contributors:
-                entry.pulls.append((peer, header))
-            else:
+            if rank not in entry.contributors:
                 self._send_value(peer, header, entry)
+            elif entry.failed is not None:
+                self.error(peer, header, entry.failed)
+            else:
+                entry.pulls.append((peer, header))
         elif rank in entry.contributors:
             entry.backlog.append((peer, header, payloads))
+        elif entry.failed is not None:  # the round has no value: this push only ends it sooner
+            self.error(peer, header, entry.failed)
+            self._count_in(space, entry, header)
         else:
-            self._contribute(space, entry, peer, header, payloads)
+            try:
+                self._contribute(space, entry, peer, header, payloads)
+            except Exception as exc:  # noqa: BLE001 - refused: the round ends for everyone
+                reason = str(exc) if isinstance(exc, RequestError) else \
+                    f"malformed 'push' request: {exc!r}"
+                self._fail_round(space, entry, peer, header, reason)
+
+    def _fail_round(self, space: Space, entry: Entry, peer: Any, header: dict, reason: str) -> None:
+        """A push of this round was refused, so the round can never have a value: answer the
+        refused push with its reason and every request waiting in the round (and each push of
+        it still to come) with the error, rather than leave them waiting for a push that will
+        not come. The round ends once every worker has pushed in it (the refused one counts);
+        the stored value is unchanged and the key serves the next round."""
+        rank = int(header["rank"])
+        entry.failed = (f"the dist_sync round of key {_show(header['key'])} cannot complete: the "
+                        f"push of rank {rank} in it was refused ({reason})")
+        entry.first = None
+        log.warning("server %d: %s", self.server_id, entry.failed)
+        self.error(peer, header, reason)
+        waiting, entry.acks, entry.pulls = entry.acks + entry.pulls, [], []
+        for p, h in waiting:
+            self.error(p, h, entry.failed)
+        self._count_in(space, entry, header)
+
+    def _count_in(self, space: Space, entry: Entry, header: dict) -> None:
+        """Count a push of a failed round; the last one ends the round."""
+        entry.contributors.add(int(header["rank"]))
+        if len(entry.contributors) == self.num_workers:
+            backlog = entry.backlog
+            entry.contributors, entry.backlog, entry.failed = set(), [], None
+            self._next_round(space, entry, backlog)
 
     def _contribute(self, space: Space, entry: Entry, peer: Any, header: dict,
                     payloads: list) -> None:
+        """Merge one push into the round (RequestError: the push is refused)."""
         value = self._value(entry, header, payloads)
         rop = header.get("rop", "sum")
         if rop not in ("sum", "max", "min"):
@@ -275,6 +313,9 @@ class ServerCore:
                 self.ok(peer, header)
             for peer, header in pulls:
                 self._send_value(peer, header, entry)
+        self._next_round(space, entry, backlog)
+
+    def _next_round(self, space: Space, entry: Entry, backlog: list[tuple[Any, dict, list]]) -> None:
         for peer, header, payloads in backlog:  # the next round, in arrival order
             with self._answering_errors(peer, header):
                 self._sync_message(space, entry, peer, header, payloads)

@@ -41,7 +41,8 @@ class Buf:
 @dataclass
 class Entry:
     """One key's stored value and its dist_sync round: the pushes merged so far, who pushed,
-    and the acks, pulls and next-round requests waiting for the round to end."""
+    and the acks, pulls and next-round requests waiting for the round to end (or, once a push
+    of the round was refused, why the round ends without a value)."""
 
     stored: Buf
     param_only: bool
@@ -52,6 +53,7 @@ class Entry:
     pulls: list[tuple[Any, dict]] = field(default_factory=list)
     backlog: list[tuple[Any, dict, list]] = field(default_factory=list)
     op: str = "sum"
+    failed: str | None = None  # why this round cannot complete (a push of it was refused)
 
     @property
     def size(self) -> int:
