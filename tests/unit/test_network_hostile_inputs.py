@@ -124,6 +124,24 @@ def test_deeply_nested_headers_do_not_stop_the_parameter_server(served):
         ctx.term()
 
 
+# --- a header over the servers' limit ------------------------------------------------------------
+
+def test_a_key_too_long_for_a_header_is_refused_where_the_request_is_made(served):
+    server, endpoint, thread = served
+    conns = ServerConnections([endpoint], SECRET, rank=0, num_workers=1, timeout=10)
+    try:
+        key = "s:" + "k" * 70_000 + "#0"
+        with pytest.raises(ValueError, match=r"(?s)'init' message for key 's:kkk.*\(70004 characters\) "
+                                             r"would have a 70\d{3}-byte header, over the parameter "
+                                             r"servers' limit of 65536 bytes.*HINT: use shorter keys"):
+            conns.request(0, "init", {"ns": 1, "sync": True, "key": key, "dtype": "<f4", "n": 1},
+                          [np.zeros(1, np.float32)])
+        ((header, _),) = conns.wait([conns.request(0, "ping", {})[0]], "ping")  # nothing was sent
+        assert header["ok"]
+    finally:
+        conns.close()
+
+
 # --- sync rounds: every request gets exactly one answer -----------------------------------------
 
 def _sync_core(dtype: str, optimizer: dict | None = None) -> tuple[ServerCore, _Answers]:

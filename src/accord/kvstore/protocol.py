@@ -70,9 +70,9 @@ from accord.errors import AuthenticationError, ConfigError, RendezvousError, wit
 from accord.runtime.settings import HostAndSecret
 from accord.store.secret import read_secret_file, secret_from_hex
 
-__all__ = ["CONNECT_USER", "PayloadSeal", "ProtocolError", "REFUSED", "TO_SERVER", "TO_WORKER",
-           "connect_password", "frame_limit",
-           "load_secret", "open_message", "require_payload_mac", "seal"]
+__all__ = ["CONNECT_USER", "HeaderTooLarge", "PayloadSeal", "ProtocolError", "REFUSED", "TO_SERVER",
+           "TO_WORKER", "connect_password", "frame_limit", "load_secret", "open_message",
+           "require_payload_mac", "seal"]
 
 DOMAIN = b"accord-kvstore-v2"
 TO_SERVER = b"W"
@@ -97,6 +97,10 @@ _poly1305: list[Any] = []  # the Poly1305 class, imported on first use (cryptogr
 
 class ProtocolError(RendezvousError):
     """A message is malformed (wrong frame count, oversized or non-JSON header)."""
+
+
+class HeaderTooLarge(ProtocolError, ValueError):
+    """A message to send has a header over :data:`MAX_HEADER` bytes (a very long key, say)."""
 
 
 def require_payload_mac() -> Any:
@@ -187,9 +191,12 @@ def seal(secret: bytes, direction: bytes, header: dict[str, Any], payloads: Sequ
         payload_mac: authenticate the payload bytes (False: only their count and lengths).
 
     Raises:
+        HeaderTooLarge: the header would exceed :data:`MAX_HEADER` bytes (nothing is sent).
         ConfigError: ``payload_mac`` is on and ``cryptography`` is missing.
     """
     data = json.dumps(header, separators=(",", ":")).encode()
+    if len(data) > MAX_HEADER:
+        raise _too_large(header, len(data))
     views = [_view(p) for p in payloads]
     lengths = tuple(v.nbytes for v in views)
     if not payload_mac:
@@ -203,6 +210,18 @@ def seal(secret: bytes, direction: bytes, header: dict[str, Any], payloads: Sequ
             reuse.for_, reuse.nonce, reuse.tag = (direction, lengths), nonce, ptag
     htag = _header_tag(secret, direction, payload_mac, nonce, ptag, data, lengths)
     return [nonce + ptag + htag, data, *payloads]
+
+
+def _too_large(header: dict[str, Any], size: int) -> HeaderTooLarge:
+    key = header.get("key")
+    what = f"{header.get('op', 'kvstore')!r} message"
+    if isinstance(key, str) and len(key) > 256:
+        what += f" for key {key[:40]!r}... ({len(key)} characters)"
+    return HeaderTooLarge(with_hint(
+        f"the {what} would have a {size}-byte header, over the parameter servers' limit of "
+        f"{MAX_HEADER} bytes (they would refuse it)",
+        "use shorter keys: a key travels in the header of every request about it (str keys of "
+        "up to a few thousand characters fit)"))
 
 
 def _refuse(what: str) -> AuthenticationError:
