@@ -124,6 +124,25 @@ def test_deeply_nested_headers_do_not_stop_the_parameter_server(served):
         ctx.term()
 
 
+# --- a worker with another secret -------------------------------------------------------------
+
+def test_a_refused_secret_is_reported_as_a_refusal_not_as_a_dead_server(served, caplog):
+    from accord.errors import AuthenticationError
+
+    server, endpoint, thread = served
+    conns = ServerConnections([endpoint], os.urandom(32), rank=0, num_workers=1, timeout=10)
+    try:
+        with caplog.at_level("WARNING", logger="accord.kvstore"):
+            with pytest.raises(AuthenticationError, match=r"(?s)refused .*secret.*HINT"):
+                conns.wait([conns.request(0, "ping", {})[0]], "ping")
+                conns.wait([conns.request(0, "ping", {})[0]], "ping")  # whichever notices
+    finally:
+        conns.close()
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "refused" in logged and "exited or was killed" not in logged, logged
+    assert _ping(endpoint)["ok"] and thread.is_alive()
+
+
 # --- a header over the servers' limit ------------------------------------------------------------
 
 def test_a_key_too_long_for_a_header_is_refused_where_the_request_is_made(served):

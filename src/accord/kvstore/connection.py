@@ -237,8 +237,12 @@ class ServerConnections:
                     log.info("worker %d connected to server %d at %s", self._rank, server,
                              self.endpoints[server])
             elif event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                if server not in self._refused:
+                    log.warning("worker %d: parameter server %d at %s refused our password: it "
+                                "holds another job secret", self._rank, server, self.endpoints[server])
                 self._refused.add(server)
-            elif event["event"] == zmq.EVENT_DISCONNECTED:
+            elif event["event"] == zmq.EVENT_DISCONNECTED and server not in self._refused:
+                # a server that refused us closes the connection too: that is no crash
                 self._mark_dead(server, "closed the connection (it exited or was killed)")
 
     def _mark_dead(self, server: int, why: str) -> None:
