@@ -14,9 +14,8 @@ import pytest
 import zmq
 
 from accord.kvstore import protocol
-from accord.kvstore.address import Advertised
 from accord.kvstore.connection import ServerConnections, pick_endpoint
-from accord.kvstore.directory import SERVER_KEY
+from accord.kvstore.directory import SERVER_KEY, Advertised
 from accord.store.connection import StoreConnection
 
 pytestmark = pytest.mark.timeout(90)

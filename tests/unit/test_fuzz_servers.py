@@ -18,7 +18,7 @@ import pytest
 import zmq
 
 from accord.kvstore import protocol
-from accord.kvstore.address import Advertised
+from accord.kvstore.directory import Advertised
 from accord.kvstore.server.zmq_socket import ParameterServer
 from accord.store import wire
 from accord.store.opcodes import Op, Status

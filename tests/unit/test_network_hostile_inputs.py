@@ -17,8 +17,8 @@ import pytest
 import zmq
 
 from accord.kvstore import protocol
-from accord.kvstore.address import Advertised
 from accord.kvstore.connection import ServerConnections
+from accord.kvstore.directory import Advertised
 from accord.kvstore.server.core import ServerCore
 from accord.kvstore.server.zmq_socket import ParameterServer
 

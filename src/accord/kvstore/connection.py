@@ -21,7 +21,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from accord.errors import AccordError, AuthenticationError, ConfigError, RankFailedError, with_hint
 from accord.kvstore import protocol
-from accord.kvstore.address import Advertised, usable_ipc
+from accord.kvstore.directory import Advertised, usable_ipc
 
 log = logging.getLogger("accord.kvstore")
 

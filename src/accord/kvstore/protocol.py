@@ -30,7 +30,7 @@ The direction byte stops a worker's request from being reflected back as an answ
 ``sid`` (random per worker connection) and strictly increasing ``seq`` stop replays (the server
 drops a seq it has already seen from that sid; a worker accepts only answers to requests it has
 pending). A request's ``to`` names the random token of the one server process it is for, and an
-answer's ``from`` carries it back (:mod:`accord.kvstore.address`), so a message recorded for one
+answer's ``from`` carries it back (:mod:`accord.kvstore.directory`), so a message recorded for one
 server is refused by every other, in this job or a later one with the same secret.
 
 Memory is bounded before any tag is checked. ZeroMQ buffers a whole multipart message before

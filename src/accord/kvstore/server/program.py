@@ -16,7 +16,7 @@ A server reads its configuration from the environment (accord names, MXNet's acc
 It takes its index from ACCORD_SERVER_INDEX (else the next value of a store counter), binds a
 ZeroMQ ROUTER socket on a free port (loopback when the store is on loopback, else every
 interface: :mod:`accord.kvstore.directory`) and a Unix socket (ACCORD_KVSTORE_IPC), publishes
-its address (:mod:`accord.kvstore.address`: endpoints, a random token, its frame limit) under
+its address (:mod:`accord.kvstore.directory`: endpoints, a random token, its frame limit) under
 ``accord/kvstore/server/<index>`` (workers on the same host take the Unix socket), admits only
 peers that hold the job secret (:mod:`accord.kvstore.server.zmq_socket`) and serves until a
 ``stop`` request, SIGTERM/SIGINT, or the store stops answering (the job is over), so no server

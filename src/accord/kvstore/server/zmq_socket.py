@@ -21,7 +21,7 @@ import zmq
 
 from accord.errors import AuthenticationError
 from accord.kvstore import protocol
-from accord.kvstore.address import Advertised, new_token
+from accord.kvstore.directory import Advertised, new_token
 from accord.kvstore.server.core import ServerCore
 from accord.kvstore.server.state import Buf
 from accord.logs import Refusals
@@ -84,7 +84,7 @@ class ParameterServer:
     def bind(self, host: str = "127.0.0.1", advertise: str | None = None, ipc: bool = False,
              ipc_parent: str | None = None) -> str:
         """Bind a free port on ``host``; return what workers connect to (see
-        :mod:`accord.kvstore.address`: endpoints, this server's token, its frame limit).
+        :mod:`accord.kvstore.directory`: endpoints, this server's token, its frame limit).
 
         With ``ipc``, also bind a Unix socket in a fresh private (0700) directory (inside
         ``ipc_parent`` when given: accordrun passes the job's directory, which it and its
