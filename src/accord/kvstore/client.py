@@ -76,7 +76,7 @@ class _PullSink:
 
     def piece(self, part: Part, header: dict, payloads: list) -> None:
         try:
-            array = np.frombuffer(payloads[0].buffer, dtype=np.dtype(header["dtype"]))
+            array = np.frombuffer(payloads[0], dtype=np.dtype(header["dtype"]))
         except (IndexError, KeyError, TypeError, ValueError):
             array = None
         self.held += 0 if array is None else array.size
@@ -287,6 +287,7 @@ class DistKVStore(KVStoreBase):
                     tracked.append((part.server, tracker))
                 seqs.append(seq)
         self._conns.wait_sent(tracked)
+        self._conns.flush("sending a push")  # the servers get every push now, not at the next call
 
     def _pull(self, groups: Sequence[tuple[Key, list[Any]]]) -> None:
         outs: dict[Key, list[Any]] = {}
@@ -349,7 +350,7 @@ class DistKVStore(KVStoreBase):
         for header, payloads in self._conns.wait(seqs, "save_optimizer_states"):
             i = 0
             for item in header["entries"]:
-                states = [np.frombuffer(payloads[i + j].buffer, dtype=np.dtype(d)).copy()
+                states = [np.frombuffer(payloads[i + j], dtype=np.dtype(d)).copy()
                           for j, d in enumerate(item["dtypes"])]
                 i += len(item["dtypes"])
                 pieces[item["key"]] = (int(item["count"]), states)

@@ -18,8 +18,8 @@ The value under ``accord/kvstore/server/<index>`` is ``|``-separated::
 - ``to``: a random token drawn by each server process. Every request names it and every
   answer carries it back, under the MAC, so a message recorded for one server is refused by
   every other server, of this job or any later job with the same secret;
-- ``max``: the largest message frame the server accepts (ZeroMQ's ZMQ_MAXMSGSIZE), so that a
-  worker configured with larger chunks fails with a clear error instead of a dropped connection.
+- ``max``: the largest payload frame the server accepts, so that a worker configured with larger
+  chunks fails with a clear error before it sends one (the server would refuse the message).
 
 Torch-free: servers and workers both use it.
 """

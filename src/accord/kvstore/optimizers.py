@@ -4,7 +4,7 @@ A parameter-server store ships an optimizer as its configuration (``{"name": "sg
 {...}}``), never as a pickle; servers rebuild it from this registry. The arithmetic uses only
 operators and methods that numpy arrays and torch tensors share (``*=``, ``-=``, ``.clip``,
 ``** 0.5``), so the same code updates numpy arrays on the servers and torch tensors in the local
-and collective stores (and gives the same values). This module imports neither torch nor zmq.
+and collective stores (and gives the same values). This module does not import torch.
 
 Update rules (MXNet 1.9.1's ``sgd_update``, ``sgd_mom_update`` and ``adam_update``; ``clip`` is
 off when ``clip_gradient`` is None or negative)::

@@ -18,9 +18,10 @@ push was refused, and the key serves the next round with its value unchanged.
 ``dist_async``: each push is applied on its own as it arrives, with the optimizer (required:
 a push without one is answered with an error, never a hang).
 
-Arrays that a reply may still be sending (zero-copy) are waited for before being written. A round's first push
-is kept as received (its zmq frame, no copy) and merged with the second straight into the round's buffer, so
-no push is copied just to be added. A server asks glibc to keep freed message buffers
+An array that a reply is still sending (zero-copy) is copied out of the reply's way before it is written
+(:meth:`accord.kvstore.server.state.Buf.writable`), so a slow reader costs a copy, never a wait. A round's
+first push is kept as received (its receive buffer, no copy) and merged with the second straight into the
+round's buffer, so no push is copied just to be added. A server asks glibc to keep freed message buffers
 (:func:`accord.kvstore.server.memory.retain_freed_memory`), so that receiving does not page-fault.
 """
 from __future__ import annotations
@@ -148,14 +149,12 @@ class ServerCore:
             if n != entry.size:
                 raise RequestError(f"push of key {_show(header['key'])} with {n} elements, but it "
                                    f"was initialised with {entry.size}")
-            return dequantize_2bit(payloads[0].buffer if hasattr(payloads[0], "buffer")
-                                   else payloads[0], threshold, n)
+            return dequantize_2bit(payloads[0], threshold, n)
         dtype = _dtype(header["dtype"])
         if dtype != entry.stored.array.dtype:
             raise RequestError(f"push of key {_show(header['key'])} as {dtype}, but it was "
                                f"initialised as {entry.stored.array.dtype}")
-        buf = payloads[0].buffer if hasattr(payloads[0], "buffer") else payloads[0]
-        value = np.frombuffer(buf, dtype=dtype)
+        value = np.frombuffer(payloads[0], dtype=dtype)
         if value.size != entry.size:
             raise RequestError(f"push of key {_show(header['key'])} with {value.size} elements, "
                                f"but it was initialised with {entry.size}")
@@ -171,8 +170,7 @@ class ServerCore:
         dtype = _dtype(header["dtype"])
         if len(payloads) != 1:
             raise RequestError(f"an init carries one payload, got {len(payloads)}")
-        buf = payloads[0].buffer if hasattr(payloads[0], "buffer") else payloads[0]
-        value = np.frombuffer(buf, dtype=dtype).copy()
+        value = np.frombuffer(payloads[0], dtype=dtype).copy()
         if value.size != int(header["n"]):
             raise RequestError(f"init of key {_show(key)}: header says {header['n']} elements, "
                                f"payload holds {value.size}")
@@ -372,8 +370,7 @@ class ServerCore:
         for item in header["entries"]:
             states = []
             for dtype in item["dtypes"]:
-                buf = payloads[i].buffer if hasattr(payloads[i], "buffer") else payloads[i]
-                states.append(np.frombuffer(buf, dtype=_dtype(dtype)).copy())
+                states.append(np.frombuffer(payloads[i], dtype=_dtype(dtype)).copy())
                 i += 1
             loaded.append((item["key"], int(item["count"]), states))
         space.updater.load(loaded)

@@ -13,7 +13,8 @@ from accord.kvstore.protocol import PayloadSeal
 
 
 class Buf:
-    """An array that zero-copy replies may still be reading; wait for them before writing.
+    """An array that zero-copy replies may still be reading; they get a copy of what they have
+    not sent yet before it is written.
 
     Every write goes through :meth:`writable`, which also drops the array's payload seal (the
     Poly1305 tag that every pull of this unchanged value reuses; see :mod:`protocol`).
@@ -29,7 +30,7 @@ class Buf:
     def writable(self) -> np.ndarray:
         self.seal.clear()
         for tracker in self.trackers:
-            tracker.wait()
+            tracker.release()  # the answer keeps the old bytes, its MAC's, in a copy if unsent
         self.trackers.clear()
         return self.array
 
