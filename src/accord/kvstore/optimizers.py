@@ -244,10 +244,12 @@ class Updater:
         self.optimizer.update(weight, grad, state, count)
         self.counts[key] = count
 
-    def export(self) -> list[tuple[Hashable, int, list[np.ndarray]]]:
-        """``(key, count, states as numpy)`` for every key updated so far."""
-        return [(key, self.counts.get(key, 0), [np.array(_as_numpy(s)) for s in state])
-                for key, state in self.states.items()]
+    def export(self, start: int = 0, stop: int | None = None) -> list[tuple[Hashable, int, list[np.ndarray]]]:
+        """``(key, count, states as numpy)`` for every key updated so far, in the order of their
+        first update (``[start:stop]`` of them)."""
+        keys = list(self.states)[start:stop]
+        return [(key, self.counts.get(key, 0), [np.array(_as_numpy(s)) for s in self.states[key]])
+                for key in keys]
 
     def load(self, entries: Sequence[tuple[Hashable, int, Sequence[np.ndarray]]]) -> None:
         """Replace the state of the given keys (converted to the weights' kind on next use)."""

@@ -201,7 +201,7 @@ def seal(secret: bytes, direction: bytes, header: dict[str, Any], payloads: Sequ
 
 def _too_large(header: dict[str, Any], size: int) -> HeaderTooLarge:
     key = header.get("key")
-    what = f"{header.get('op', 'kvstore')!r} message"
+    what = f"{header['op']!r} message" if "op" in header else "answer"
     if isinstance(key, str) and len(key) > 256:
         what += f" for key {key[:40]!r}... ({len(key)} characters)"
     return HeaderTooLarge(with_hint(

@@ -27,17 +27,22 @@ round's buffer, so no push is copied just to be added. A server asks glibc to ke
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from accord.kvstore import optimizers as opt
-from accord.kvstore.protocol import PayloadSeal
+from accord.kvstore.protocol import HeaderTooLarge, PayloadSeal
 from accord.kvstore.server.codec import dequantize_2bit
 from accord.kvstore.server.state import Buf, Entry, Space
 
 log = logging.getLogger("accord.kvstore")
+
+# Header bytes of state entries per get_states answer: a page, so that an answer for any number
+# of keys stays under the header limit (protocol.MAX_HEADER, 64 KiB).
+STATES_PAGE = 48 * 1024
 
 # reply(peer, request header, answer fields, payloads, their reusable PayloadSeal or None,
 # the buffer they live in, whose writes must wait for zero-copy sends)
@@ -106,6 +111,9 @@ class ServerCore:
             yield
         except RequestError as exc:
             self.error(peer, header, str(exc))
+        except HeaderTooLarge as exc:
+            self.error(peer, header, f"the answer to this {header.get('op')!r} request does not fit in "
+                                     f"one message: {str(exc).splitlines()[0]}")
         except Exception as exc:  # noqa: BLE001 - an authenticated request never ends the server
             log.warning("server %d: malformed %s request: %r", self.server_id, header.get("op"), exc)
             self.error(peer, header, f"malformed {header.get('op')!r} request: {exc!r}")
@@ -354,13 +362,24 @@ class ServerCore:
         self.ok(peer, header)
 
     def _get_states(self, peer: Any, header: dict, payloads: list) -> None:
+        """One page of the optimizer's states from entry ``start`` on; ``next`` is where the
+        following page starts (None: this was the last)."""
         updater = self._space(header).updater
-        entries, arrays = [], []
-        for key, count, states in (updater.export() if updater is not None else []):
-            entries.append({"key": key, "count": count, "states": len(states),
-                            "dtypes": [s.dtype.str for s in states]})
+        start = header.get("start", 0)
+        if type(start) is not int or start < 0:
+            raise RequestError(f"get_states from entry {start!r}: not a count")
+        total = len(updater.states) if updater is not None else 0
+        entries, arrays, used, at = [], [], 0, start
+        while at < total:
+            ((key, count, states),) = updater.export(at, at + 1)  # type: ignore[union-attr]
+            item = {"key": key, "count": count, "states": len(states), "dtypes": [s.dtype.str for s in states]}
+            used += len(json.dumps(item)) + 1
+            if entries and used > STATES_PAGE:
+                break
+            entries.append(item)
             arrays.extend(np.ascontiguousarray(s) for s in states)
-        self.ok(peer, header, {"entries": entries}, arrays)
+            at += 1
+        self.ok(peer, header, {"entries": entries, "next": at if at < total else None}, arrays)
 
     def _set_states(self, peer: Any, header: dict, payloads: list) -> None:
         space = self._space(header)
