@@ -249,3 +249,36 @@ def test_dist_sync_without_servers_matches_servers_on_three_workers(tmp_path):
 @pytest.mark.parametrize("num_workers,kind", [(2, "dist_sync"), (1, "dist_device_sync")])
 def test_dist_sync_without_servers(tmp_path, num_workers, kind):
     _check(_without_servers(num_workers, tmp_path, kind), num_workers)
+
+
+# --- optimizer states of more keys than one message header holds ------------------------------
+
+def _many_keys(rank, size, tmp):
+    import accord.kvstore as kvs
+    from accord.kvstore import optimizers
+
+    keys = [f"layer_{i:04d}.weight" for i in range(1500)]  # ~100 KiB of state entries per server
+    kv = kvs.create("dist_sync")
+    kv.set_optimizer(optimizers.create("sgd", learning_rate=0.5, momentum=0.9))
+    kv.init(keys, [np.zeros(2, np.float32) for _ in keys])
+    kv.push(keys, [np.full(2, i, np.float32) for i in range(len(keys))])
+    path = os.path.join(tmp, "many.states")
+    kv.save_optimizer_states(path, dump_optimizer=True)
+    kv2 = kvs.create("dist_sync")
+    kv2.init(keys, [np.zeros(2, np.float32) for _ in keys])
+    kv2.load_optimizer_states(path)
+    kv2.push(keys, [np.zeros(2, np.float32) for _ in keys])  # the momentum alone moves the weights
+    moved = [kv2.pull(k).copy() for k in (keys[0], keys[1], keys[-1])]
+    kv.close()
+    kv2.close()
+    return moved
+
+
+def test_optimizer_states_of_more_keys_than_one_header_holds_are_saved_and_loaded(tmp_path):
+    from accord.kvstore.cluster import LocalCluster
+
+    with LocalCluster(1, 1) as cl:
+        (moved,) = run_ranks(_many_keys, 1, str(tmp_path), init="none", env=cl.worker_env(), timeout=50)
+    # momentum after one push of g: -0.5 g; the next push of 0 moves the weight by 0.9 of it
+    for value, g in zip(moved, (0, 1, 1499)):
+        np.testing.assert_allclose(value, np.full(2, -0.45 * g, np.float32), rtol=1e-6)

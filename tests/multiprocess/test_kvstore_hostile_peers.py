@@ -1,22 +1,23 @@
 """Parameter servers against hostile peers: a huge frame from a peer without the
-secret does not raise the server's memory, frames recorded for one server are refused by
-another (a replayed ``stop`` included), and a worker takes an advertised Unix socket only from
-a private directory of its own user."""
+secret does not raise the server's memory, nor does a worker's handshake recorded off the wire
+and replayed, frames recorded for one server are refused by another (a replayed ``stop``
+included), and a worker takes an advertised Unix socket only from a private directory of its
+own user."""
 from __future__ import annotations
 
 import os
 import pwd
+import selectors
 import socket
+import struct
 import time
 
 import numpy as np
 import pytest
-import zmq
 
-from accord.kvstore import protocol
-from accord.kvstore.address import Advertised
+from accord.kvstore import protocol, transport
 from accord.kvstore.connection import ServerConnections, pick_endpoint
-from accord.kvstore.directory import SERVER_KEY
+from accord.kvstore.directory import SERVER_KEY, Advertised
 from accord.store.connection import StoreConnection
 
 pytestmark = pytest.mark.timeout(90)
@@ -52,26 +53,46 @@ def _ask(conns: ServerConnections, server: int, op: str, fields: dict, payloads=
 
 # --- item 1: memory is bounded before the MAC is checked ----------------------------------------
 
-def test_a_300_mib_frame_without_the_secret_leaves_the_servers_memory_and_values_alone():
+_ZMTP = b"\xff" + bytes(8) + b"\x7f" + bytes([3, 0]) + b"PLAIN".ljust(20, b"\0") + bytes(32)
+
+
+class _Tap:
+    """Records the bytes a worker's connection sends, as a peer reading the wire would."""
+
+    def __init__(self, monkeypatch):
+        self.sent: list[bytes] = []
+        real = socket.socket.send
+
+        def send(sock, data, *args):
+            n = real(sock, data, *args)
+            self.sent.append(bytes(memoryview(data)[:n]))
+            return n
+
+        monkeypatch.setattr(socket.socket, "send", send)
+
+
+def test_a_300_mib_frame_without_the_secret_leaves_the_servers_memory_and_values_alone(monkeypatch):
     with _cluster(1, 1) as cl:
         (advertised,) = _advertised(cl)
+        tap = _Tap(monkeypatch)
         conns = ServerConnections([advertised], cl.secret, rank=0, num_workers=1, timeout=20)
         space = {"ns": 1, "sync": True}
         try:
             start = np.arange(1000, dtype=np.float32)
             _ask(conns, 0, "init", {**space, "key": "w#0", "dtype": "<f4", "n": 1000}, [start])
+            monkeypatch.undo()
+            opening = next(d for d in tap.sent if len(d) == transport.OPENING_BYTES)
             _ask(conns, 0, "push", {**space, "key": "w#0", "dtype": "<f4"}, [np.ones(1000, np.float32)])
             before = _peak_rss_kib(cl.servers[0].pid)
-            garbage = bytearray(300 << 20)
-            # The peer without the secret, on TCP like a remote host: one 300 MiB frame, then
-            # 300 MiB as 20 frames of 15 MiB (each under the frame limit) in one message.
-            _attack(_tcp(advertised), [[os.urandom(64), b"{}", garbage],
-                                       [os.urandom(64), b"{}"] + [memoryview(garbage)[:15 << 20]] * 20])
-            # A peer that read the connect password off the wire (not the secret): one 300 MiB frame.
-            to = Advertised.parse(advertised).to
-            _attack(_tcp(advertised), [[os.urandom(64), b"{}", garbage]],
-                    password=protocol.connect_password(cl.secret, to))
-            del garbage
+            big = 300 << 20
+            # Peers without the secret, on TCP like a remote host: a ZeroMQ handshake announcing
+            # a 300 MiB frame; accord's hello and then a message announcing 300 MiB; the
+            # opening a worker sent, recorded off the wire and replayed, then 300 MiB.
+            for first in (_ZMTP + b"\x06" + struct.pack("!Q", big) + b"\x05HELLO",
+                          transport.hello_bytes(os.urandom(16)) + struct.pack("!IIQ", 64, 100, big),
+                          opening + struct.pack("!III", 64, 100, 1) + bytes(164) + struct.pack("!Q", big)):
+                outcome = _attack(_tcp(advertised), first, big)
+                assert outcome["closed"], outcome  # by the server, long before 300 MiB went in
             grown_mib = (_peak_rss_kib(cl.servers[0].pid) - before) / 1024
             assert grown_mib < 16, f"the server's peak RSS grew by {grown_mib:.0f} MiB"
             # The job goes on, its values untouched: the sync round's value, then another round.
@@ -85,31 +106,31 @@ def test_a_300_mib_frame_without_the_secret_leaves_the_servers_memory_and_values
             conns.close()
 
 
-def _attack(endpoint: str, messages: list, password: bytes | None = None) -> None:
-    """Send ``messages`` from a fresh DEALER; wait long enough for any server to have buffered
-    and answered them (today's server answers REFUSED after checking the whole message)."""
-    ctx = zmq.Context()
-    attacker = ctx.socket(zmq.DEALER)
-    attacker.setsockopt(zmq.LINGER, 0)
-    if password is not None:
-        attacker.setsockopt(zmq.PLAIN_USERNAME, protocol.CONNECT_USER)
-        attacker.setsockopt(zmq.PLAIN_PASSWORD, password)
+def _attack(endpoint: str, first: bytes, total: int, within: float = 8.0) -> dict:
+    """Write ``first`` and then zeros, up to ``total`` bytes, as fast as the server takes them;
+    returns how far it got and whether the server closed the connection."""
+    host, port = endpoint[len("tcp://"):].rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=5)
+    sock.setblocking(False)
+    sel = selectors.DefaultSelector()
+    sel.register(sock, selectors.EVENT_READ | selectors.EVENT_WRITE)
+    filler, sent, closed = bytes(1 << 20), 0, False
+    deadline = time.monotonic() + within
     try:
-        attacker.setsockopt(zmq.SNDTIMEO, 2000)  # a refused handshake may leave nowhere to send
-        attacker.connect(endpoint)
-        for frames in messages:
-            try:
-                attacker.send_multipart(frames, copy=False)
-            except zmq.Again:
-                pass
-        deadline = time.monotonic() + 2.5
-        while time.monotonic() < deadline:
-            if attacker.poll(200):
-                attacker.recv_multipart()
-        time.sleep(0.3)
+        while time.monotonic() < deadline and not closed:
+            for _, events in sel.select(0.1):
+                try:
+                    if events & selectors.EVENT_READ and not sock.recv(65536):
+                        closed = True
+                    elif events & selectors.EVENT_WRITE and sent < total:
+                        data = first[sent:] if sent < len(first) else filler[:total - sent]
+                        sent += sock.send(data)
+                except OSError:
+                    closed = True
     finally:
-        attacker.close(linger=0)
-        ctx.term()
+        sel.close()
+        sock.close()
+    return {"closed": closed, "sent_mib": round(sent / 2**20, 1)}
 
 
 # --- item 2: no replay across servers ------------------------------------------------------------
@@ -133,23 +154,13 @@ class _Recorder:
         return [frames for name, frames in self.frames if name == op][-1]
 
 
-def _replay(endpoint: str, frames: list[bytes], password: bytes, wait_ms: int = 1500) -> list[bytes] | None:
-    """Send recorded frames from a fresh socket that knows the server's connect password (read
-    off the wire with the frames); the answer, or None when none came."""
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.PLAIN_USERNAME, protocol.CONNECT_USER)
-    sock.setsockopt(zmq.PLAIN_PASSWORD, password)
-    try:
-        sock.connect(endpoint)
-        sock.send_multipart(frames)
-        if sock.poll(wait_ms):
-            return sock.recv_multipart()
-        return None
-    finally:
-        sock.close(linger=0)
-        ctx.term()
+def _replay(endpoint: str, frames: list[bytes], token: str, secret: bytes,
+            wait_s: float = 1.5) -> list[bytes] | None:
+    """Send recorded frames on an authenticated connection, as a peer that writes into a
+    worker's connection would; the answer, or None when none came."""
+    with transport.Channel(endpoint, secret, token) as channel:
+        channel.send(frames)
+        return channel.recv(wait_s)
 
 
 def test_frames_recorded_for_one_server_are_refused_by_another(monkeypatch, tmp_path):
@@ -162,11 +173,11 @@ def test_frames_recorded_for_one_server_are_refused_by_another(monkeypatch, tmp_
             assert _ask(conns, 1, "ping", {})[0]["server"] == 1
             assert _ask(conns, 0, "ping", {})[0]["server"] == 0  # recorded, for server 0
             for_server_0 = recorder.last("ping")
-            passwords = [protocol.connect_password(cl.secret, Advertised.parse(e).to) for e in endpoints]
+            tokens = [Advertised.parse(e).to for e in endpoints]
             # Replayed to server 0 itself: a replay (its seq was seen) is dropped too.
-            assert _replay(_tcp(endpoints[0]), for_server_0, passwords[0]) is None
+            assert _replay(_tcp(endpoints[0]), for_server_0, tokens[0], cl.secret) is None
             # Sent to server 1, which never saw this session's later sequence numbers.
-            assert _replay(_tcp(endpoints[1]), for_server_0, passwords[1]) is None
+            assert _replay(_tcp(endpoints[1]), for_server_0, tokens[1], cl.secret) is None
             # A stop meant for server 0 stops server 0 only; replayed to server 1 it is refused.
             _ask(conns, 0, "stop", {"ns": -1, "sync": True})
             stop_for_0 = recorder.last("stop")
@@ -174,7 +185,7 @@ def test_frames_recorded_for_one_server_are_refused_by_another(monkeypatch, tmp_
             while all(p.poll() is None for p in cl.servers) and time.monotonic() < deadline:
                 time.sleep(0.02)
             (server_1,) = [p for p in cl.servers if p.poll() is None]
-            assert _replay(_tcp(endpoints[1]), stop_for_0, passwords[1]) is None
+            assert _replay(_tcp(endpoints[1]), stop_for_0, tokens[1], cl.secret) is None
             time.sleep(0.5)
             assert server_1.poll() is None, "server 1 obeyed a stop recorded for server 0"
             assert _ask(conns, 1, "ping", {})[0]["server"] == 1  # and keeps serving its worker

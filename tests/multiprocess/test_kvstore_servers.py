@@ -112,6 +112,9 @@ def _erring_worker(rank, size):
     kv = kvs.create("dist_sync")
     kv.init("k", np.zeros(4 if rank == 0 else 6, np.float32))  # rank 0's 4 elements win
     messages = []
+    with pytest.raises(ValueError, match=r"(?s)not valid Unicode text.*HINT") as info:
+        kv.push("k\ud800", np.ones(4, np.float32))  # before any server is asked
+    assert not isinstance(info.value, UnicodeError)
     if rank == 1:
         kv.push("k", np.ones(6, np.float32))
         with pytest.raises(ServerError) as info:
@@ -132,6 +135,33 @@ def test_servers_refuse_wrong_sizes_and_unknown_keys():
         _, messages = run_ranks(_erring_worker, 2, init="none", env=env, timeout=40)
     assert "push of key 'k' with 6 elements, but it was initialised with 4" in messages[0]
     assert "unknown key 'ghost'" in messages[1] and "HINT:" in messages[1]
+
+
+def _round_worker(rank, size):
+    import accord.kvstore as kvs
+    from accord.kvstore.connection import ServerError
+
+    kv = kvs.create("dist_sync")
+    kv.init("k", np.zeros(4, np.float32))
+    start = time.monotonic()
+    with pytest.raises(ServerError) as info:
+        if rank == 1:  # 6 elements, as a worker that got the shape wrong sends them
+            fields = {**kv._space, "key": "s:k#0", "rop": "sum", "dtype": "<f4"}
+            kv._conns.wait([kv._conns.request(0, "push", fields, [np.ones(6, np.float32)])[0]])
+        else:
+            kv.push("k", np.ones(4, np.float32))
+            kv.pull("k")
+    return time.monotonic() - start, str(info.value)
+
+
+def test_a_push_one_worker_cannot_join_fails_the_round_for_every_worker_at_once():
+    with _cluster(1, 2) as cl:
+        env = dict(cl.worker_env(), ACCORD_KVSTORE_TIMEOUT="60")
+        results = run_ranks(_round_worker, 2, init="none", env=env, timeout=50)
+    (elapsed0, message0), (elapsed1, message1) = results
+    assert "with 6 elements, but it was initialised with 4" in message1 and "HINT:" in message1
+    assert "the push of rank 1 in it was refused" in message0 and "no answer" not in message0, message0
+    assert elapsed0 < 30, message0  # told at once, not after ACCORD_KVSTORE_TIMEOUT (60 s)
 
 
 # --- a wrong secret is refused (in this process: no torch, no threads) --------------------------

@@ -15,11 +15,10 @@ import time
 
 import numpy as np
 import pytest
-import zmq
 
-from accord.kvstore import protocol
-from accord.kvstore.address import Advertised
-from accord.kvstore.server.zmq_socket import ParameterServer
+from accord.kvstore import protocol, transport
+from accord.kvstore.directory import Advertised
+from accord.kvstore.server.network import ParameterServer
 from accord.store import wire
 from accord.store.opcodes import Op, Status
 from accord.store.server import StoreServer
@@ -121,37 +120,31 @@ _OPS = ["init", "push", "pull", "barrier", "set_optimizer", "get_states", "set_s
 
 
 class _Worker:
-    """A DEALER that seals requests like a worker (fresh seq each) and collects answers."""
+    """A connection that seals requests like a worker (fresh seq each) and collects answers."""
 
     def __init__(self, server: ParameterServer, endpoint: str) -> None:
-        self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.setsockopt(zmq.PLAIN_USERNAME, protocol.CONNECT_USER)
-        self.sock.setsockopt(zmq.PLAIN_PASSWORD,
-                             protocol.connect_password(SECRET, Advertised.parse(endpoint).to))
-        self.sock.connect(endpoint.split("|")[0])
+        self.channel = transport.Channel(endpoint.split("|")[0], SECRET, Advertised.parse(endpoint).to)
         self.seq = 0
         self.fields = {"sid": "fuzz", "nw": 2, "to": Advertised.parse(endpoint).to}
 
     def send(self, header: dict, payloads: list) -> int:
         self.seq += 1
         header = {**self.fields, "seq": self.seq, **header}
-        self.sock.send_multipart(protocol.seal(SECRET, protocol.TO_SERVER, header, payloads))
+        self.channel.send(protocol.seal(SECRET, protocol.TO_SERVER, header, payloads))
         return self.seq
 
     def answer(self, seq: int, timeout: float = 30.0) -> dict:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.sock.poll(100):
-                header, _ = protocol.open_message(SECRET, protocol.TO_WORKER, self.sock.recv_multipart())
+            frames = self.channel.recv(0.1)
+            if frames is not None:
+                header, _ = protocol.open_message(SECRET, protocol.TO_WORKER, frames)
                 if header.get("seq") == seq:
                     return header
         raise AssertionError(f"no answer to request {seq} within {timeout}s: the server is down")
 
     def close(self) -> None:
-        self.sock.close(linger=0)
-        self.ctx.term()
+        self.channel.close()
 
 
 def _ps_valid(rng: random.Random) -> tuple[dict, list]:

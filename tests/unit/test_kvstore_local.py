@@ -224,6 +224,20 @@ def test_errors_name_the_key_and_the_fix():
     assert 12 in kv._keys
 
 
+def test_a_key_that_is_not_valid_unicode_is_refused_with_a_hint_on_every_call():
+    kv = kvs.create()
+    kv.init("w", np.zeros(2, np.float32))
+    bad = "w\udc80x"  # what errors='surrogateescape' makes of the byte 0x80
+    calls = [lambda: kv.init(bad, np.zeros(2)), lambda: kv.push(bad, np.zeros(2)),
+             lambda: kv.pull(bad), lambda: kv.init(["v", bad], [np.zeros(1), np.zeros(1)])]
+    for call in calls:
+        with pytest.raises(ValueError, match=r"(?s)key 'w\\udc80x' is not valid Unicode text: "
+                                             r"surrogates not allowed at position 1.*HINT: .*UTF-8") as info:
+            call()
+        assert not isinstance(info.value, UnicodeError)
+    assert list(kv._keys) == ["w"]  # nothing half-initialised
+
+
 # --- optimizer, updater, states -----------------------------------------------------------------
 
 def test_optimizer_updates_stored_values_like_numpy_sgd():

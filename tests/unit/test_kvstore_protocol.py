@@ -202,10 +202,14 @@ def test_server_errors_are_answered_not_fatal():
     _req(core, w, "init", 0, 1, [np.zeros(4, np.float32)], key="s:k#0", dtype="<f4", n=4)
     _req(core, w, "init", 0, 2, [np.zeros(4, np.float32)], key="s:k#0", dtype="<f4", n=4)
     assert "duplicate init of key 'k'" in w.answers[-1][2]["error"]
+    w1 = _Peer()
     _req(core, w, "push", 0, 3, [np.zeros(6, np.float32)], key="s:k#0", dtype="<f4")
     assert "with 6 elements, but it was initialised with 4" in w.answers[-1][2]["error"]
+    _req(core, w1, "push", 1, 1, [np.zeros(4, np.float32)], key="s:k#0", dtype="<f4")  # ends that round
+    assert "the push of rank 0 in it was refused" in w1.answers[-1][2]["error"]
     _req(core, w, "push", 0, 4, [np.zeros(4, np.float64)], key="s:k#0", dtype="<f8")
     assert "as float64" in w.answers[-1][2]["error"]
+    _req(core, w1, "push", 1, 2, [np.zeros(4, np.float32)], key="s:k#0", dtype="<f4")
     _req(core, w, "pull", 0, 5, key="i:7#1")
     assert "unknown key 7 (piece 1)" in w.answers[-1][2]["error"]
     _req(core, w, "frobnicate", 0, 6)

@@ -2,17 +2,19 @@
 anything is used; the tags recomputed here from the documented formula with hmac/cryptography."""
 import hashlib
 import hmac
+import socket
 import struct
 import sys
+import threading
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
-import zmq
 from cryptography.hazmat.primitives.poly1305 import Poly1305
 
 from accord.errors import AuthenticationError, ConfigError
-from accord.kvstore import protocol
-from accord.kvstore.server.zmq_socket import ParameterServer
+from accord.kvstore import protocol, transport
+from accord.kvstore.server.network import ParameterServer
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -27,6 +29,35 @@ def _seal(header, payloads, secret=SECRET, direction=W):
 def _split(tags):
     """(nonce, payload tag, header tag)"""
     return tags[:16], tags[16:32], tags[32:]
+
+
+@contextmanager
+def _serving(seen):
+    """A server in a thread whose core records what it is handed; yields (server, channel())."""
+    server = ParameterServer(SECRET, num_workers=1)
+    server.core.handle = lambda peer, header, payloads: seen.append((header, payloads))
+    endpoint = server.bind("127.0.0.1")
+    thread = threading.Thread(target=server.serve, daemon=True)
+    thread.start()
+
+    def channel():
+        return transport.Channel(endpoint.split("|")[0], SECRET, server.token)
+
+    try:
+        yield server, channel
+    finally:
+        server.request_stop()
+        thread.join(5)
+        server.close()
+
+
+def _until(condition, timeout=10.0):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return condition()
 
 
 def test_tags_follow_the_documented_construction():
@@ -61,21 +92,21 @@ def test_a_tampered_payload_byte_is_refused_before_anything_is_used():
     odd = _seal([1, 2], [payload])
     with pytest.raises(AuthenticationError):
         protocol.open_message(SECRET, W, [odd[0], odd[1], payload[::-1].copy()])
-    # and a server never hands the request to its core
-    server = ParameterServer(SECRET, num_workers=1)
-    frames = _seal({"op": "push", "sid": "s", "seq": 1, "to": server.token}, [payload])
+    # and a server never hands the request to its core: it refuses it and closes the connection
     seen = []
-    server.core.handle = lambda peer, header, payloads: seen.append((header, payloads))
-    try:
+    with _serving(seen) as (server, channel):
+        frames = _seal({"op": "push", "sid": "s", "seq": 1, "to": server.token}, [payload])
         raw = bytearray(payload.tobytes())
         raw[5] ^= 0x80
-        server._handle([zmq.Frame(f) for f in (b"peer", frames[0], frames[1], bytes(raw))])
-        assert seen == [] and server._refused.count == 1
-        server._handle([zmq.Frame(b"peer"), *(zmq.Frame(f) for f in frames)])
-        assert len(seen) == 1 and seen[0][0]["seq"] == 1
-        np.testing.assert_array_equal(np.frombuffer(seen[0][1][0].buffer, np.float32), payload)
-    finally:
-        server.close()
+        with channel() as bad:
+            bad.send([frames[0], frames[1], bytes(raw)])
+            with pytest.raises(transport.Refused, match="payload bytes do not match their MAC"):
+                bad.recv(10)
+        assert seen == [] and server.refusal_count == 1
+        with channel() as good:
+            good.send(frames)
+            assert _until(lambda: len(seen) == 1) and seen[0][0]["seq"] == 1
+        np.testing.assert_array_equal(np.frombuffer(seen[0][1][0], np.float32), payload)
 
 
 def test_payloads_swapped_between_two_valid_messages_are_refused():
@@ -123,19 +154,16 @@ def test_wrong_secret_wrong_direction_and_garbage_tags_are_refused():
 
 
 def test_a_replayed_message_is_still_dropped_by_the_server():
-    server = ParameterServer(SECRET, num_workers=1)
     seen = []
-    server.core.handle = lambda peer, header, payloads: seen.append(header["seq"])
-    try:
+    with _serving(seen) as (server, channel):
         first = _seal({"op": "ping", "sid": "ab", "seq": 1, "to": server.token}, [b"x"])
         second = _seal({"op": "ping", "sid": "ab", "seq": 2, "to": server.token}, [b"x"])
-        for frames in (first, first, second, first, second):  # valid tags, old seqs
-            server._handle([zmq.Frame(b"peer"), *(zmq.Frame(f) for f in frames)])
-        assert seen == [1, 2]
-        assert server._refused.count == 0  # authentic, so dropped as replays, not refused
-        assert server._dropped.count == 3
-    finally:
-        server.close()
+        with channel() as one, channel() as two:
+            for link, frames in ((one, first), (two, first), (one, second), (two, first), (one, second)):
+                link.send(frames)  # valid tags, old seqs, on either connection
+            assert _until(lambda: server._dropped.count == 3)
+        assert [header["seq"] for header, _ in seen] == [1, 2]
+        assert server.refusal_count == 0  # authentic, so dropped as replays, not refused
 
 
 def test_one_time_keys_differ_between_messages_with_identical_payloads():
@@ -211,22 +239,30 @@ def test_the_server_reuses_a_stored_values_seal_until_the_value_changes():
 
 
 def test_zero_copy_frames_and_empty_payloads_verify():
-    ctx = zmq.Context()
-    a, b = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    b.setblocking(False)
     try:
-        port = a.bind_to_random_port("tcp://127.0.0.1")
-        b.connect(f"tcp://127.0.0.1:{port}")
         big = np.random.default_rng(0).standard_normal(300_000).astype(np.float32)
-        a.send_multipart(_seal({"op": "push", "seq": 1}, [big, b"", big[:1]]), copy=False)
-        assert b.poll(10_000)
-        frames = b.recv_multipart(copy=False)
-        header, payloads = protocol.open_message(SECRET, W, frames)
-        np.testing.assert_array_equal(np.frombuffer(payloads[0].buffer, np.float32), big)
-        assert payloads[1].bytes == b"" and header["seq"] == 1
+        out = transport.Outbox()
+        tracker = out.add(_seal({"op": "push", "seq": 1}, [big, b"", big[:1]]), track=True)
+        inbox = transport.Inbox(lambda tags, header, lengths: protocol.check_head(SECRET, W, tags, header, lengths),
+                                max_frame=protocol.frame_limit())
+        got = []
+        while not got:
+            out.flush(a)
+            try:
+                got = inbox.receive_once(b)
+            except BlockingIOError:
+                pass
+        assert tracker.done and not out
+        (head, payloads), = got
+        header, payloads = protocol.open_body(SECRET, W, head, payloads)
+        np.testing.assert_array_equal(np.frombuffer(payloads[0], np.float32), big)
+        assert bytes(payloads[1]) == b"" and header["seq"] == 1
     finally:
-        a.close(linger=0)
-        b.close(linger=0)
-        ctx.term()
+        a.close()
+        b.close()
 
 
 def test_missing_cryptography_is_a_clear_error(monkeypatch):

@@ -35,6 +35,15 @@ Key = Any  # int | str
 
 def _norm_key(key: Any) -> int | str:
     if isinstance(key, str):
+        try:
+            key.encode("utf-8")  # servers place str keys by their UTF-8 bytes; MXNet takes C strings
+        except UnicodeEncodeError as exc:
+            raise ValueError(with_hint(
+                f"kvstore key {key!r} is not valid Unicode text: {exc.reason} at position "
+                f"{exc.start} ({key[exc.start:exc.end]!r})",
+                "use keys that encode as UTF-8: a lone surrogate such as '\\ud800' usually comes "
+                "from bytes decoded with errors='surrogateescape'; decode them with "
+                "errors='replace' or use int keys")) from None
         return key
     if isinstance(key, numbers.Integral) and not isinstance(key, bool):
         return int(key)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import json
 import logging
 import sys
 from typing import Any, Sequence
@@ -76,7 +77,7 @@ class _PullSink:
 
     def piece(self, part: Part, header: dict, payloads: list) -> None:
         try:
-            array = np.frombuffer(payloads[0].buffer, dtype=np.dtype(header["dtype"]))
+            array = np.frombuffer(payloads[0], dtype=np.dtype(header["dtype"]))
         except (IndexError, KeyError, TypeError, ValueError):
             array = None
         self.held += 0 if array is None else array.size
@@ -94,6 +95,26 @@ class _PullSink:
         if self.others and self.whole is not None:
             for out in self.others:
                 write(out, torch.from_numpy(self.whole))
+
+
+def _pages(items: list[dict], arrays: list[np.ndarray],
+           budget: int = 48 * 1024) -> list[tuple[list[dict], list[np.ndarray]]]:
+    """``set_states`` entries (and their arrays, ``len(item["dtypes"])`` each) in pages whose
+    header stays under the servers' limit (protocol.MAX_HEADER) however many keys there are."""
+    pages: list[tuple[list[dict], list[np.ndarray]]] = []
+    page: list[dict] = []
+    used = at = start = 0
+    for item in items:
+        cost = len(json.dumps(item)) + 1
+        if page and used + cost > budget:
+            pages.append((page, arrays[start:at]))
+            page, used, start = [], 0, at
+        page.append(item)
+        used += cost
+        at += len(item["dtypes"])
+    if page or not pages:
+        pages.append((page, arrays[start:at]))
+    return pages
 
 
 def _log_to_stderr() -> None:
@@ -287,6 +308,7 @@ class DistKVStore(KVStoreBase):
                     tracked.append((part.server, tracker))
                 seqs.append(seq)
         self._conns.wait_sent(tracked)
+        self._conns.flush("sending a push")  # the servers get every push now, not at the next call
 
     def _pull(self, groups: Sequence[tuple[Key, list[Any]]]) -> None:
         outs: dict[Key, list[Any]] = {}
@@ -344,15 +366,23 @@ class DistKVStore(KVStoreBase):
             raise ValueError(with_hint("cannot save optimizer states: no optimizer is set",
                                        "call kv.set_optimizer(...) first"))
         self._conns.wait(self._settle(), "save_optimizer_states")
-        seqs = [self._conns.request(i, "get_states", self._space)[0] for i in range(self.num_servers)]
         pieces: dict[str, tuple[int, list[np.ndarray]]] = {}
-        for header, payloads in self._conns.wait(seqs, "save_optimizer_states"):
-            i = 0
-            for item in header["entries"]:
-                states = [np.frombuffer(payloads[i + j].buffer, dtype=np.dtype(d)).copy()
-                          for j, d in enumerate(item["dtypes"])]
-                i += len(item["dtypes"])
-                pieces[item["key"]] = (int(item["count"]), states)
+        starts = {i: 0 for i in range(self.num_servers)}  # a page at a time from each server
+        while starts:
+            seqs = [self._conns.request(i, "get_states", {**self._space, "start": at})[0]
+                    for i, at in starts.items()]
+            answers = self._conns.wait(seqs, "save_optimizer_states")
+            following = {}
+            for server, (header, payloads) in zip(starts, answers):
+                i = 0
+                for item in header["entries"]:
+                    states = [np.frombuffer(payloads[i + j], dtype=np.dtype(d)).copy()
+                              for j, d in enumerate(item["dtypes"])]
+                    i += len(item["dtypes"])
+                    pieces[item["key"]] = (int(item["count"]), states)
+                if header.get("next") is not None:
+                    following[server] = int(header["next"])
+            starts = following
         entries = []
         for k, parts in self._parts.items():
             found = [pieces.get(f"{wire_key(k)}#{p.index}") for p in parts]
@@ -382,7 +412,8 @@ class DistKVStore(KVStoreBase):
                                   "dtypes": [s.dtype.str for s in pieces]})
                     arrays.extend(pieces)
             seqs = [self._conns.request(i, "set_states", {**self._space, "entries": items}, arrays)[0]
-                    for i, (items, arrays) in enumerate(per_server)]
+                    for i, (all_items, all_arrays) in enumerate(per_server)
+                    for items, arrays in _pages(all_items, all_arrays)]
             self._conns.wait(seqs, "load_optimizer_states")
         self.barrier()
 

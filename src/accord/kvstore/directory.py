@@ -1,23 +1,42 @@
-"""How parameter servers and workers find each other through the job's store.
+"""How parameter servers and workers find each other through the job's store: the keys, and
+what a server publishes under them.
 
 The store is at ACCORD_PS_ROOT_URI/PORT (MXNet's DMLC_PS_ROOT_URI/PORT), else the job's
 ACCORD_STORE_ADDR/PORT (:func:`store_address`). Server ``i`` publishes what workers connect to
-(:mod:`accord.kvstore.address`) under :data:`SERVER_KEY`, takes its index from
-:data:`SERVER_COUNTER` when the launcher gave it none, and sets :data:`STOPPED_KEY` when it
-stops, so that a scheduler knows the job is over. Which address a server binds and which it
-advertises follows from where the store is (:func:`server_addresses`): loopback stays on
-loopback. Torch-free: servers and workers both use it.
+(:class:`Advertised`) under :data:`SERVER_KEY`, takes its index from :data:`SERVER_COUNTER`
+when the launcher gave it none, and sets :data:`STOPPED_KEY` when it stops, so that a scheduler
+knows the job is over. Which address a server binds and which it advertises follows from where
+the store is (:func:`server_addresses`): loopback stays on loopback.
+
+The value under ``accord/kvstore/server/<index>`` is ``|``-separated::
+
+    tcp://host:port | ipc:///dir/server.sock | to=<token> | max=<bytes>
+
+- ``tcp://`` is always there; ``ipc://`` when the server also listens on a Unix socket (a
+  worker on the same host takes it only from a private directory of its own user, see
+  :func:`usable_ipc`);
+- ``to``: a random token drawn by each server process. Every request names it and every
+  answer carries it back, under the MAC, so a message recorded for one server is refused by
+  every other server, of this job or any later job with the same secret;
+- ``max``: the largest payload frame the server accepts, so that a worker configured with larger
+  chunks fails with a clear error before it sends one (the server would refuse the message).
+
+Torch-free: servers and workers both use it.
 """
 from __future__ import annotations
 
+import os
+import secrets
 import socket
+import stat
+from dataclasses import dataclass
 
 from accord.errors import ConfigError, with_hint
 from accord.kvstore.settings import NetworkSettings, StoreLocation
 from accord.network_interfaces import address_or_interface
 
-__all__ = ["PREFIX", "SERVER_COUNTER", "SERVER_KEY", "STOPPED_KEY", "server_addresses", "store_address",
-           "store_bind"]
+__all__ = ["Advertised", "PREFIX", "SERVER_COUNTER", "SERVER_KEY", "STOPPED_KEY", "new_token", "server_addresses",
+           "store_address", "store_bind", "usable_ipc"]
 
 PREFIX = "accord/kvstore"
 SERVER_KEY = PREFIX + "/server/{index}"
@@ -87,3 +106,56 @@ def _interface_bind(interface: str | None) -> str | None:
         ConfigError: the interface does not exist here or has no IPv4 address.
     """
     return address_or_interface(interface) if interface else None
+
+
+# --- what a server publishes ---------------------------------------------------------------
+
+def new_token() -> str:
+    """A fresh server token (128 random bits, hex)."""
+    return secrets.token_hex(16)
+
+
+@dataclass(frozen=True)
+class Advertised:
+    """A server's published address: endpoints, token and frame limit."""
+
+    tcp: str
+    ipc: str | None = None
+    to: str = ""
+    max_frame: int | None = None
+
+    def text(self) -> str:
+        """The value to publish in the store."""
+        parts = [self.tcp] + ([self.ipc] if self.ipc else [])
+        parts += [f"to={self.to}"] if self.to else []
+        parts += [f"max={self.max_frame}"] if self.max_frame is not None else []
+        return "|".join(parts)
+
+    @classmethod
+    def parse(cls, text: str) -> "Advertised":
+        """Read a published value (unknown fields are ignored)."""
+        tcp, *rest = text.split("|")
+        ipc, to, max_frame = None, "", None
+        for part in rest:
+            if part.startswith("ipc://"):
+                ipc = part
+            elif part.startswith("to="):
+                to = part[3:]
+            elif part.startswith("max=") and part[4:].isdigit():
+                max_frame = int(part[4:])
+        return cls(tcp, ipc, to, max_frame)
+
+
+def usable_ipc(endpoint: str) -> bool:
+    """True when ``ipc://path`` is a Unix socket on this host in a directory that this process's
+    user owns and nobody else may enter (mode 0700, not a symlink): only then can no other user
+    have put it there or be listening in its place."""
+    path = endpoint[len("ipc://"):]
+    try:
+        parent = os.lstat(os.path.dirname(path) or ".")
+        sock = os.lstat(path)
+    except OSError:
+        return False  # another host, or the server is gone: TCP it is
+    return (stat.S_ISDIR(parent.st_mode) and parent.st_uid == os.geteuid()
+            and stat.S_IMODE(parent.st_mode) == 0o700 and stat.S_ISSOCK(sock.st_mode)
+            and sock.st_uid == os.geteuid())

@@ -4,7 +4,7 @@ A parameter-server store ships an optimizer as its configuration (``{"name": "sg
 {...}}``), never as a pickle; servers rebuild it from this registry. The arithmetic uses only
 operators and methods that numpy arrays and torch tensors share (``*=``, ``-=``, ``.clip``,
 ``** 0.5``), so the same code updates numpy arrays on the servers and torch tensors in the local
-and collective stores (and gives the same values). This module imports neither torch nor zmq.
+and collective stores (and gives the same values). This module does not import torch.
 
 Update rules (MXNet 1.9.1's ``sgd_update``, ``sgd_mom_update`` and ``adam_update``; ``clip`` is
 off when ``clip_gradient`` is None or negative)::
@@ -244,10 +244,12 @@ class Updater:
         self.optimizer.update(weight, grad, state, count)
         self.counts[key] = count
 
-    def export(self) -> list[tuple[Hashable, int, list[np.ndarray]]]:
-        """``(key, count, states as numpy)`` for every key updated so far."""
-        return [(key, self.counts.get(key, 0), [np.array(_as_numpy(s)) for s in state])
-                for key, state in self.states.items()]
+    def export(self, start: int = 0, stop: int | None = None) -> list[tuple[Hashable, int, list[np.ndarray]]]:
+        """``(key, count, states as numpy)`` for every key updated so far, in the order of their
+        first update (``[start:stop]`` of them)."""
+        keys = list(self.states)[start:stop]
+        return [(key, self.counts.get(key, 0), [np.array(_as_numpy(s)) for s in self.states[key]])
+                for key in keys]
 
     def load(self, entries: Sequence[tuple[Hashable, int, Sequence[np.ndarray]]]) -> None:
         """Replace the state of the given keys (converted to the weights' kind on next use)."""

@@ -1,8 +1,9 @@
-"""Messages between KVStore workers and parameter servers (ZeroMQ multipart, no pickle).
+"""Messages between KVStore workers and parameter servers (no pickle).
 
-A message is ``[tags, header, payload_0, ..., payload_{n-1}]`` (a ROUTER socket adds the peer's
-routing id in front): ``header`` is a small JSON object, each payload a raw array buffer sent
-without a copy. ``tags`` is ``nonce | payload_tag | header_tag`` (16 + 16 + 32 bytes)::
+A message is ``[tags, header, payload_0, ..., payload_{n-1}]`` (:mod:`accord.kvstore.transport`
+carries it on a connection whose ends have proven they hold the secret): ``header`` is a small
+JSON object, each payload a raw array buffer sent without a copy. ``tags`` is
+``nonce | payload_tag | header_tag`` (16 + 16 + 32 bytes)::
 
     nonce       = 16 random bytes, drawn for every new list of payloads
     payload_key = HMAC-SHA256(secret, DOMAIN | "payload-key" | direction | nonce)
@@ -30,21 +31,16 @@ The direction byte stops a worker's request from being reflected back as an answ
 ``sid`` (random per worker connection) and strictly increasing ``seq`` stop replays (the server
 drops a seq it has already seen from that sid; a worker accepts only answers to requests it has
 pending). A request's ``to`` names the random token of the one server process it is for, and an
-answer's ``from`` carries it back (:mod:`accord.kvstore.address`), so a message recorded for one
+answer's ``from`` carries it back (:mod:`accord.kvstore.directory`), so a message recorded for one
 server is refused by every other, in this job or a later one with the same secret.
 
-Memory is bounded before any tag is checked. ZeroMQ buffers a whole multipart message before
-the server sees its first frame, so a peer must first pass ZeroMQ's PLAIN handshake with the
-password :func:`connect_password` (derived from the secret and the server's token): the server
-answers ZeroMQ's authentication requests (ZAP) itself and refuses every other peer before it
-can send a single message. And no frame may exceed :func:`frame_limit` (ZMQ_MAXMSGSIZE, checked
-on the announced length before the frame is buffered; the peer is dropped). That limit covers
-the PLAIN handshake command too, which ZeroMQ reads before asking the server: a stranger can make
-a server hold up to one frame per connection until the handshake timeout
-(:class:`~accord.kvstore.server.zmq_socket.ParameterServer`). PLAIN sends the password in clear: a
-peer that can read the job's traffic on the wire may learn it and then make a server buffer
-messages (each frame bounded) but still not get one past the MACs. After the tags, a header
-nested deeper than :data:`MAX_HEADER_DEPTH` is refused (the JSON codec recurses).
+Memory is bounded before any tag is checked: the transport checks the counts and lengths a
+message announces against :data:`MAX_HEADER`, :data:`MAX_PAYLOADS` and the frame limit
+(:func:`frame_limit`) before it buffers them, and the header tag (:func:`check_head`, which
+covers the payload lengths and the payload tag) before it allocates memory for the payloads;
+the payload tag is checked once they are in (:func:`open_body`). After the tags, a header nested
+deeper than :data:`MAX_HEADER_DEPTH` is refused (the JSON codec recurses). :func:`seal` refuses
+to build a header over :data:`MAX_HEADER` bytes, so the sender fails at once (a very long key).
 
 A job on a network it trusts, like the one Gloo and NCCL need for their unauthenticated data
 plane, may set ACCORD_KVSTORE_PAYLOAD_MAC=0 on every process: messages then carry no payload tag
@@ -53,8 +49,9 @@ payload lengths) stay authenticated and replay-proof while array bytes are not. 
 their own setting and ``mode`` is authenticated, so a mismatch is refused, never silently
 downgraded.
 
-A server answers a message with a wrong tag with the unauthenticated frames
-``[b"", REFUSED]``, so that a worker with the wrong secret fails at once instead of timing out.
+A server answers a message with a wrong tag with a refusal and closes the connection
+(:mod:`accord.kvstore.transport`), so that a worker with the wrong secret fails at once instead
+of timing out.
 
 Payload tags need the ``cryptography`` package (``pip install 'accord[ps]'``).
 """
@@ -70,14 +67,13 @@ from accord.errors import AuthenticationError, ConfigError, RendezvousError, wit
 from accord.runtime.settings import HostAndSecret
 from accord.store.secret import read_secret_file, secret_from_hex
 
-__all__ = ["CONNECT_USER", "PayloadSeal", "ProtocolError", "REFUSED", "TO_SERVER", "TO_WORKER",
-           "connect_password", "frame_limit",
-           "load_secret", "open_message", "require_payload_mac", "seal"]
+__all__ = ["HeaderTooLarge", "Head", "PayloadSeal", "ProtocolError", "TO_SERVER", "TO_WORKER",
+           "check_head", "frame_limit", "load_secret", "open_body", "open_message",
+           "require_payload_mac", "seal"]
 
 DOMAIN = b"accord-kvstore-v2"
 TO_SERVER = b"W"
 TO_WORKER = b"S"
-REFUSED = b"accord-kvstore-refused"
 MAX_HEADER = 64 * 1024
 # Deepest nesting of lists and objects a header may have (real ones nest 4 deep: entries of
 # set_states). Python's JSON codec recurses, so a deeper header could exhaust the stack when it
@@ -97,6 +93,10 @@ _poly1305: list[Any] = []  # the Poly1305 class, imported on first use (cryptogr
 
 class ProtocolError(RendezvousError):
     """A message is malformed (wrong frame count, oversized or non-JSON header)."""
+
+
+class HeaderTooLarge(ProtocolError, ValueError):
+    """A message to send has a header over :data:`MAX_HEADER` bytes (a very long key, say)."""
 
 
 def require_payload_mac() -> Any:
@@ -124,18 +124,9 @@ def frame_limit(chunk_elements: int = 1 << 20) -> int:
     return MAX_HEADER + max(1, int(chunk_elements)) * MAX_ITEMSIZE
 
 
-CONNECT_USER = b"accord"
-
-
-def connect_password(secret: bytes, token: str) -> bytes:
-    """The PLAIN password that lets a worker connect to the server with ``token`` (hex)."""
-    return hmac.digest(secret, DOMAIN + b"connect" + token.encode(), "sha256").hex().encode()
-
-
 def _view(frame: Any) -> memoryview:
-    """The bytes of a zmq Frame, bytes object or array, without a copy."""
-    buf = getattr(frame, "buffer", None)
-    view = memoryview(frame if buf is None else buf)
+    """The bytes of a bytes object, array or memoryview, without a copy."""
+    view = memoryview(frame)
     return view if view.format == "B" and view.ndim == 1 else view.cast("B")
 
 
@@ -187,9 +178,12 @@ def seal(secret: bytes, direction: bytes, header: dict[str, Any], payloads: Sequ
         payload_mac: authenticate the payload bytes (False: only their count and lengths).
 
     Raises:
+        HeaderTooLarge: the header would exceed :data:`MAX_HEADER` bytes (nothing is sent).
         ConfigError: ``payload_mac`` is on and ``cryptography`` is missing.
     """
     data = json.dumps(header, separators=(",", ":")).encode()
+    if len(data) > MAX_HEADER:
+        raise _too_large(header, len(data))
     views = [_view(p) for p in payloads]
     lengths = tuple(v.nbytes for v in views)
     if not payload_mac:
@@ -203,6 +197,18 @@ def seal(secret: bytes, direction: bytes, header: dict[str, Any], payloads: Sequ
             reuse.for_, reuse.nonce, reuse.tag = (direction, lengths), nonce, ptag
     htag = _header_tag(secret, direction, payload_mac, nonce, ptag, data, lengths)
     return [nonce + ptag + htag, data, *payloads]
+
+
+def _too_large(header: dict[str, Any], size: int) -> HeaderTooLarge:
+    key = header.get("key")
+    what = f"{header['op']!r} message" if "op" in header else "answer"
+    if isinstance(key, str) and len(key) > 256:
+        what += f" for key {key[:40]!r}... ({len(key)} characters)"
+    return HeaderTooLarge(with_hint(
+        f"the {what} would have a {size}-byte header, over the parameter servers' limit of "
+        f"{MAX_HEADER} bytes (they would refuse it)",
+        "use shorter keys: a key travels in the header of every request about it (str keys of "
+        "up to a few thousand characters fit)"))
 
 
 def _refuse(what: str) -> AuthenticationError:
@@ -226,21 +232,61 @@ def open_message(secret: bytes, direction: bytes, frames: Sequence[Any],
     if len(frames) < 2 or len(frames) > 2 + MAX_PAYLOADS:
         raise ProtocolError(f"a kvstore message has {len(frames)} frames (expected 2 to "
                             f"{2 + MAX_PAYLOADS})")
-    tags, header = bytes(_view(frames[0])), _view(frames[1])
+    payloads = list(frames[2:])
+    head = check_head(secret, direction, bytes(_view(frames[0])), _view(frames[1]),
+                      [_view(p).nbytes for p in payloads], payload_mac)
+    return open_body(secret, direction, head, payloads, payload_mac)
+
+
+class Head:
+    """A message's tags and header bytes whose header tag has been verified (:func:`check_head`);
+    its payloads are still to be received and checked (:func:`open_body`)."""
+
+    __slots__ = ("nonce", "payload_tag", "data")
+
+    def __init__(self, nonce: bytes, payload_tag: bytes, data: bytes) -> None:
+        self.nonce, self.payload_tag, self.data = nonce, payload_tag, data
+
+
+def check_head(secret: bytes, direction: bytes, tags: bytes, header: Any, lengths: Sequence[int],
+               payload_mac: bool = True) -> Head:
+    """Verify a message's header tag, which covers the header bytes, the count and length of its
+    payloads and their payload tag, before any payload is received (a transport can then refuse
+    to allocate memory for payloads nobody with the secret announced).
+
+    Raises:
+        ProtocolError: an oversized header or too many payloads.
+        AuthenticationError: the tag does not match, or has the other ACCORD_KVSTORE_PAYLOAD_MAC's length.
+    """
     if len(header) > MAX_HEADER:
         raise ProtocolError(f"a kvstore message header of {len(header)} bytes exceeds {MAX_HEADER}")
+    if len(lengths) > MAX_PAYLOADS:
+        raise ProtocolError(f"a kvstore message has {len(lengths)} payloads (at most {MAX_PAYLOADS})")
     ptag_len = PAYLOAD_TAG_BYTES if payload_mac else 0
     if len(tags) != NONCE_BYTES + ptag_len + HEADER_TAG_BYTES:
         raise _refuse(f"{len(tags)} tag bytes, expected {NONCE_BYTES + ptag_len + HEADER_TAG_BYTES}")
     nonce, ptag = tags[:NONCE_BYTES], tags[NONCE_BYTES:NONCE_BYTES + ptag_len]
-    payloads = list(frames[2:])
-    views = [_view(p) for p in payloads]
     data = bytes(header)
-    expected = _header_tag(secret, direction, payload_mac, nonce, ptag, data, [v.nbytes for v in views])
+    expected = _header_tag(secret, direction, payload_mac, nonce, ptag, data, lengths)
     if not hmac.compare_digest(tags[NONCE_BYTES + ptag_len:], expected):
         raise _refuse("header")
-    if payload_mac and not hmac.compare_digest(ptag, _payload_tag(secret, direction, nonce, views)):
-        raise _refuse("payload")
+    return Head(nonce, ptag, data)
+
+
+def open_body(secret: bytes, direction: bytes, head: Head, payloads: list[Any],
+              payload_mac: bool = True) -> tuple[dict[str, Any], list[Any]]:
+    """Verify the payload tag of a message whose head passed :func:`check_head` (with these
+    payloads' lengths), then decode its header; returns (header, payloads).
+
+    Raises:
+        AuthenticationError: the payload tag does not match.
+        ProtocolError: the header is not a JSON object or nests deeper than MAX_HEADER_DEPTH.
+    """
+    if payload_mac:
+        views = [_view(p) for p in payloads]
+        if not hmac.compare_digest(head.payload_tag, _payload_tag(secret, direction, head.nonce, views)):
+            raise _refuse("payload")
+    data = head.data
     try:
         decoded = json.loads(data)
     except ValueError as exc:

@@ -71,16 +71,18 @@ def _mxnet() -> str:
     return f"{mx.__version__}, accord.mxnet and kvstore 'accord' ready"
 
 
-def _zmq() -> str:
-    zmq = importlib.import_module("zmq")
-    return f"pyzmq {zmq.__version__}"
+def _parameter_servers() -> str:
+    crypto = importlib.import_module("cryptography")
+    importlib.import_module("cryptography.hazmat.primitives.poly1305")  # their payload MACs
+    return f"cryptography {crypto.__version__}"
 
 
 def build_report() -> str:
     """The text ``accordrun --check-build`` prints."""
     sections = {
         "Available frameworks": [("PyTorch", _torch), ("MXNet", _mxnet)],
-        "Available backends": [("Gloo", _gloo), ("NCCL", _nccl), ("MPI", _mpi), ("ZeroMQ (parameter servers)", _zmq)],
+        "Available backends": [("Gloo", _gloo), ("NCCL", _nccl), ("MPI", _mpi),
+                               ("Parameter servers", _parameter_servers)],
         "Available devices": [("CUDA", _cuda)],
     }
     lines = [f"accord v{__version__} (python {platform.python_version()}, {platform.system()})", ""]

@@ -11,30 +11,38 @@ acknowledged. A pull from a worker that pushed in the unfinished round waits for
 worker always pulls a value that includes its own push. A second push (or anything after it) from
 a worker that already pushed in this round waits for the next round, keeping each worker's
 requests in order. ``param_only`` entries store the mean over workers and skip the optimizer, as
-do max/min rounds.
+do max/min rounds. A round with a refused push (wrong size, dtype or op) can never complete: the
+requests waiting in it, and its later pushes, are answered with an error naming the rank whose
+push was refused, and the key serves the next round with its value unchanged.
 
 ``dist_async``: each push is applied on its own as it arrives, with the optimizer (required:
 a push without one is answered with an error, never a hang).
 
-Arrays that a reply may still be sending (zero-copy) are waited for before being written. A round's first push
-is kept as received (its zmq frame, no copy) and merged with the second straight into the round's buffer, so
-no push is copied just to be added. A server asks glibc to keep freed message buffers
+An array that a reply is still sending (zero-copy) is copied out of the reply's way before it is written
+(:meth:`accord.kvstore.server.state.Buf.writable`), so a slow reader costs a copy, never a wait. A round's
+first push is kept as received (its receive buffer, no copy) and merged with the second straight into the
+round's buffer, so no push is copied just to be added. A server asks glibc to keep freed message buffers
 (:func:`accord.kvstore.server.memory.retain_freed_memory`), so that receiving does not page-fault.
 """
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from accord.kvstore import optimizers as opt
-from accord.kvstore.protocol import PayloadSeal
+from accord.kvstore.protocol import HeaderTooLarge, PayloadSeal
 from accord.kvstore.server.codec import dequantize_2bit
 from accord.kvstore.server.state import Buf, Entry, Space
 
 log = logging.getLogger("accord.kvstore")
+
+# Header bytes of state entries per get_states answer: a page, so that an answer for any number
+# of keys stays under the header limit (protocol.MAX_HEADER, 64 KiB).
+STATES_PAGE = 48 * 1024
 
 # reply(peer, request header, answer fields, payloads, their reusable PayloadSeal or None,
 # the buffer they live in, whose writes must wait for zero-copy sends)
@@ -103,6 +111,9 @@ class ServerCore:
             yield
         except RequestError as exc:
             self.error(peer, header, str(exc))
+        except HeaderTooLarge as exc:
+            self.error(peer, header, f"the answer to this {header.get('op')!r} request does not fit in "
+                                     f"one message: {str(exc).splitlines()[0]}")
         except Exception as exc:  # noqa: BLE001 - an authenticated request never ends the server
             log.warning("server %d: malformed %s request: %r", self.server_id, header.get("op"), exc)
             self.error(peer, header, f"malformed {header.get('op')!r} request: {exc!r}")
@@ -146,14 +157,12 @@ class ServerCore:
             if n != entry.size:
                 raise RequestError(f"push of key {_show(header['key'])} with {n} elements, but it "
                                    f"was initialised with {entry.size}")
-            return dequantize_2bit(payloads[0].buffer if hasattr(payloads[0], "buffer")
-                                   else payloads[0], threshold, n)
+            return dequantize_2bit(payloads[0], threshold, n)
         dtype = _dtype(header["dtype"])
         if dtype != entry.stored.array.dtype:
             raise RequestError(f"push of key {_show(header['key'])} as {dtype}, but it was "
                                f"initialised as {entry.stored.array.dtype}")
-        buf = payloads[0].buffer if hasattr(payloads[0], "buffer") else payloads[0]
-        value = np.frombuffer(buf, dtype=dtype)
+        value = np.frombuffer(payloads[0], dtype=dtype)
         if value.size != entry.size:
             raise RequestError(f"push of key {_show(header['key'])} with {value.size} elements, "
                                f"but it was initialised with {entry.size}")
@@ -169,8 +178,7 @@ class ServerCore:
         dtype = _dtype(header["dtype"])
         if len(payloads) != 1:
             raise RequestError(f"an init carries one payload, got {len(payloads)}")
-        buf = payloads[0].buffer if hasattr(payloads[0], "buffer") else payloads[0]
-        value = np.frombuffer(buf, dtype=dtype).copy()
+        value = np.frombuffer(payloads[0], dtype=dtype).copy()
         if value.size != int(header["n"]):
             raise RequestError(f"init of key {_show(key)}: header says {header['n']} elements, "
                                f"payload holds {value.size}")
@@ -218,17 +226,53 @@ class ServerCore:
         if any(int(h["rank"]) == rank for _, h, _ in entry.backlog):
             entry.backlog.append((peer, header, payloads))
         elif header["op"] == "pull":
-            if rank in entry.contributors:
-                entry.pulls.append((peer, header))
-            else:
+            if rank not in entry.contributors:
                 self._send_value(peer, header, entry)
+            elif entry.failed is not None:
+                self.error(peer, header, entry.failed)
+            else:
+                entry.pulls.append((peer, header))
         elif rank in entry.contributors:
             entry.backlog.append((peer, header, payloads))
+        elif entry.failed is not None:  # the round has no value: this push only ends it sooner
+            self.error(peer, header, entry.failed)
+            self._count_in(space, entry, header)
         else:
-            self._contribute(space, entry, peer, header, payloads)
+            try:
+                self._contribute(space, entry, peer, header, payloads)
+            except Exception as exc:  # noqa: BLE001 - refused: the round ends for everyone
+                reason = str(exc) if isinstance(exc, RequestError) else \
+                    f"malformed 'push' request: {exc!r}"
+                self._fail_round(space, entry, peer, header, reason)
+
+    def _fail_round(self, space: Space, entry: Entry, peer: Any, header: dict, reason: str) -> None:
+        """A push of this round was refused, so the round can never have a value: answer the
+        refused push with its reason and every request waiting in the round (and each push of
+        it still to come) with the error, rather than leave them waiting for a push that will
+        not come. The round ends once every worker has pushed in it (the refused one counts);
+        the stored value is unchanged and the key serves the next round."""
+        rank = int(header["rank"])
+        entry.failed = (f"the dist_sync round of key {_show(header['key'])} cannot complete: the "
+                        f"push of rank {rank} in it was refused ({reason})")
+        entry.first = None
+        log.warning("server %d: %s", self.server_id, entry.failed)
+        self.error(peer, header, reason)
+        waiting, entry.acks, entry.pulls = entry.acks + entry.pulls, [], []
+        for p, h in waiting:
+            self.error(p, h, entry.failed)
+        self._count_in(space, entry, header)
+
+    def _count_in(self, space: Space, entry: Entry, header: dict) -> None:
+        """Count a push of a failed round; the last one ends the round."""
+        entry.contributors.add(int(header["rank"]))
+        if len(entry.contributors) == self.num_workers:
+            backlog = entry.backlog
+            entry.contributors, entry.backlog, entry.failed = set(), [], None
+            self._next_round(space, entry, backlog)
 
     def _contribute(self, space: Space, entry: Entry, peer: Any, header: dict,
                     payloads: list) -> None:
+        """Merge one push into the round (RequestError: the push is refused)."""
         value = self._value(entry, header, payloads)
         rop = header.get("rop", "sum")
         if rop not in ("sum", "max", "min"):
@@ -275,6 +319,9 @@ class ServerCore:
                 self.ok(peer, header)
             for peer, header in pulls:
                 self._send_value(peer, header, entry)
+        self._next_round(space, entry, backlog)
+
+    def _next_round(self, space: Space, entry: Entry, backlog: list[tuple[Any, dict, list]]) -> None:
         for peer, header, payloads in backlog:  # the next round, in arrival order
             with self._answering_errors(peer, header):
                 self._sync_message(space, entry, peer, header, payloads)
@@ -315,13 +362,24 @@ class ServerCore:
         self.ok(peer, header)
 
     def _get_states(self, peer: Any, header: dict, payloads: list) -> None:
+        """One page of the optimizer's states from entry ``start`` on; ``next`` is where the
+        following page starts (None: this was the last)."""
         updater = self._space(header).updater
-        entries, arrays = [], []
-        for key, count, states in (updater.export() if updater is not None else []):
-            entries.append({"key": key, "count": count, "states": len(states),
-                            "dtypes": [s.dtype.str for s in states]})
+        start = header.get("start", 0)
+        if type(start) is not int or start < 0:
+            raise RequestError(f"get_states from entry {start!r}: not a count")
+        total = len(updater.states) if updater is not None else 0
+        entries, arrays, used, at = [], [], 0, start
+        while at < total:
+            ((key, count, states),) = updater.export(at, at + 1)  # type: ignore[union-attr]
+            item = {"key": key, "count": count, "states": len(states), "dtypes": [s.dtype.str for s in states]}
+            used += len(json.dumps(item)) + 1
+            if entries and used > STATES_PAGE:
+                break
+            entries.append(item)
             arrays.extend(np.ascontiguousarray(s) for s in states)
-        self.ok(peer, header, {"entries": entries}, arrays)
+            at += 1
+        self.ok(peer, header, {"entries": entries, "next": at if at < total else None}, arrays)
 
     def _set_states(self, peer: Any, header: dict, payloads: list) -> None:
         space = self._space(header)
@@ -331,8 +389,7 @@ class ServerCore:
         for item in header["entries"]:
             states = []
             for dtype in item["dtypes"]:
-                buf = payloads[i].buffer if hasattr(payloads[i], "buffer") else payloads[i]
-                states.append(np.frombuffer(buf, dtype=_dtype(dtype)).copy())
+                states.append(np.frombuffer(payloads[i], dtype=_dtype(dtype)).copy())
                 i += 1
             loaded.append((item["key"], int(item["count"]), states))
         space.updater.load(loaded)

@@ -10,7 +10,7 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
 def retain_freed_memory(keep_bytes: int = 256 << 20) -> bool:
     """Make glibc keep freed blocks (up to ``keep_bytes``) for reuse; False without glibc.
 
-    zmq allocates each received message (a few MB) and frees it once merged; by default glibc
+    Each received payload (a few MB) is allocated and freed once merged; by default glibc
     unmaps or trims such blocks, so every message page-faults in again (~10k faults, 10-15 ms of
     CPU per server per 100 MB round here). Process wide: for parameter-server processes only.
     """
@@ -26,10 +26,9 @@ def raise_open_file_limit(ceiling: int = 1 << 20) -> int:
     """Raise this process's soft limit on open files to its hard limit (at most ``ceiling``);
     returns the soft limit now in force.
 
-    ZeroMQ accepts every connection and keeps it (a file descriptor) until its handshake
-    passes or times out; the server cannot refuse strangers sooner. With the common soft limit
-    of 1024, about a thousand silent connections would keep the job's workers out meanwhile.
-    Process wide: for parameter-server processes only.
+    The server sizes its limits on connections from this limit
+    (:func:`accord.kvstore.server.admission.descriptor_budget`): a higher one leaves room for
+    more workers. Process wide: for parameter-server processes only.
     """
     try:
         import resource

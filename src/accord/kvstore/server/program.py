@@ -13,12 +13,12 @@ A server reads its configuration from the environment (accord names, MXNet's acc
     ACCORD_SERVER_INDEX                     this server's index (accordrun sets it; default:
                                             the next value of a store counter)
 
-It takes its index from ACCORD_SERVER_INDEX (else the next value of a store counter), binds a
-ZeroMQ ROUTER socket on a free port (loopback when the store is on loopback, else every
+It takes its index from ACCORD_SERVER_INDEX (else the next value of a store counter), listens on
+a free TCP port (loopback when the store is on loopback, else every
 interface: :mod:`accord.kvstore.directory`) and a Unix socket (ACCORD_KVSTORE_IPC), publishes
-its address (:mod:`accord.kvstore.address`: endpoints, a random token, its frame limit) under
+its address (:mod:`accord.kvstore.directory`: endpoints, a random token, its frame limit) under
 ``accord/kvstore/server/<index>`` (workers on the same host take the Unix socket), admits only
-peers that hold the job secret (:mod:`accord.kvstore.server.zmq_socket`) and serves until a
+peers that prove they hold the job secret (:mod:`accord.kvstore.server.network`) and serves until a
 ``stop`` request, SIGTERM/SIGINT, or the store stops answering (the job is over), so no server
 outlives its job. This module is that program: configuration, registration, signals and the
 scheduler role.
@@ -41,8 +41,6 @@ import signal
 import sys
 import time
 
-import zmq
-
 from accord.errors import ConfigError, RendezvousError, with_hint
 from accord.kvstore import protocol
 from accord.kvstore.directory import (
@@ -54,7 +52,7 @@ from accord.kvstore.directory import (
     store_bind,
 )
 from accord.kvstore.server.memory import raise_open_file_limit, retain_freed_memory
-from accord.kvstore.server.zmq_socket import ParameterServer
+from accord.kvstore.server.network import ParameterServer
 from accord.kvstore.settings import (
     NetworkSettings,
     ServerSettings,
@@ -115,7 +113,7 @@ def main() -> int:
             raise ConfigError(with_hint("a parameter server needs the number of workers",
                                         "set ACCORD_NUM_WORKERS (or DMLC_NUM_WORKER)"))
         return _serve(secret, settings, verbose)
-    except (ConfigError, RendezvousError, zmq.ZMQError) as exc:
+    except (ConfigError, RendezvousError, OSError) as exc:
         log.error("%s", exc)
         return 2
 

@@ -13,7 +13,8 @@ from accord.kvstore.protocol import PayloadSeal
 
 
 class Buf:
-    """An array that zero-copy replies may still be reading; wait for them before writing.
+    """An array that zero-copy replies may still be reading; they get a copy of what they have
+    not sent yet before it is written.
 
     Every write goes through :meth:`writable`, which also drops the array's payload seal (the
     Poly1305 tag that every pull of this unchanged value reuses; see :mod:`protocol`).
@@ -29,7 +30,7 @@ class Buf:
     def writable(self) -> np.ndarray:
         self.seal.clear()
         for tracker in self.trackers:
-            tracker.wait()
+            tracker.release()  # the answer keeps the old bytes, its MAC's, in a copy if unsent
         self.trackers.clear()
         return self.array
 
@@ -41,7 +42,8 @@ class Buf:
 @dataclass
 class Entry:
     """One key's stored value and its dist_sync round: the pushes merged so far, who pushed,
-    and the acks, pulls and next-round requests waiting for the round to end."""
+    and the acks, pulls and next-round requests waiting for the round to end (or, once a push
+    of the round was refused, why the round ends without a value)."""
 
     stored: Buf
     param_only: bool
@@ -52,6 +54,7 @@ class Entry:
     pulls: list[tuple[Any, dict]] = field(default_factory=list)
     backlog: list[tuple[Any, dict, list]] = field(default_factory=list)
     op: str = "sum"
+    failed: str | None = None  # why this round cannot complete (a push of it was refused)
 
     @property
     def size(self) -> int:
