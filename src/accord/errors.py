@@ -5,10 +5,19 @@ with a ``HINT:`` naming the fix. Build messages with :func:`with_hint` so that s
 """
 from __future__ import annotations
 
+from typing import Iterable
+
 
 def with_hint(message: str, hint: str) -> str:
     """Join a description of the failure and the suggested fix into one message."""
     return f"{message.rstrip()}\nHINT: {hint.strip()}"
+
+
+def not_answering(ranks: Iterable[int]) -> str:
+    """How an error names the ranks that did not answer within a collective's timeout; the
+    launcher's report reads them back to name a frozen rank as the root cause instead of the
+    peers whose waits it ended."""
+    return f"rank(s) {sorted(ranks)} did not answer"
 
 
 class AccordError(Exception):
