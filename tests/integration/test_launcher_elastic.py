@@ -247,3 +247,25 @@ def test_a_signal_while_waiting_for_slots_exits_130_saying_nothing_had_started(t
     assert proc.returncode == 130, stderr[-3000:]
     assert "accordrun: received SIGINT before any worker started" in stderr, stderr[-3000:]
     assert "WORKER RAN" not in out
+
+
+STORE_BIND = """
+import os
+port = int(os.environ["ACCORD_STORE_PORT"])
+with open("/proc/net/tcp") as fh:  # the launcher's listening socket, seen from its worker
+    rows = [line.split() for line in list(fh)[1:]]
+binds = sorted({r[1].split(":")[0] for r in rows if r[3] == "0A" and int(r[1].split(":")[1], 16) == port})
+print("STORE", os.environ["ACCORD_STORE_ADDR"], binds, flush=True)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_an_elastic_job_on_fixed_hosts_of_this_machine_keeps_its_store_on_loopback():
+    """Its hosts never change and are all this one: no other host needs to reach the store."""
+    proc = lib.accordrun("-np", "2", "-H", "localhost:1,127.0.0.1:1", "--min-np", "1",
+                         lib.PYTHON, "-c", STORE_BIND, timeout=50)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line for line in proc.stdout.splitlines() if "STORE " in line]
+    assert len(lines) == 2, proc.stdout
+    for line in lines:
+        assert line.endswith("STORE 127.0.0.1 ['0100007F']"), line  # 127.0.0.1, not 0.0.0.0

@@ -73,8 +73,11 @@ class LaunchConfig:
     @property
     def remote(self) -> bool:
         """True when some worker or server runs (or, with host discovery, may later run) on
-        another host (through ssh): the store then listens beyond loopback."""
-        return self.elastic is not None or any(not is_local(h) for h in self.job_hosts)
+        another host (through ssh): the store then listens beyond loopback. An elastic job on
+        fixed hosts that are all this one (``-H localhost:2,127.0.0.1:2 --min-np 2``) never
+        leaves it, so its store stays on loopback."""
+        may_grow = self.elastic is not None and self.elastic.discovery_script is not None
+        return may_grow or any(not is_local(h) for h in self.job_hosts)
 
     @property
     def job_hosts(self) -> tuple[str, ...]:
