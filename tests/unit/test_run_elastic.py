@@ -49,12 +49,22 @@ def test_output_lines_with_and_without_slots():
     assert parse_discovery_output("", None, "d.sh") == []
 
 
+def test_bracketed_ipv6_hosts_are_read_as_dash_h_reads_them():
+    assert parse_discovery_output("[::1]:2\n[fe80::1]\n", 3, "d.sh") == [
+        HostSlots("::1", 2), HostSlots("fe80::1", 3)]
+
+
 @pytest.mark.parametrize("text, fragment", [
     ("h1:x\n", "line 1 'h1:x': slots must be a positive integer"),
     ("h1:2\nh2:0\n", "line 2 'h2:0': slots must be a positive integer"),
     ("bad host!\n", "not a host name"),
     (":3\n", "not a host name"),
-    ("h1:2:3\n", "slots must be a positive integer"),
+    ("h1:2:3\n", "not a host name"),  # as -H reads it: a bare IPv6 address needs brackets
+    ("h1:+2\n", "slots must be a positive integer"),  # counts in plain digits, as -H takes them
+    ("h1:1_0\n", "slots must be a positive integer"),  # int() would read 10
+    ("h1:\u0662\n", "slots must be a positive integer"),  # an Arabic-Indic 2
+    ("h1: 2x\n", "slots must be a positive integer"),
+    ("[::1\n", "not a host name"),
 ])
 def test_garbage_names_the_script_and_the_line(text, fragment):
     with pytest.raises(DiscoveryError) as info:

@@ -32,7 +32,12 @@ class HostSlots:
     slots: int
 
 
-def _check_name(name: str, where: str) -> str:
+def check_name(name: str, where: str) -> str:
+    """The host a name as written means (``[fe80::1]`` -> ``fe80::1``), as ``-H`` takes it.
+
+    Raises:
+        ConfigError: not a host name, an IPv4 address or a bracketed IPv6 address.
+    """
     match = _BRACKETED.match(name)
     if match:
         return match.group(1)
@@ -71,8 +76,15 @@ def _check_slots(text: str, host: str, where: str) -> int:
     return slots
 
 
-def _split_host_slots(item: str, where: str) -> HostSlots:
-    """``host``, ``host:N``, ``[v6]``, ``[v6]:N`` -> HostSlots (bare host: 1 slot)."""
+def split_host_item(item: str, where: str) -> tuple[str, str | None]:
+    """``host``, ``host:N``, ``[v6]``, ``[v6]:N`` -> (the name as written, the slot count's text
+    or None), for every parser of host lists (``-H``, hostfiles, discovery scripts, MXNet's
+    hostfiles), so that they read the same items alike. A bare IPv6 address (several colons)
+    is returned whole, for :func:`check_name` to refuse.
+
+    Raises:
+        ConfigError: an unclosed bracket, or something after it that is not ``:N``.
+    """
     if item.startswith("["):
         close = item.find("]")
         if close < 0:
@@ -81,12 +93,23 @@ def _split_host_slots(item: str, where: str) -> HostSlots:
         name, rest = item[: close + 1], item[close + 1:]
         if rest and not rest.startswith(":"):
             raise ConfigError(with_hint(f"{where}: cannot read {item!r}", "write [addr]:slots"))
-        slots_text = rest[1:] if rest else None
-    elif item.count(":") == 1:
+        return name, (rest[1:] if rest else None)
+    if item.count(":") == 1:
         name, slots_text = item.split(":")
-    else:
-        name, slots_text = item, None
-    host = _check_name(name, where)
+        return name, slots_text
+    return item, None
+
+
+def is_plain_count(text: str) -> bool:
+    """True for a count written in plain ASCII digits (a leading minus let through, for the
+    caller's "at least" message): the rule of every slot count (:data:`PLAIN_INTEGER`)."""
+    return PLAIN_INTEGER.fullmatch(text) is not None
+
+
+def _split_host_slots(item: str, where: str) -> HostSlots:
+    """``host``, ``host:N``, ``[v6]``, ``[v6]:N`` -> HostSlots (bare host: 1 slot)."""
+    name, slots_text = split_host_item(item, where)
+    host = check_name(name, where)
     slots = 1 if slots_text is None else _check_slots(slots_text, host, where)
     return HostSlots(host, slots)
 
@@ -137,7 +160,7 @@ def parse_hostfile_text(text: str, source: str = "hostfile") -> list[HostSlots]:
         if ":" in first and not first.startswith("["):
             raise ConfigError(with_hint(f"{where}: cannot read {raw.strip()!r}",
                                         "use either 'host slots=N' or 'host:N', not both"))
-        host = _check_name(first, where)
+        host = check_name(first, where)
         slots = 1
         for token in rest:
             key, sep, value = token.partition("=")
@@ -180,7 +203,7 @@ def parse_ips(ips: str, nproc_per_node: int) -> list[HostSlots]:
     if not ips.strip() or any(not n for n in names):
         raise ConfigError(with_hint(f"--ips: cannot read address list {ips!r}",
                                     "write --ips 10.0.0.1,10.0.0.2"))
-    return merge_hosts(HostSlots(_check_name(n, "--ips"), nproc_per_node) for n in names)
+    return merge_hosts(HostSlots(check_name(n, "--ips"), nproc_per_node) for n in names)
 
 
 def parse_devices(text: str) -> tuple[str, ...]:
