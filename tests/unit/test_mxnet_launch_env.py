@@ -126,7 +126,8 @@ def test_launch_py_flags_become_accordrun_flags(tmp_path):
     (["-n", "2", "-s", "0", "python"], "must be >= 1"),
     (["-n", "2", "--env-server", "A:1", "python"], "not supported"),
     (["-n", "2"], "no command"),
-    (["-n", "2", "-H", "/nonexistent/hosts", "python"], "cannot be read"),
+    (["-n", "2", "-H", "/nonexistent/hosts", "python"], "cannot read '/nonexistent/hosts'"),
+    (["-n", "2", "-H", "/dev/zero", "python"], "'/dev/zero' is a device, not a regular file"),
     (["-n", "2", "--env", "novalue", "python"], "is not NAME:VALUE"),
 ])
 def test_bad_launch_flags_exit_2_with_a_hint(argv, message, capsys, monkeypatch):

@@ -26,7 +26,7 @@ from accord import config
 from accord.errors import ConfigError, with_hint
 from accord.run.spec.assignment import check_count
 from accord.run.spec.flag_values import whole_number
-from accord.run.spec.hosts import check_name, is_plain_count, split_host_item
+from accord.run.spec.hosts import check_name, is_plain_count, read_hostfile_text, split_host_item
 
 LAUNCHERS = ("local", "ssh")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -66,11 +66,9 @@ def read_hostfile(path: str) -> list[tuple[str, int | None]]:
         ValueError: the file cannot be read or a slot count is not a positive number.
     """
     try:
-        with open(path, encoding="utf-8") as fh:
-            lines = fh.read().splitlines()
-    except (OSError, UnicodeDecodeError) as exc:  # a binary file: not UTF-8
-        raise ValueError(with_hint(f"-H/--hostfile {path!r} cannot be read: {exc}",
-                                   "pass a text file with one host per line")) from None
+        lines = read_hostfile_text(path, "-H/--hostfile").splitlines()
+    except ConfigError as exc:  # unreadable, not a regular file, too large, not UTF-8
+        raise ValueError(str(exc)) from None
     hosts = []
     for number, line in enumerate(lines, start=1):
         text = line.split("#", 1)[0].strip()

@@ -313,7 +313,7 @@ def config_from_args(ns: argparse.Namespace, environ: Mapping[str, str], cwd: st
     devices = _devices(ns, slots)
     # an elastic job that waits for -np slots starts with that many workers at least
     ranks_filter = _ranks_filter(ns, max(num_proc, elastic.start_np or 0) if elastic else num_proc)
-    flag_values.positive(ns.grace_period, "--grace-period", allow_zero=True)
+    flag_values.grace_period(ns.grace_period)
     ssh = _ssh(ns)
     launcher = LauncherSettings.from_environ(environ)
     interface, interface_ip = _interface(ns, launcher.interface)
