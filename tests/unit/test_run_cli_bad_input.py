@@ -130,6 +130,13 @@ def test_spawns_grace_period_is_bounded_too():
         _split_options({"grace_period": 1e308})
 
 
+@pytest.mark.parametrize("folder", ["/tmp/a\nb", "/tmp/tab\there", "/tmp/cr\r"])
+def test_a_sync_dst_dir_with_a_control_character_is_refused(folder, capsys):
+    """rsync's remote shell ended the path at the newline: the copy went elsewhere and the
+    workers, started in the folder, exited 127."""
+    _refused(capsys, ["-np", "1", "--sync-dst-dir", folder, *HARMLESS], "contains control characters")
+
+
 def test_an_empty_config_file_path_is_refused(capsys):
     _refused(capsys, ["-np", "1", "--config-file", "", *HARMLESS], "--config-file '' cannot be read")
 

@@ -183,6 +183,13 @@ def _sync_dir(ns: argparse.Namespace) -> str | None:
     if not os.path.isabs(path) or path == "/":
         raise ConfigError(with_hint(f"--sync-dst-dir must be an absolute folder other than /, got "
                                     f"{ns.sync_dst_dir!r}", "pass e.g. --sync-dst-dir /tmp/myjob"))
+    # rsync hands the remote path to the remote shell, which ends it at a newline: the copy
+    # would land elsewhere and the workers, started in DIR, would not find their program
+    control = sorted({f"{ord(c):#04x}" for c in path if ord(c) < 0x20 or ord(c) == 0x7F})
+    if control:
+        raise ConfigError(with_hint(f"--sync-dst-dir {ns.sync_dst_dir!r} contains control characters "
+                                    f"({', '.join(control)}: a newline, a tab, ...)",
+                                    "pass a folder whose name has none, e.g. --sync-dst-dir /tmp/myjob"))
     return path
 
 
