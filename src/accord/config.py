@@ -50,6 +50,10 @@ def finite_float(text: str) -> float:
     return value
 
 
+# How long a stalled name waits before the job stops (ACCORD_STALL_SHUTDOWN_TIME_SECONDS): the
+# 30 minutes after which torch's own process groups time out.
+STALL_SHUTDOWN_DEFAULT_S = 1800.0
+
 # Horovod's level names (HOROVOD_LOG_LEVEL) as Python logging levels; Python has no trace.
 # ACCORD_TIMELINE/HOROVOD_TIMELINE=DYNAMIC (as in Horovod): the timeline is enabled, but no file
 # is written until hvd.start_timeline(path).
@@ -109,7 +113,7 @@ VARIABLES: dict[str, Variable] = {
         _v("ACCORD_TIMELINE_MARK_CYCLES", parse_bool, False, "Mark engine cycles in the timeline.", "HOROVOD_TIMELINE_MARK_CYCLES"),
         _v("ACCORD_STALL_CHECK_DISABLE", parse_bool, False, "Turn the stall inspector off.", "HOROVOD_STALL_CHECK_DISABLE"),
         _v("ACCORD_STALL_CHECK_TIME_SECONDS", finite_float, 60.0, "Warn when ranks wait this long on a name others lack.", "HOROVOD_STALL_CHECK_TIME_SECONDS"),
-        _v("ACCORD_STALL_SHUTDOWN_TIME_SECONDS", finite_float, 0.0, "Raise on every rank after this long stalled (0: never).", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"),
+        _v("ACCORD_STALL_SHUTDOWN_TIME_SECONDS", finite_float, STALL_SHUTDOWN_DEFAULT_S, "Seconds a name may wait for ranks that never submit it before the job stops with a StallError on every rank, naming the missing ranks (0: never, Horovod's default). Default 1800: torch's process groups give up after 30 minutes too (default_pg_timeout), so a rank that took another path stops the job instead of holding every GPU forever, while a rank busy alone for minutes (a checkpoint, an evaluation on rank 0) is still waited for.", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"),
         _v("ACCORD_HIERARCHICAL_ALLREDUCE", parse_bool, None, "Allreduce within each host, then across hosts (CPU tensors; needs the same number of ranks on every host). 1 forces it, 0 turns it off; unset, a job on several hosts with several ranks on each (on the default gloo/shm backends) times both paths on its first allreduces of at least ACCORD_HIERARCHICAL_MIN_BYTES and keeps the faster.", "HOROVOD_HIERARCHICAL_ALLREDUCE"),
         _v("ACCORD_HIERARCHICAL_MIN_BYTES", int, 1024 * 1024, "Smallest allreduce (bytes) that takes the hierarchical path when it was chosen automatically (smaller ones are latency-bound and run flat)."),
         _v("ACCORD_COLLECTIVE_TIMEOUT", finite_float, 60.0, "Seconds a collective may wait for a peer before the rank is declared lost.", "HOROVOD_GLOO_TIMEOUT_SECONDS"),

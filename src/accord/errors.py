@@ -5,10 +5,28 @@ with a ``HINT:`` naming the fix. Build messages with :func:`with_hint` so that s
 """
 from __future__ import annotations
 
+import re
+from typing import Iterable
+
 
 def with_hint(message: str, hint: str) -> str:
     """Join a description of the failure and the suggested fix into one message."""
     return f"{message.rstrip()}\nHINT: {hint.strip()}"
+
+
+def not_answering(ranks: Iterable[int]) -> str:
+    """How an error names the ranks that did not answer within a collective's timeout; the
+    launcher's report reads them back (:func:`ranks_not_answering`) to name a frozen rank as the
+    root cause instead of the peers whose waits it ended."""
+    return f"rank(s) {sorted(ranks)} did not answer"
+
+
+_NOT_ANSWERING = re.compile(r"rank\(s\) \[([0-9, ]*)\] did not answer")
+
+
+def ranks_not_answering(text: str) -> list[int]:
+    """The ranks :func:`not_answering` named anywhere in ``text``, sorted, each once."""
+    return sorted({int(n) for m in _NOT_ANSWERING.finditer(text) for n in m.group(1).split(",") if n.strip()})
 
 
 class AccordError(Exception):

@@ -128,6 +128,20 @@ for step in range(1000):
 """
 
 
+# Rank 1 stops itself (SIGSTOP) between two allreduces: it fails nothing, its peers' waits end at
+# the collective timeout, and their errors come first.
+FROZEN = """
+import os, signal
+import torch
+import accord.torch as hvd
+
+hvd.init()
+hvd.allreduce(torch.ones(2), name="warm-up")
+if hvd.rank() == 1:
+    os.kill(os.getpid(), signal.SIGSTOP)
+hvd.allreduce(torch.ones(2), name="never answered")
+"""
+
 def _write(tmp_path: Path, name: str, text: str) -> str:
     path = tmp_path / name
     path.write_text(textwrap.dedent(text))
@@ -215,3 +229,17 @@ def test_a_rank_killed_mid_collective_stops_the_job_fast_and_leaves_nothing(
     assert "Stopped by the launcher: ranks 0, 2" in cause or "Other failures:" in cause
     assert leftovers.shm_segments() - segments == set()
     assert [n for n in os.listdir(killed_tmpdir) if n.startswith("accord-")] == []
+
+
+@pytest.mark.timeout(90)
+def test_a_frozen_rank_is_the_root_cause_not_the_peer_whose_wait_timed_out(tmp_path, killed_tmpdir):
+    script = _write(tmp_path, "frozen.py", FROZEN)
+    proc = lib.accordrun("-np", "3", "--grace-period", "1", lib.PYTHON, script, timeout=80,
+                         env=_env(killed_tmpdir, ACCORD_CPU_BACKEND="shm", ACCORD_COLLECTIVE_TIMEOUT="3"))
+    cause = _cause(proc.stderr)
+    assert proc.returncode == 1, proc.stderr[-3000:]  # the peers' status: the stop was the launcher's
+    assert "rank       : 1 (local_rank 1, host localhost)" in cause, cause
+    assert "did not answer rank(s) [" in cause and "still running (frozen?)" in cause, cause
+    assert "HINT: look at what rank 1 was doing on localhost" in cause
+    assert "rank 0 (host localhost" in cause and "rank 2 (host localhost" in cause  # its peers' failures
+    assert "Stopped by the launcher: ranks 1" in cause

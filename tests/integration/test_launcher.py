@@ -194,3 +194,25 @@ def test_a_signal_during_the_launch_copy_stops_it_and_starts_nothing(tmp_path):
     assert proc.returncode == 130, err[-2000:]
     assert "accordrun: received SIGINT while copying --sync-dst-dir; nothing was started" in err
     assert "WORKER RAN" not in out
+
+
+@pytest.mark.timeout(30)
+def test_a_link_planted_in_the_output_folder_is_refused_before_anything_starts(tmp_path):
+    """Another user who can write to the output folder links rank.1/stdout to a file of the
+    user running the job: the job must not overwrite it, nor start rank 1 (rank 0, started
+    first, is stopped)."""
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    out_dir = tmp_path / "shared"
+    (out_dir / "rank.1").mkdir(parents=True)
+    (out_dir / "rank.1" / "stdout").symlink_to(victim)
+    started = tmp_path / "started"
+    started.mkdir()
+    proc = lib.accordrun("-np", "2", "--output-filename", str(out_dir), lib.PYTHON, "-c",
+                         f"import os; open(os.path.join({str(started)!r}, os.environ['ACCORD_RANK']), 'w')",
+                         timeout=25)
+    assert victim.read_text() == "precious\n"
+    assert proc.returncode == 2, proc.stderr
+    assert f"--output-filename: {out_dir / 'rank.1' / 'stdout'} is a symbolic link" in proc.stderr
+    assert "HINT:" in proc.stderr
+    assert "1" not in os.listdir(started)  # rank 1 never started

@@ -155,18 +155,23 @@ def test_below_min_np_the_job_fails_after_the_elastic_timeout(tmp_path):
 
 
 @pytest.mark.timeout(120)
-def test_a_failure_that_blacklists_every_host_fails_the_job_at_once(tmp_path):
-    """As horovodrun: worker 1 fails on localhost, the only host, which is blacklisted; worker 0
-    could not go on there, so the job fails now with worker 1's failure (no --elastic-timeout
-    wait, no leave grace: neither is in the output)."""
+@pytest.mark.parametrize("how", ["exit", "SIGKILL"])
+def test_a_failure_on_the_only_host_leaves_the_survivor_running_there(tmp_path, how):
+    """localhost:2, --min-np 1: worker 1 ends mid-training (exit 3, or SIGKILL mid-step). Its host
+    is blacklisted, but worker 0 still runs there and is all --min-np needs: it is kept, re-forms
+    alone and finishes."""
+    die = ["--die-rank", "1", "--die-step", "2"] if how == "exit" else ["--kill-rank", "1", "--kill-step", "2"]
     proc = lib.accordrun("--host-discovery-script", "echo localhost:2", "-np", "2", "--min-np", "1",
-                         "--discovery-interval", "0.5", "--grace-period", "1",
-                         lib.PYTHON, TRAIN, "--steps", "500", "--die-rank", "1", "--die-step", "2", timeout=110)
-    assert proc.returncode == 3, proc.stderr[-3000:]
-    assert "elastic: every host of the job is blacklisted after failures; stopping it" in proc.stderr
-    assert "Root Cause (first observed failure):" in proc.stderr and "rank       : 1 " in proc.stderr
-    assert "waiting up to --elastic-timeout" not in proc.stderr
-    assert "did not leave within" not in proc.stderr  # worker 0 was not given the 30 s leave grace
+                         "--max-np", "2", "--discovery-interval", "0.5", "--grace-period", "1",
+                         lib.PYTHON, TRAIN, "--steps", "5", *die, timeout=110)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    done = _done(proc.stdout)
+    assert [(d["first_rank"], d["size"], d["sizes"]) for d in done] == [(0, 1, [2, 2, 1, 1, 1])], proc.stdout
+    assert "elastic: worker 1 on localhost ended" in proc.stderr and "blacklisting localhost" in proc.stderr
+    assert ("elastic: keeping workers [0] on localhost although it is blacklisted: without them 0 workers "
+            "would run, fewer than --min-np 1") in proc.stderr
+    assert "every host of the job is blacklisted" not in proc.stderr
+    assert "hosts left the job" not in proc.stderr
 
 
 PARITY = lib.script("elastic_parity.py")
@@ -242,3 +247,25 @@ def test_a_signal_while_waiting_for_slots_exits_130_saying_nothing_had_started(t
     assert proc.returncode == 130, stderr[-3000:]
     assert "accordrun: received SIGINT before any worker started" in stderr, stderr[-3000:]
     assert "WORKER RAN" not in out
+
+
+STORE_BIND = """
+import os
+port = int(os.environ["ACCORD_STORE_PORT"])
+with open("/proc/net/tcp") as fh:  # the launcher's listening socket, seen from its worker
+    rows = [line.split() for line in list(fh)[1:]]
+binds = sorted({r[1].split(":")[0] for r in rows if r[3] == "0A" and int(r[1].split(":")[1], 16) == port})
+print("STORE", os.environ["ACCORD_STORE_ADDR"], binds, flush=True)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_an_elastic_job_on_fixed_hosts_of_this_machine_keeps_its_store_on_loopback():
+    """Its hosts never change and are all this one: no other host needs to reach the store."""
+    proc = lib.accordrun("-np", "2", "-H", "localhost:1,127.0.0.1:1", "--min-np", "1",
+                         lib.PYTHON, "-c", STORE_BIND, timeout=50)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line for line in proc.stdout.splitlines() if "STORE " in line]
+    assert len(lines) == 2, proc.stdout
+    for line in lines:
+        assert line.endswith("STORE 127.0.0.1 ['0100007F']"), line  # 127.0.0.1, not 0.0.0.0

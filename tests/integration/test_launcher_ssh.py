@@ -69,3 +69,20 @@ def test_remote_failure_stops_remote_workers(tmp_path, monkeypatch):
         assert len(pids) == 4 and lib.wait_dead(pids, 8) == []  # TERM ignored: KILL after the grace
     finally:
         lib.kill_all(pids)
+
+
+@pytest.mark.timeout(30)
+def test_forwarded_variables_of_any_size_go_through_stdin_not_the_command_line(tmp_path, monkeypatch):
+    """4 x 60 KiB of forwarded variables: more than one argv string may hold (128 KiB), which
+    made the ssh client's exec fail with E2BIG when they were part of the remote script; and
+    values on a command line are visible to every user through ps, on both hosts."""
+    for i in range(4):
+        monkeypatch.setenv(f"ACCORD_TEST_BIG{i}", f"v{i}" * 30_000)
+    monkeypatch.setenv("ACCORD_TEST_ODD", "two\nlines 'quoted' $HOME")
+    show = ("import os, json; print('SIZES', json.dumps([len(os.environ.get(f'ACCORD_TEST_BIG{i}', '')) "
+            "for i in range(4)] + [os.environ.get('ACCORD_TEST_ODD')]))")
+    code, out, err, ssh_log = _run(tmp_path, monkeypatch, "-H", "nodeA:1,nodeB:1", lib.PYTHON, "-c", show)
+    assert code == 0, err
+    sizes = [json.loads(line.split("SIZES ", 1)[1]) for line in out.splitlines() if "SIZES " in line]
+    assert sizes == [[60_000] * 4 + ["two\nlines 'quoted' $HOME"]] * 2, out
+    assert "v0v0v0" not in ssh_log and "quoted" not in ssh_log  # no value on the ssh command lines

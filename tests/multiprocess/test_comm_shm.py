@@ -237,7 +237,7 @@ def _peer_dies(rank, size, how):
     comm = groups.create(get_backend("shm"), range(size))
     t = torch.ones(3)
     comm.allreduce(t, ReduceOp.SUM)
-    assert t.tolist() == [2.0] * 3
+    assert t.tolist() == [float(size)] * 3
     if rank == 1:
         os.kill(os.getpid(), getattr(signal, how))
     start = time.monotonic()
@@ -261,8 +261,23 @@ def test_lost_peer_raises_rank_failed(how, limit):
     if how == "SIGKILL":  # a dead process is noticed from /proc, long before the 90 s limit
         assert "peer rank 1 (pid " in res["message"] and "exited" in res["message"]
         assert res["elapsed"] < 30, res  # a third of the limit: far beyond a busy machine's delays
-    else:  # a stopped process still exists: what ends the wait is ACCORD_COLLECTIVE_TIMEOUT
+    else:  # a stopped process still exists: what ends the wait is ACCORD_COLLECTIVE_TIMEOUT,
+        # and the error names the peer that did not arrive (the launcher's report reads it)
         assert "timed out after 2s (ACCORD_COLLECTIVE_TIMEOUT)" in res["message"], res
+        assert "barrier of ranks [0, 1]: peer rank(s) [1] did not answer while rank 0 waited" in res["message"], res
+
+
+@pytest.mark.timeout(60)
+def test_a_barrier_timeout_names_the_peer_that_did_not_arrive():
+    """Rank 1 of 3 is stopped (SIGSTOP): the survivor whose wait times out names rank 1, not a
+    count; the other learns of that survivor's abort."""
+    results = run_ranks_with_deaths(_peer_dies, 3, {1}, "SIGSTOP", timeout=50,
+                                    env={"ACCORD_COLLECTIVE_TIMEOUT": "2"})
+    messages = [res["message"] for res in results.values()]
+    timed_out = [m for m in messages if "timed out after 2s (ACCORD_COLLECTIVE_TIMEOUT)" in m]
+    assert timed_out, messages
+    for m in timed_out:
+        assert "in the shm barrier of ranks [0, 1, 2]: peer rank(s) [1] did not answer" in m, m
 
 
 def _through_the_engine(rank, size):

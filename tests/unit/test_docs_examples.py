@@ -202,10 +202,12 @@ def test_launcher_flag_defaults_are_the_pages():
     """The defaults the flag tables of docs/launcher.md state, against the parser's."""
     from accord.run.config.launch_config import DEFAULT_GRACE
     from accord.run.elastic import config as elastic_config
+    from accord.run.spec.flag_values import MAX_GRACE_S
 
     page = _read("docs/launcher.md")
-    assert "| `--grace-period S` | seconds between SIGTERM and SIGKILL when stopping workers (default 5) |" in page
-    assert DEFAULT_GRACE == 5
+    assert ("| `--grace-period S` | seconds between SIGTERM and SIGKILL when stopping workers (default 5), "
+            "from 0 to 3600 (an hour; more exits 2) |") in page
+    assert DEFAULT_GRACE == 5 and MAX_GRACE_S == 3600
     assert "(default `accept-new`)" in page
     assert build_parser().parse_args(["python"]).ssh_strict_host_key_checking == "accept-new"
     rows = {line.split("|")[1].strip(): line.split("|")[-2].strip()

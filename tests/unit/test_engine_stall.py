@@ -98,3 +98,33 @@ def test_settings_read_cache_capacity_and_hierarchical_aliases(monkeypatch):
     monkeypatch.delenv("HOROVOD_HIERARCHICAL_ALLREDUCE")
     s = EngineSettings.from_config()
     assert s.cache_capacity == 1024 and s.hierarchical_allreduce is False
+
+
+def test_by_default_a_rank_that_never_submits_stops_the_job_after_30_minutes(monkeypatch):
+    """Horovod's default (0) let such a job wait forever; accord's is torch's 30 minutes, and 0
+    (accord's or Horovod's variable) still waits forever."""
+    for name in ("ACCORD_STALL_SHUTDOWN_TIME_SECONDS", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"):
+        monkeypatch.delenv(name, raising=False)
+    s = EngineSettings.from_config()
+    assert s.stall_shutdown_time == 1800.0 and EngineSettings().stall_shutdown_time == 1800.0
+    inspector = StallInspector(s.stall_check_time, s.stall_shutdown_time, s.stall_check_disable)
+    waiting = Partial("grad.w", 0, (0, 2), (1,), 1799.0)
+    assert inspector.review([waiting], now=2000.0) is None  # warned only
+    error = inspector.review([Partial("grad.w", 0, (0, 2), (1,), 1800.5)], now=2001.0)
+    assert isinstance(error, StallError), error
+    assert "'grad.w': submitted by ranks [0, 2] (1800.5 s), missing on ranks [1]" in str(error)
+    assert "HINT:" in str(error) and "ACCORD_STALL_SHUTDOWN_TIME_SECONDS" in str(error)
+    monkeypatch.setenv("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "0")
+    never = EngineSettings.from_config()
+    assert never.stall_shutdown_time == 0.0
+    forever = StallInspector(never.stall_check_time, never.stall_shutdown_time)
+    assert forever.review([Partial("grad.w", 0, (0, 2), (1,), 1e6)], now=1e6) is None
+
+
+def test_the_stall_warning_says_when_the_job_will_stop(caplog):
+    with caplog.at_level(logging.WARNING, logger="accord.engine"):
+        StallInspector(60.0, 1800.0).review([Partial("x", 0, (0,), (1,), 61.0)], now=100.0)
+        StallInspector(60.0, 0.0).review([Partial("x", 0, (0,), (1,), 61.0)], now=100.0)
+    stops, never = (r.getMessage() for r in caplog.records)
+    assert "the job stops with a StallError once a name has waited 1800 s" in stops
+    assert "ACCORD_STALL_SHUTDOWN_TIME_SECONDS=0 lets the job wait forever" in never

@@ -103,6 +103,14 @@ def test_launch_py_flags_become_accordrun_flags(tmp_path):
     hosts = tmp_path / "hosts"
     hosts.write_text("# cluster\nnode1\n\nnode2:1\nnode3  # spare\n")
     assert read_hostfile(str(hosts)) == [("node1", None), ("node2", 1), ("node3", None)]
+    hosts.write_text("[::1]:2\n[fe80::1]\n")  # bracketed IPv6, as accordrun's -H takes them
+    assert read_hostfile(str(hosts)) == [("[::1]", 2), ("[fe80::1]", None)]
+    assert _launch("-n", "3", "-H", str(hosts), "python", "t.py")[6:8] == ["-H", "[::1]:2,[fe80::1]:1"]
+    for bad in ("node1:+2", "node1:1_0", "node1:\u0662", "node1:", "fe80::1:2", "[::1"):
+        hosts.write_text(bad + "\n")
+        with pytest.raises(ValueError, match="HINT:"):
+            read_hostfile(str(hosts))
+    hosts.write_text("# cluster\nnode1\n\nnode2:1\nnode3  # spare\n")
     assert _launch("-n", "5", "-s", "1", "-H", str(hosts), "python", "t.py")[6:8] == \
         ["-H", "node1:2,node2:1,node3:2"]  # ssh by default with -H; round-robin, node2 holds 1
     assert _launch("-n", "2", "-H", str(hosts), "--launcher", "local", "python", "t.py")[6:] == ["python", "t.py"]
@@ -118,7 +126,8 @@ def test_launch_py_flags_become_accordrun_flags(tmp_path):
     (["-n", "2", "-s", "0", "python"], "must be >= 1"),
     (["-n", "2", "--env-server", "A:1", "python"], "not supported"),
     (["-n", "2"], "no command"),
-    (["-n", "2", "-H", "/nonexistent/hosts", "python"], "cannot be read"),
+    (["-n", "2", "-H", "/nonexistent/hosts", "python"], "cannot read '/nonexistent/hosts'"),
+    (["-n", "2", "-H", "/dev/zero", "python"], "'/dev/zero' is a device, not a regular file"),
     (["-n", "2", "--env", "novalue", "python"], "is not NAME:VALUE"),
 ])
 def test_bad_launch_flags_exit_2_with_a_hint(argv, message, capsys, monkeypatch):

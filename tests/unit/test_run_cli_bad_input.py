@@ -97,6 +97,46 @@ def test_an_undecodable_hostfile_or_config_file(tmp_path, capsys):
     assert "-H/--hostfile" in err and "HINT:" in err
 
 
+def test_a_hostfile_that_is_a_device_a_fifo_or_too_large_is_refused_at_once(tmp_path, capsys):
+    """/dev/zero was read whole (a MemoryError traceback), a FIFO without a writer hung."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    big = tmp_path / "big"
+    big.write_text("node1 slots=1\n" * 80_000)  # > 1 MiB
+    for path, fragment in (("/dev/zero", "'/dev/zero' is a device, not a regular file"),
+                           (str(fifo), "is a FIFO, not a regular file"),
+                           (str(tmp_path), "is a folder, not a regular file"),
+                           (str(big), "is larger than 1048576 bytes")):
+        _refused(capsys, ["--hostfile", path, *HARMLESS], fragment)
+        assert mxnet_launch.main(["-n", "2", "-H", path, *HARMLESS]) == 2
+        err = capsys.readouterr().err
+        assert fragment in err and "HINT:" in err, err
+
+
+@pytest.mark.parametrize("value", ["1e308", "3601", "-1"])
+def test_a_grace_period_outside_0_to_an_hour_is_refused(value, capsys):
+    _refused(capsys, ["-np", "1", "--grace-period", value, *HARMLESS], "--grace-period must be")
+
+
+def test_grace_periods_up_to_an_hour_are_accepted():
+    assert _cfg("-np", "1", "--grace-period", "3600", "python3").grace_period == 3600.0
+    assert _cfg("-np", "1", "--grace-period", "0", "python3").grace_period == 0.0
+
+
+def test_spawns_grace_period_is_bounded_too():
+    from accord.run.functions.spawn import _split_options
+
+    with pytest.raises(ConfigError, match="(?s)accord.spawn's grace_period must be at most 3600.*HINT"):
+        _split_options({"grace_period": 1e308})
+
+
+@pytest.mark.parametrize("folder", ["/tmp/a\nb", "/tmp/tab\there", "/tmp/cr\r"])
+def test_a_sync_dst_dir_with_a_control_character_is_refused(folder, capsys):
+    """rsync's remote shell ended the path at the newline: the copy went elsewhere and the
+    workers, started in the folder, exited 127."""
+    _refused(capsys, ["-np", "1", "--sync-dst-dir", folder, *HARMLESS], "contains control characters")
+
+
 def test_an_empty_config_file_path_is_refused(capsys):
     _refused(capsys, ["-np", "1", "--config-file", "", *HARMLESS], "--config-file '' cannot be read")
 

@@ -49,12 +49,22 @@ def test_output_lines_with_and_without_slots():
     assert parse_discovery_output("", None, "d.sh") == []
 
 
+def test_bracketed_ipv6_hosts_are_read_as_dash_h_reads_them():
+    assert parse_discovery_output("[::1]:2\n[fe80::1]\n", 3, "d.sh") == [
+        HostSlots("::1", 2), HostSlots("fe80::1", 3)]
+
+
 @pytest.mark.parametrize("text, fragment", [
     ("h1:x\n", "line 1 'h1:x': slots must be a positive integer"),
     ("h1:2\nh2:0\n", "line 2 'h2:0': slots must be a positive integer"),
     ("bad host!\n", "not a host name"),
     (":3\n", "not a host name"),
-    ("h1:2:3\n", "slots must be a positive integer"),
+    ("h1:2:3\n", "not a host name"),  # as -H reads it: a bare IPv6 address needs brackets
+    ("h1:+2\n", "slots must be a positive integer"),  # counts in plain digits, as -H takes them
+    ("h1:1_0\n", "slots must be a positive integer"),  # int() would read 10
+    ("h1:\u0662\n", "slots must be a positive integer"),  # an Arabic-Indic 2
+    ("h1: 2x\n", "slots must be a positive integer"),
+    ("[::1\n", "not a host name"),
 ])
 def test_garbage_names_the_script_and_the_line(text, fragment):
     with pytest.raises(DiscoveryError) as info:
@@ -137,6 +147,14 @@ def test_plan_skips_blacklisted_hosts():
     usable = usable_hosts([HostSlots("h1", 2), HostSlots("h3", 1)], blocked={"h3"})
     assert usable == [HostSlots("h1", 2)]
     assert plan_changes(usable, [(0, "h1"), (5, "h3")], None) == Plan(start=["h1"], remove=[5])
+
+
+def test_a_blacklisted_host_whose_workers_are_kept_keeps_them_and_gets_no_new_one():
+    hosts = [HostSlots("h1", 2), HostSlots("h3", 3)]
+    usable = usable_hosts(hosts, blocked={"h1"}, kept={"h1": 1})
+    assert usable == [HostSlots("h1", 1), HostSlots("h3", 3)]  # discovery order kept
+    assert plan_changes(usable, [(0, "h1")], 2) == Plan(start=["h3"], remove=[])
+    assert usable_hosts(hosts, blocked={"h1", "h3"}, kept={"h1": 0}) == []
 
 
 # --- flags -----------------------------------------------------------------------------------------
@@ -756,15 +774,59 @@ def test_joiners_come_after_the_staying_members_in_the_published_order(tmp_path)
     assert store[ELASTIC_UPDATE_KEY.format(n=updates + 2)] == "added"  # worker 4 still waits to join
 
 
-def test_driver_stops_at_once_when_failures_blacklisted_every_host(tmp_path):
-    """horovodrun stops the job once every host is blacklisted; a host left usable keeps it going."""
+def test_a_failure_on_the_only_host_keeps_the_survivor_that_min_np_needs(tmp_path):
+    """Blacklisting the host does not stop the worker still running there when without it fewer
+    than --min-np would run: the job goes on, and no new worker starts there meanwhile."""
     driver, sup, store, members, started, said, clock = _driver(tmp_path, hosts="echo h1:2", min_np=1,
                                                                 cooldown_range=(5.0, 10.0))
     members[1].returncode = 3
     sup.ended.append(members[1])
-    assert driver.poll()  # h1, the only host, is blacklisted: worker 0 cannot go on
-    assert driver.outcome.failures == [("failure", 1)] and not driver.outcome.lost
+    assert not driver.poll()  # h1, the only host, is blacklisted: worker 0 goes on there
+    assert driver.outcome.lost == [("failure", 1)] and not driver.outcome.failures
+    assert ELASTIC_LEAVING_KEY.format(member=0) not in store and store[ELASTIC_DEAD_KEY.format(member=1)] == "1"
+    assert any("keeping workers [0] on h1 although it is blacklisted: without them 0 workers would run, "
+               "fewer than --min-np 1" in s for s in said), said
+    assert not any("every host of the job is blacklisted" in s for s in said)
+    _discover(driver, clock, "h1:2\n")
+    clock[0] = 9.0
+    assert not driver.poll() and len(started) == 2  # still blacklisted: no worker added
+    clock[0] = 10.5  # its cooldown (5 * 2 + jitter, capped at 10 s) is over: h1 gets a new worker
+    _discover(driver, clock, "h1:2\n")
+    assert not driver.poll() and started[2:] == [(2, "h1", True)]
+    assert ELASTIC_LEAVING_KEY.format(member=0) not in store
+
+
+def test_repeated_failures_on_the_only_host_end_the_job_with_its_last_worker(tmp_path):
+    """Without a cooldown the host stays blacklisted: the kept worker goes on alone, and when
+    it fails too no worker is left and nothing can start, so the job fails at once (horovodrun)."""
+    driver, sup, store, members, started, said, clock = _driver(tmp_path, hosts="echo h1:2", min_np=1)
+    members[1].returncode = 3
+    sup.ended.append(members[1])
+    assert not driver.poll() and driver.outcome.lost == [("failure", 1)]
+    members[0].returncode = 3
+    sup.ended.append(members[0])
+    assert driver.poll()
+    assert driver.outcome.failures == [("failure", 1), ("failure", 0)] and not driver.outcome.lost
     assert any("every host of the job is blacklisted after failures" in s for s in said)
+    assert len(started) == 2
+
+
+def test_a_failure_keeps_the_host_mates_only_where_min_np_needs_them(tmp_path):
+    """h1:2 + h2:1, --min-np 2: after a failure on h1 only 1 worker runs elsewhere, so h1's
+    other worker stays. --min-np 1: h2's worker is enough, so h1's leaves (as in horovodrun);
+    --min-np 3: even with it the job is below, so it leaves too (the job waits for hosts)."""
+    for min_np, leaves in ((2, False), (1, True), (3, True)):
+        driver, sup, store, members, started, said, clock = _driver(tmp_path, hosts="echo h1:2; echo h2:1",
+                                                                    min_np=min_np)
+        members[0].returncode = 3
+        sup.ended.append(members[0])
+        assert not driver.poll()
+        assert (ELASTIC_LEAVING_KEY.format(member=1) in store) == leaves, (min_np, said)
+        assert ELASTIC_LEAVING_KEY.format(member=2) not in store
+
+
+def test_driver_stops_at_once_when_failures_blacklisted_every_host(tmp_path):
+    """A host left usable keeps the job going."""
     driver, sup, store, members, started, said, clock = _driver(tmp_path, hosts="echo h1:1; echo h2:1", min_np=1)
     members[1].returncode = 3
     sup.ended.append(members[1])

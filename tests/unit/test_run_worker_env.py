@@ -148,7 +148,7 @@ def test_elastic_workers_on_one_host_never_share_a_device(tmp_path):
     cfg = SimpleNamespace(devices=("0", "1"), tuning=Tuning(), min_np=1, worker_command=("python3", "t.py"),
                           elastic=SimpleNamespace(elastic_timeout=600.0, elastic_timeout_given=False))
     members = _Members()
-    mux = SimpleNamespace(add=lambda *a, **k: None)
+    mux = SimpleNamespace(add=lambda *a, **k: None, open_files=lambda *a, **k: {})
     starter = JobStarter(cfg, members, None, mux, str(tmp_path), lambda line: None)
 
     def slot(local_rank, rank, size):

@@ -2,18 +2,22 @@
 garbage sender neither keep the job's clients out nor fill the log, nor cost a thread each."""
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
+import multiprocessing
 import os
 import random
 import socket
 import struct
 import threading
 import time
+from typing import Any
 
 import pytest
 
 from accord.errors import RendezvousError
+from accord.store import wire
 from accord.store.connection import StoreConnection
 from accord.store.server import StoreServer
 
@@ -83,6 +87,8 @@ def test_silent_sockets_and_garbage_neither_block_clients_nor_flood_the_log(capl
 def test_a_pending_handshake_is_bounded_and_the_oldest_makes_room():
     with StoreServer(secret=SECRET, max_pending=8, handshake_timeout=30) as server:
         silent = [socket.create_connection(("127.0.0.1", server.port), timeout=5) for _ in range(20)]
+        for sock in silent:
+            sock.sendall(wire.MAGIC[:1])  # a start of a hello: past the kernel, into the pool
         try:
             # the first 12 were dropped to make room, with a reset (a client retries on that)
             time.sleep(0.3)
@@ -105,8 +111,8 @@ def test_a_pending_handshake_is_bounded_and_the_oldest_makes_room():
 
 class _ResettingProxy:
     """In front of the store: resets the first connection once the client sends its first
-    frame (after the hellos), as a store pushing it out of a full handshake queue does, and
-    relays every later one."""
+    frame (after the hellos; the client's comes first, as the store's kernel waits for it), as
+    a store pushing it out of a full handshake queue does, and relays every later one."""
 
     def __init__(self, target: int) -> None:
         self.listener = socket.create_server(("127.0.0.1", 0))
@@ -125,9 +131,8 @@ class _ResettingProxy:
             upstream = socket.create_connection(("127.0.0.1", self.target))
             self.sockets += [client, upstream]
             if self.resets == 0:
-                hello = upstream.recv(4096)  # the store's; the client's has the same length
-                client.sendall(hello)
-                upstream.sendall(client.recv(len(hello), socket.MSG_WAITALL))
+                upstream.sendall(client.recv(wire.HELLO_SIZE, socket.MSG_WAITALL))
+                client.sendall(upstream.recv(wire.HELLO_SIZE, socket.MSG_WAITALL))
                 client.recv(4096)  # its first frame: answered with a reset
                 client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                 client.close()
@@ -176,3 +181,51 @@ def test_a_refused_secret_is_not_retried():
             StoreConnection("127.0.0.1", server.port, os.urandom(32), timeout=90)
         assert server.refusal_count == 1  # one attempt: not retried until the 90 s connect timeout
         assert time.monotonic() - started < 30  # (a third of it)
+
+
+def _flood(port: int, stop: Any) -> None:
+    """As many connections as this process can open, never a byte sent: the cheapest flood
+    (the oldest closed beyond 800 held, so that it runs as long as the test wants)."""
+    held: collections.deque = collections.deque()
+    while not stop.is_set():
+        with contextlib.suppress(OSError):
+            sock = socket.socket()
+            sock.setblocking(False)
+            sock.connect_ex(("127.0.0.1", port))
+            held.append(sock)
+        if len(held) > 800:
+            held.popleft().close()
+
+
+@pytest.mark.timeout(240)
+def test_clients_connect_while_processes_flood_the_store_with_connections():
+    """Four processes opening connections at full speed kept the store's queue of connections
+    not yet accepted full and its handshake queue churning: a client's connection waited in
+    the system's SYN retries or was pushed out, and most failed to connect within 10 s. Now
+    silent connections stay in the kernel, the store reads what clients sent before it
+    accepts more, and a client starts its connection again every second."""
+    ctx = multiprocessing.get_context("fork")
+    with StoreServer(secret=SECRET, max_pending=128) as server:
+        stop = ctx.Event()
+        flooders = [ctx.Process(target=_flood, args=(server.port, stop), daemon=True) for _ in range(4)]
+        for p in flooders:
+            p.start()
+        try:
+            time.sleep(1.0)  # the flood is at full speed
+            took = []
+            for attempt in range(3):
+                start = time.monotonic()
+                with StoreConnection("127.0.0.1", server.port, SECRET, timeout=60, connect_timeout=60) as conn:
+                    conn.set(f"k{attempt}", b"v")
+                took.append(time.monotonic() - start)
+            # a third of the connect timeout: beyond a busy machine's delays, far below a wait
+            # in the system's SYN retries and repeated pushes out
+            assert max(took) < 20, took
+            assert server.pending_count <= 2 * 128  # memory stays bounded meanwhile
+        finally:
+            stop.set()
+            for p in flooders:
+                p.join(10)
+                if p.is_alive():
+                    p.kill()
+                    p.join()

@@ -24,7 +24,7 @@ class EngineSettings:
     timeline_mark_cycles: bool = False
     stall_check_disable: bool = False
     stall_check_time: float = 60.0
-    stall_shutdown_time: float = 0.0
+    stall_shutdown_time: float = config.STALL_SHUTDOWN_DEFAULT_S  # 0: never
     collective_timeout: float = 60.0
     # How often an engine with nothing to do still joins a negotiation, so that peers waiting
     # on it notice stalls and shutdowns. Each tick costs one tiny allreduce (~1 ms of CPU on

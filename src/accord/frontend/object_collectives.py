@@ -24,6 +24,9 @@ from accord.store.sealed_objects import dumps_sealed, loads_sealed
 from accord.store.secret import SEAL_BYTES
 
 _PURPOSE = b"accord object"
+# The length a sender announces when it could not pickle its object: every receiver then raises
+# too, instead of waiting for a payload that will never come.
+_UNPICKLABLE = -1
 # per runtime (a new one after every init): (process set id, members) -> calls made on that set
 _calls: "weakref.WeakKeyDictionary[Any, dict[tuple, int]]" = weakref.WeakKeyDictionary()
 
@@ -39,6 +42,28 @@ def _call(kind: str, name: str | None, set_id: int) -> tuple[bytes, tuple[int, .
 def _dumps(obj: Any, call: bytes, sender: int) -> torch.Tensor:
     sealed = dumps_sealed(engine.runtime().secret, call + str(sender).encode(), obj)
     return torch.frombuffer(bytearray(sealed), dtype=torch.uint8)
+
+
+def _try_dumps(obj: Any, call: bytes, sender: int) -> tuple[torch.Tensor, Exception | None]:
+    """The sealed payload, or an empty one and the error when ``obj`` cannot be pickled."""
+    try:
+        return _dumps(obj, call, sender), None
+    except Exception as exc:  # pickling runs the object's own code: anything may come out
+        return torch.empty(0, dtype=torch.uint8), exc
+
+
+def _unpicklable(what: str, ranks: list[int], here: int, own: Exception | None) -> None:
+    """Raise on every rank once the announced lengths say some sender could not pickle: the
+    sender its own error, the others a CollectiveError naming the senders."""
+    if not ranks:
+        return
+    if own is not None:
+        raise own
+    raise CollectiveError(with_hint(
+        f"{what}: rank(s) {ranks} could not pickle their object, so rank {here} has nothing to "
+        "receive (their own error says why)",
+        "pass objects pickle (or cloudpickle) can serialize: no open files, locks, sockets or "
+        "generators; send tensors through broadcast_parameters / allgather"))
 
 
 def _loads(data: torch.Tensor, call: bytes, sender: int) -> Any:
@@ -70,14 +95,18 @@ def broadcast_object(obj: Any, root_rank: int, name: str | None, set_id: int) ->
     """Return global rank ``root_rank``'s ``obj`` on every rank of set ``set_id``.
 
     Raises:
-        CollectiveError (HorovodInternalError): a seal or length check failed, or the collective.
+        CollectiveError (HorovodInternalError): a seal or length check failed, the collective,
+            or (on the other ranks) the root could not pickle ``obj``.
+        Exception: on the root, what pickling ``obj`` raised (once every rank has been told).
     """
-    is_root = engine.topology().rank == root_rank
+    here = engine.topology().rank
+    is_root = here == root_rank
     call, _ = _call("broadcast", name, set_id)
-    payload = _dumps(obj, call, root_rank) if is_root else torch.empty(0, dtype=torch.uint8)
-    length = torch.tensor([payload.numel()], dtype=torch.int64)
+    payload, failed = _try_dumps(obj, call, root_rank) if is_root else (torch.empty(0, dtype=torch.uint8), None)
+    length = torch.tensor([_UNPICKLABLE if failed else payload.numel()], dtype=torch.int64)
     engine.synchronize(engine.submit("broadcast", length, _named("broadcast", name, "sz"), in_place=True,
                                       root_rank=root_rank, process_set_id=set_id))
+    _unpicklable("broadcast_object", [root_rank] if int(length.item()) == _UNPICKLABLE else [], here, failed)
     _check_lengths([int(length.item())], f"rank {root_rank}'s broadcast_object")
     if not is_root:
         payload = torch.empty(int(length.item()), dtype=torch.uint8)
@@ -90,13 +119,19 @@ def allgather_object(obj: Any, name: str | None, set_id: int) -> list[Any]:
     """Every member's ``obj``, in rank order.
 
     Raises:
-        CollectiveError (HorovodInternalError): a seal or length check failed, or the collective.
+        CollectiveError (HorovodInternalError): a seal or length check failed, the collective,
+            or another member could not pickle its ``obj``.
+        Exception: on a member that could not pickle its ``obj``, what pickling raised (once
+            every member has been told).
     """
+    here = engine.topology().rank
     call, members = _call("allgather", name, set_id)
-    payload = _dumps(obj, call, engine.topology().rank)
+    payload, failed = _try_dumps(obj, call, here)
     sizes = engine.synchronize(engine.submit(
-        "allgather", torch.tensor([payload.numel()], dtype=torch.int64), _named("allgather", name, "sz"),
-        process_set_id=set_id))
+        "allgather", torch.tensor([_UNPICKLABLE if failed else payload.numel()], dtype=torch.int64),
+        _named("allgather", name, "sz"), process_set_id=set_id))
+    _unpicklable("allgather_object", [r for r, n in zip(members, sizes.tolist()) if n == _UNPICKLABLE],
+                 here, failed)
     _check_lengths(sizes.tolist(), "allgather_object")
     gathered = engine.synchronize(engine.submit("allgather", payload, _named("allgather", name, "t"),
                                                  process_set_id=set_id))

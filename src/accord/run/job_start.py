@@ -54,9 +54,15 @@ class JobStarter:
                dirname: str | None = None) -> Member:
         """Start one process through the supervisor and multiplex its output (files under
         ``dirname`` with --output-filename; workers: ``rank.N``)."""
-        member = self._supervisor.start(kind, index, label, host, argv, environ, added, self._options,
-                                        error_file)
-        self._mux.add(label, member.proc.stdout, member.proc.stderr, dirname=dirname)
+        files = self._mux.open_files(label, dirname)  # a refused file starts nothing
+        try:
+            member = self._supervisor.start(kind, index, label, host, argv, environ, added, self._options,
+                                            error_file)
+        except BaseException:
+            for f in files.values():
+                f.close()
+            raise
+        self._mux.add(label, member.proc.stdout, member.proc.stderr, dirname=dirname, files=files)
         return member
 
     def _error_file(self, host: str, index: int) -> str | None:

@@ -49,6 +49,7 @@ from accord.run.processes.failures import (
     describe_returncode,
     exit_status,
     format_root_cause,
+    not_answered,
     pick_root_cause,
     signal_name,
 )
@@ -283,12 +284,18 @@ class _Job:
             for f in failures:
                 key = self._label(f) if f.kind in ("server", "scheduler") else f.rank
                 f.stderr_tail = self._mux.stderr_tail(key)[-20:]
-            root = pick_root_cause(failures)
-            others = [f for f in failures if f is not root]
+            first = pick_root_cause(failures)
+            root, others = first, [f for f in failures if f is not first]
+            # (elastic errors name ranks of a re-formed world, not the launcher's worker ids)
+            silent = not_answered(failures, stopped) if cfg.elastic is None else {}
+            if silent:  # a frozen rank: its peers' timeouts came first, but it is the cause
+                rank, named_by = next(iter(silent.items()))
+                root = self._silent_failure(rank, named_by)
+                others = list(failures)
             self._log.write(format_root_cause(root, others, stopped,
                                               stopped_servers=self._stopped_servers) + "\n")
             self._log.flush()
-            return exit_status(root.returncode) or 1  # a server that ended with 0 still failed
+            return exit_status(first.returncode) or 1  # a server that ended with 0 still failed
         if self._signals:
             sig = self._signals[0]
             if not self._workers:  # an elastic job still waiting for its first slots
@@ -337,6 +344,17 @@ class _Job:
         slot = self._starter.elastic_slots.get(w.index) if self.cfg.elastic else self.cfg.slots[w.index]
         return Failure(rank=w.index, host=w.host, pid=w.proc.pid, returncode=w.returncode,
                        error=error, local_rank=slot.local_rank if slot else 0, remote=w.remote)
+
+    def _silent_failure(self, rank: int, named_by: tuple[int, ...]) -> Failure:
+        """The report's entry for a worker that did not answer ``named_by`` and was stopped."""
+        member = next(w for w in self._workers if w.index == rank)
+        if member.returncode is None:  # the stop's wait gave up; SIGKILL was sent
+            member.returncode = -signal.SIGKILL
+        failure = self._failure(member)
+        failure.silent_to = named_by
+        assert self._mux is not None
+        failure.stderr_tail = self._mux.stderr_tail(rank)[-20:]
+        return failure
 
     def _server_failure(self, s: Member) -> Failure:
         assert s.returncode is not None

@@ -23,9 +23,10 @@ import sys
 from typing import NoReturn, Sequence
 
 from accord import config
-from accord.errors import with_hint
+from accord.errors import ConfigError, with_hint
 from accord.run.spec.assignment import check_count
 from accord.run.spec.flag_values import whole_number
+from accord.run.spec.hosts import check_name, is_plain_count, read_hostfile_text, split_host_item
 
 LAUNCHERS = ("local", "ssh")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -65,21 +66,26 @@ def read_hostfile(path: str) -> list[tuple[str, int | None]]:
         ValueError: the file cannot be read or a slot count is not a positive number.
     """
     try:
-        with open(path, encoding="utf-8") as fh:
-            lines = fh.read().splitlines()
-    except (OSError, UnicodeDecodeError) as exc:  # a binary file: not UTF-8
-        raise ValueError(with_hint(f"-H/--hostfile {path!r} cannot be read: {exc}",
-                                   "pass a text file with one host per line")) from None
+        lines = read_hostfile_text(path, "-H/--hostfile").splitlines()
+    except ConfigError as exc:  # unreadable, not a regular file, too large, not UTF-8
+        raise ValueError(str(exc)) from None
     hosts = []
-    for line in lines:
+    for number, line in enumerate(lines, start=1):
         text = line.split("#", 1)[0].strip()
         if not text:
             continue
-        host, _, slots = text.partition(":")
-        if slots and (not slots.isdigit() or int(slots) < 1):
+        # read as accordrun's -H reads an item: [v6] or [v6]:N too, counts in plain digits
+        where = f"-H/--hostfile {path}:{number}"
+        try:
+            host, slots = split_host_item(text, where)
+            check_name(host, where)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        if slots is not None and (not is_plain_count(slots) or int(slots) < 1):
             raise ValueError(with_hint(f"-H/--hostfile {path!r}: {text!r} is not 'host' or 'host:slots'",
-                                       "write one host per line, e.g. node1 or node1:4"))
-        hosts.append((host.strip(), int(slots) if slots else None))
+                                       "write one host per line, e.g. node1, node1:4 or [fe80::1]:4 "
+                                       "(slots: a positive count in plain digits)"))
+        hosts.append((host, int(slots) if slots is not None else None))
     if not hosts:
         raise ValueError(with_hint(f"-H/--hostfile {path!r} lists no host",
                                    "write one host per line, e.g. node1"))

@@ -2,12 +2,17 @@
 
 A stranger can hold neither a thread, nor much memory, nor a place that the job's clients need:
 
-- the thread that accepts also runs every handshake (non-blocking sockets under one selector),
-  so a silent connection costs a file descriptor and a few bytes, never a thread;
-- at most ``max_pending`` connections are unauthenticated at once, apart from the job's
-  authenticated ones; one more makes the *oldest* pending connection go. A real client
-  authenticates within one round trip, so only ``max_pending`` new connections arriving during
-  that round trip could push it out (it then retries);
+- the thread that accepts also runs every handshake (sockets under one selector, read and
+  written without blocking), so a silent connection costs a file descriptor and a few bytes,
+  never a thread; one that sends nothing at all does not even reach it (the server's listener
+  has ``TCP_DEFER_ACCEPT``: the client must speak first, as accord's clients do);
+- at most ``max_pending`` connections that have sent nothing yet wait at once, and at most
+  ``max_pending`` that have (two tiers, apart from the job's authenticated connections); one
+  more in a tier makes that tier's *oldest* connection go. A job's client sends its hello as
+  soon as it is connected, and the pool reads what is waiting on the connections it holds
+  before it accepts more, so a flood of connections that stay silent (the cheapest flood: no
+  write) only ever pushes out its own; pushing out a client takes ``max_pending`` connections
+  that send a hello each within the client's round trip (it then retries);
 - each has ``timeout`` seconds for its hello and first frame, and that frame may announce at
   most ``first_frame_limit`` bytes (checked before they are read);
 - refusals are logged at a bounded rate (:class:`accord.logs.Refusals`).
@@ -20,6 +25,7 @@ import collections
 import contextlib
 import errno
 import logging
+import os
 import selectors
 import socket
 import struct
@@ -32,22 +38,35 @@ from accord.store import wire
 
 log = logging.getLogger("accord.store")
 
-# on_authenticated(channel, first payload, peer): the socket is blocking again by then
+# on_authenticated(channel, first payload, peer): the socket is in blocking mode
 OnAuthenticated = Callable[[wire.Channel, bytes, str], None]
 
 _HELLO, _LENGTH, _BODY = range(3)
+# Connections accepted per turn before the ones already held are read again.
+_ACCEPT_BATCH = 256
 
 
 class _Pending:
     """One connection between accept and its first authenticated frame."""
 
-    __slots__ = ("sock", "peer", "deadline", "stage", "need", "buf", "nonce", "channel", "header")
+    __slots__ = ("sock", "addr", "deadline", "stage", "need", "buf", "nonce", "channel", "header")
 
-    def __init__(self, sock: socket.socket, peer: str, deadline: float, nonce: bytes) -> None:
-        self.sock, self.peer, self.deadline, self.nonce = sock, peer, deadline, nonce
+    def __init__(self, sock: socket.socket, addr: object, deadline: float, nonce: bytes) -> None:
+        self.sock, self.addr, self.deadline, self.nonce = sock, addr, deadline, nonce
         self.stage, self.need, self.buf = _HELLO, wire.HELLO_SIZE, bytearray()
         self.channel: wire.Channel | None = None
         self.header = b""
+
+    @property
+    def peer(self) -> str:
+        """``address:port`` of the other end, for logs."""
+        addr = self.addr
+        return f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
+
+    @property
+    def silent(self) -> bool:
+        """True while nothing has been read from it."""
+        return self.stage == _HELLO and not self.buf
 
 
 class HandshakePool:
@@ -72,8 +91,11 @@ class HandshakePool:
         self._limit = first_frame_limit
         self._on_authenticated = on_authenticated
         self._refusals = refusals
-        self._pending: collections.OrderedDict[socket.socket, _Pending] = collections.OrderedDict()
+        # the two tiers, oldest first: nothing read yet, and something read
+        self._silent: collections.OrderedDict[socket.socket, _Pending] = collections.OrderedDict()
+        self._talking: collections.OrderedDict[socket.socket, _Pending] = collections.OrderedDict()
         self._selector = selectors.DefaultSelector()
+        self._nonces = b""
         self._closed = False
         listener.setblocking(False)
         self._selector.register(listener, selectors.EVENT_READ)
@@ -81,7 +103,13 @@ class HandshakePool:
     @property
     def pending_count(self) -> int:
         """Connections accepted that have not authenticated yet."""
-        return len(self._pending)
+        return len(self._silent) + len(self._talking)
+
+    def _all_pending(self) -> list[_Pending]:
+        return [*self._silent.values(), *self._talking.values()]
+
+    def _find(self, sock: object) -> _Pending | None:
+        return self._silent.get(sock) or self._talking.get(sock)  # type: ignore[call-overload]
 
     def close(self) -> None:
         """Make :meth:`run` return (from another thread); it closes what is pending."""
@@ -92,55 +120,90 @@ class HandshakePool:
         try:
             while not self._closed:
                 now = time.monotonic()
-                wait = min([p.deadline for p in self._pending.values()], default=now + 0.2) - now
-                for key, _ in self._selector.select(max(0.0, min(wait, 0.2))):
+                due = [p.deadline for p in self._talking.values()]
+                if self._silent:
+                    due.append(next(iter(self._silent.values())).deadline)
+                wait = min(due, default=now + 0.2) - now
+                ready = self._selector.select(max(0.0, min(wait, 0.2)))
+                # what the connections held have sent first, then new ones: a client whose
+                # hello has arrived moves to the talking tier before a flood can push it out
+                accept = False
+                for key, _ in ready:
                     if key.fileobj is self._listener:
-                        if not self._accept():
-                            return
-                    elif key.fileobj in self._pending:
-                        self._advance(self._pending[key.fileobj])
+                        accept = True
+                    else:
+                        pending = self._find(key.fileobj)
+                        if pending is not None:
+                            self._advance(pending)
+                if accept and not self._accept():
+                    return
                 self._expire(time.monotonic())
         finally:
-            for pending in list(self._pending.values()):
+            for pending in self._all_pending():
                 self._drop(pending)
             self._selector.close()
 
     # --- steps ---------------------------------------------------------------------------------
 
+    def _nonce(self) -> bytes:
+        """A fresh random nonce, cut from random bytes drawn in bulk (one system call for many
+        connections: under a flood, every call the accepting thread saves lets it drain the
+        kernel's queue sooner)."""
+        if len(self._nonces) < wire.NONCE_SIZE:
+            self._nonces = os.urandom(wire.NONCE_SIZE * 256)
+        nonce, self._nonces = self._nonces[:wire.NONCE_SIZE], self._nonces[wire.NONCE_SIZE:]
+        return nonce
+
     def _accept(self) -> bool:
-        """Accept what is waiting; False once the listener is closed."""
-        for _ in range(64):
+        """Accept what is waiting (a bounded batch); False once the listener is closed.
+
+        Each connection costs the fewest system calls that tell what it is: a look at what it
+        sent (a flood's connection is often closed already, or silent), then the hello and a
+        place in the selector; the socket stays in blocking mode (reads and writes pass
+        ``MSG_DONTWAIT``) and gets ``TCP_NODELAY`` once it has authenticated.
+        """
+        for _ in range(_ACCEPT_BATCH):
             try:
                 sock, addr = self._listener.accept()
             except BlockingIOError:
                 return True
             except OSError as exc:
                 if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    self._evict_oldest("out of file descriptors")  # make room; never stop
+                    self._evict_oldest(self._silent or self._talking, "out of file descriptors")  # never stop
                     return True
                 if exc.errno in (errno.ECONNABORTED, errno.EPROTO, errno.EINTR):
                     continue
                 return False  # the listener was shut down by close()
-            peer = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
-            if len(self._pending) >= self._max_pending:
-                self._evict_oldest(f"{self._max_pending} connections were already waiting")
             try:
-                sock.setblocking(False)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                nonce = wire.new_nonce()
-                if sock.send(wire.hello(nonce)) != wire.HELLO_SIZE:  # a fresh socket takes 20 bytes
-                    raise OSError("could not send the hello")
+                first: bytes | None = sock.recv(wire.HELLO_SIZE, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                first = None  # silent so far
+            except OSError:
+                first = b""
+            if first == b"":  # closed (or reset) before we looked: nothing to keep
+                sock.close()
+                continue
+            nonce = self._nonce()
+            try:
+                if sock.send(wire.hello(nonce), socket.MSG_DONTWAIT) != wire.HELLO_SIZE:
+                    raise OSError("could not send the hello")  # a fresh socket takes 20 bytes
             except OSError:
                 sock.close()
                 continue
-            pending = _Pending(sock, peer, time.monotonic() + self._timeout, nonce)
-            self._pending[sock] = pending
+            pending = _Pending(sock, addr, time.monotonic() + self._timeout, nonce)
             self._selector.register(sock, selectors.EVENT_READ)
+            if first is None:
+                self._silent[sock] = pending
+                if len(self._silent) > self._max_pending:
+                    self._evict_oldest(self._silent, f"{self._max_pending} silent connections were already waiting")
+            else:  # a client sends its hello as soon as it is connected: usually there already
+                self._silent[sock] = pending
+                self._take(pending, first)
         return True
 
     def _advance(self, p: _Pending) -> None:
         try:
-            data = p.sock.recv(p.need - len(p.buf))
+            data = p.sock.recv(p.need - len(p.buf), socket.MSG_DONTWAIT)
         except BlockingIOError:
             return
         except OSError as exc:
@@ -151,6 +214,15 @@ class HandshakePool:
             log.debug("accord store: connection from %s closed before authenticating", p.peer)
             self._drop(p)
             return
+        self._take(p, data)
+
+    def _take(self, p: _Pending, data: bytes) -> None:
+        """``data`` arrived on ``p``: move it on (a stage completed, or refused)."""
+        if p.silent:  # the first bytes: the connection leaves the silent tier
+            self._silent.pop(p.sock, None)
+            self._talking[p.sock] = p
+            if len(self._talking) > self._max_pending:  # (not this one: it is the newest)
+                self._evict_oldest(self._talking, f"{self._max_pending} talking connections were already waiting")
         p.buf += data
         if len(p.buf) < p.need:
             return
@@ -175,17 +247,25 @@ class HandshakePool:
             assert p.channel is not None
             payload = p.channel.open_frame(p.header, data)  # the MAC, before anything is decoded
             self._forget(p)
-            p.sock.setblocking(True)
+            with contextlib.suppress(OSError):
+                p.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._on_authenticated(p.channel, payload, p.peer)
 
     def _expire(self, now: float) -> None:
-        for p in [p for p in self._pending.values() if p.deadline <= now]:
+        # the silent tier is in accept order, so its deadlines grow: only its head can be due
+        # (the talking one is in the order they first spoke: all of it is looked at)
+        due = [p for p in self._talking.values() if p.deadline <= now]
+        for p in self._silent.values():
+            if p.deadline > now:
+                break
+            due.append(p)
+        for p in due:
             self._refuse(p, "accord store dropped connection from %s: no authenticated request "
                             "within %.1fs", p.peer, self._timeout)
 
-    def _evict_oldest(self, why: str) -> None:
-        if self._pending:
-            oldest = next(iter(self._pending.values()))
+    def _evict_oldest(self, tier: collections.OrderedDict[socket.socket, _Pending], why: str) -> None:
+        if tier:
+            oldest = next(iter(tier.values()))
             # A reset, not an orderly close: the client tells "make room, try again" (a reset
             # during its first round trip) from a refusal of its secret (the connection ends).
             with contextlib.suppress(OSError):
@@ -198,7 +278,7 @@ class HandshakePool:
         self._drop(p)
 
     def _forget(self, p: _Pending) -> None:
-        if self._pending.pop(p.sock, None) is not None:
+        if self._silent.pop(p.sock, None) is not None or self._talking.pop(p.sock, None) is not None:
             self._selector.unregister(p.sock)
 
     def _drop(self, p: _Pending) -> None:

@@ -49,8 +49,9 @@ class StoreServer:
         max_frame: largest frame accepted, in bytes; bigger ones close the connection.
         handshake_timeout: seconds a new connection has to send its first authenticated frame.
         max_connections: authenticated connections beyond this many are refused (and logged).
-        max_pending: most connections waiting to authenticate at once (one more drops the
-            oldest); they never count against ``max_connections``.
+        max_pending: most connections waiting to authenticate at once, among those that have
+            sent nothing yet and again among those that have (one more drops the oldest of its
+            kind: :mod:`accord.store.handshake`); they never count against ``max_connections``.
 
     Example::
 
@@ -103,6 +104,12 @@ class StoreServer:
         return self._refusals.count
 
     @property
+    def pending_count(self) -> int:
+        """How many connections are waiting to authenticate right now (bounded by twice
+        ``max_pending``: :mod:`accord.store.handshake`)."""
+        return self._pool.pending_count if self._pool is not None else 0
+
+    @property
     def connection_count(self) -> int:
         """How many authenticated client connections are open right now."""
         with self._lock:
@@ -133,7 +140,16 @@ class StoreServer:
                     "choose another port, or port 0 to let the OS pick a free one",
                 )
             ) from None
-        listener.listen(512)
+        # As long a queue of connections not yet accepted as the system allows (net.core.somaxconn
+        # caps it): a flood fills it between two rounds of accepts, and a client whose connection
+        # finds it full waits for its SYN to be sent again (1 s, then 3 s, ...).
+        listener.listen(65535)
+        if hasattr(socket, "TCP_DEFER_ACCEPT"):
+            # Linux hands a connection to accept() only once it has sent something (a client
+            # sends its hello at once): a flood of silent connections stays in the kernel,
+            # costing the accepting thread nothing, for up to the handshake timeout.
+            listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT,
+                                max(1, int(round(self._handshake_timeout))))
         self._listener = listener
         self._pool = HandshakePool(listener, self._secret, timeout=self._handshake_timeout,
                                    max_pending=self._max_pending,

@@ -3,12 +3,15 @@
     python elastic_train.py --steps N --die-rank R --die-step S
 
 Rank R exits with status 3 (os._exit: no cleanup, like a crash) when it reaches step S after
-committing; the others carry on under hvd.elastic.run. Every rank that finishes prints
+committing; with ``--kill-rank R --kill-step S`` rank R is SIGKILLed in the middle of step S,
+between its backward pass and its optimizer step. The others carry on under hvd.elastic.run.
+Every rank that finishes prints
 ``DONE {"rank": ..., "size": ..., "sizes": [...], "weight": [...]}``.
 """
 import argparse
 import json
 import os
+import signal
 
 import torch
 
@@ -18,6 +21,8 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=6)
 parser.add_argument("--die-rank", type=int, default=-1)
 parser.add_argument("--die-step", type=int, default=2)
+parser.add_argument("--kill-rank", type=int, default=-1)
+parser.add_argument("--kill-step", type=int, default=2)
 args = parser.parse_args()
 
 torch.set_num_threads(1)
@@ -39,6 +44,8 @@ def train(state):
         x = torch.randn(4, 3, generator=gen, dtype=torch.float64)
         y = torch.randn(4, 1, generator=gen, dtype=torch.float64)
         torch.nn.functional.mse_loss(state.model(x), y).backward()
+        if first_rank == args.kill_rank and state.step == args.kill_step:
+            os.kill(os.getpid(), signal.SIGKILL)
         state.optimizer.step()
         state.optimizer.zero_grad()
         state.sizes.append(hvd.size())

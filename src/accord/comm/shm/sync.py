@@ -26,6 +26,9 @@ import sys
 import time
 from typing import Any, Sequence
 
+from accord.comm.shm.segment import Layout
+from accord.errors import not_answering
+
 _SYS_FUTEX = {"x86_64": 202, "amd64": 202, "i386": 240, "i686": 240, "armv7l": 240,
               "aarch64": 98, "arm64": 98, "riscv64": 98, "ppc64le": 221, "ppc64": 221, "s390x": 238}
 _FUTEX_WAIT, _FUTEX_WAKE, _FUTEX_WAKE_OP = 0, 1, 5  # shared (not PRIVATE): the word is in a shared mapping
@@ -140,6 +143,14 @@ class FutexBarrier:
         self._futex = impl
         self._counter = ctypes.c_uint32.from_buffer(buffer, counter_offset)
         self._abort = ctypes.c_uint32.from_buffer(buffer, abort_offset)
+        # Each rank's word of arrivals: the target of the last barrier it arrived at, which is
+        # how a rank that times out names the peers that did not arrive. It sits in the rank's
+        # own record of the segment, after its two op descriptors (bytes the layout leaves free).
+        layout = Layout(size, 1)
+        self._arrived_at = [layout.meta(1, i) + (layout.meta(1, i) - layout.meta(0, i)) for i in range(size)]
+        assert all(at + 4 <= layout.record(i + 1) for i, at in enumerate(self._arrived_at))
+        self._arrivals = [ctypes.c_uint32.from_buffer(buffer, at) for at in self._arrived_at]
+        self._arrival = self._arrivals[rank]
         self._counter_addr = ctypes.addressof(self._counter)
         self._abort_addr = ctypes.addressof(self._abort)
         self._size = size
@@ -153,7 +164,8 @@ class FutexBarrier:
 
     def close(self) -> None:
         """Drop the views of the shared buffer (the buffer can only be unmapped after this)."""
-        self._counter = self._abort = None
+        self._counter = self._abort = self._arrival = None
+        self._arrivals = []
 
     def abort(self) -> None:
         """Make every rank waiting on this barrier (now or later) raise PeerLostError."""
@@ -169,6 +181,7 @@ class FutexBarrier:
         """
         target = self._target = (self._target + self._size) & _MASK
         counter = self._counter
+        self._arrival.value = target  # before the counter: whoever sees this arrival sees the mark
         self._futex.add_one_and_wake(self._counter_addr)
         if ((counter.value - target) & _MASK) < 0x80000000:
             return self._acquire()
@@ -206,11 +219,12 @@ class FutexBarrier:
                     raise PeerLostError("peer " + ", ".join(f"rank {r} (pid {p})" for r, p in gone)
                                         + f" exited while rank {self._ranks[self._rank]} waited in the shm barrier")
             if now >= deadline:
-                missing = self._size - ((seen - (target - self._size)) & _MASK)
+                missing = [self._ranks[i] for i, word in enumerate(self._arrivals) if word.value != target]
                 self.abort()
                 raise PeerLostError(
-                    f"timed out after {self.timeout_s:g}s (ACCORD_COLLECTIVE_TIMEOUT) waiting for "
-                    f"{missing} peer rank(s) of {list(self._ranks)} in the shm barrier")
+                    f"timed out after {self.timeout_s:g}s (ACCORD_COLLECTIVE_TIMEOUT) in the shm "
+                    f"barrier of ranks {list(self._ranks)}: peer {not_answering(missing)} while rank "
+                    f"{self._ranks[self._rank]} waited")
             self._futex.wait(self._counter_addr, seen, min(_SLICE_S, deadline - now))
 
 

@@ -6,6 +6,8 @@ how long (:class:`~accord.engine.negotiation.negotiate.Partial`). Every rank the
 ``accord.engine``, which ranks are missing which names. If ``shutdown_time`` > 0 and a name has
 waited that long, :meth:`StallInspector.review` returns a :class:`StallError` and the engine
 stops on every rank (the decision uses only exchanged ages, so every rank makes it together).
+The engine's default shutdown time is 30 minutes (ACCORD_STALL_SHUTDOWN_TIME_SECONDS, see
+accord.config); 0 waits forever, as Horovod does by default.
 """
 from __future__ import annotations
 
@@ -57,8 +59,12 @@ class StallInspector:
                 "submitted:\n%s" % (self.check_time, describe(fresh)),
                 "a rank skipped or reordered a collective (a branch that depends on the rank or "
                 "on data, or a tensor without gradient); make every rank submit the same names. "
-                "ACCORD_STALL_CHECK_TIME_SECONDS changes this delay, "
-                "ACCORD_STALL_SHUTDOWN_TIME_SECONDS turns a stall into an error"))
+                "ACCORD_STALL_CHECK_TIME_SECONDS changes this delay; "
+                + ("the job stops with a StallError once a name has waited %g s "
+                   "(ACCORD_STALL_SHUTDOWN_TIME_SECONDS, 0: never)" % self.shutdown_time
+                   if self.shutdown_time else
+                   "ACCORD_STALL_SHUTDOWN_TIME_SECONDS=0 lets the job wait forever: set it to "
+                   "a number of seconds to stop it with a StallError")))
         if self.shutdown_time:
             doomed = [p for p in stalled if p.age >= self.shutdown_time]
             if doomed:

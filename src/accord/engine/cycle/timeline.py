@@ -13,9 +13,12 @@ time of ts 0, as Horovod's timeline does.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from typing import Any
+
+from accord.owned_files import open_for_writing
 
 _WRITE_SECONDS = 0.05
 
@@ -40,7 +43,8 @@ class Timeline:
         self._lock = threading.Lock()  # guards _pending and _tids (engine thread vs writer)
         self._write_lock = threading.Lock()  # one writer of the file at a time (writer vs close)
         self._first = True
-        self._file = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        folder, name = os.path.split(path)
+        self._file = open_for_writing(folder or ".", [name], "the timeline file", mode="w", encoding="utf-8")
         self._file.write('{"traceEvents": [\n')
         self._emit({"name": "process_name", "ph": "M", "pid": rank,
                     "args": {"name": f"rank {rank}", "start_time_since_epoch_in_micros": start_epoch_us}})

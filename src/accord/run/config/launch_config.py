@@ -73,8 +73,11 @@ class LaunchConfig:
     @property
     def remote(self) -> bool:
         """True when some worker or server runs (or, with host discovery, may later run) on
-        another host (through ssh): the store then listens beyond loopback."""
-        return self.elastic is not None or any(not is_local(h) for h in self.job_hosts)
+        another host (through ssh): the store then listens beyond loopback. An elastic job on
+        fixed hosts that are all this one (``-H localhost:2,127.0.0.1:2 --min-np 2``) never
+        leaves it, so its store stays on loopback."""
+        may_grow = self.elastic is not None and self.elastic.discovery_script is not None
+        return may_grow or any(not is_local(h) for h in self.job_hosts)
 
     @property
     def job_hosts(self) -> tuple[str, ...]:
@@ -180,6 +183,13 @@ def _sync_dir(ns: argparse.Namespace) -> str | None:
     if not os.path.isabs(path) or path == "/":
         raise ConfigError(with_hint(f"--sync-dst-dir must be an absolute folder other than /, got "
                                     f"{ns.sync_dst_dir!r}", "pass e.g. --sync-dst-dir /tmp/myjob"))
+    # rsync hands the remote path to the remote shell, which ends it at a newline: the copy
+    # would land elsewhere and the workers, started in DIR, would not find their program
+    control = sorted({f"{ord(c):#04x}" for c in path if ord(c) < 0x20 or ord(c) == 0x7F})
+    if control:
+        raise ConfigError(with_hint(f"--sync-dst-dir {ns.sync_dst_dir!r} contains control characters "
+                                    f"({', '.join(control)}: a newline, a tab, ...)",
+                                    "pass a folder whose name has none, e.g. --sync-dst-dir /tmp/myjob"))
     return path
 
 
@@ -310,7 +320,7 @@ def config_from_args(ns: argparse.Namespace, environ: Mapping[str, str], cwd: st
     devices = _devices(ns, slots)
     # an elastic job that waits for -np slots starts with that many workers at least
     ranks_filter = _ranks_filter(ns, max(num_proc, elastic.start_np or 0) if elastic else num_proc)
-    flag_values.positive(ns.grace_period, "--grace-period", allow_zero=True)
+    flag_values.grace_period(ns.grace_period)
     ssh = _ssh(ns)
     launcher = LauncherSettings.from_environ(environ)
     interface, interface_ip = _interface(ns, launcher.interface)

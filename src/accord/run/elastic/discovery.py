@@ -2,7 +2,8 @@
 
 The script is run through the shell, periodically (``--discovery-interval``); what it prints
 on stdout is the set of hosts the job may use now, one per line: ``host:slots``, or a bare
-``host`` that gets ``--slots-per-host`` slots. Blank lines and ``#`` comments are skipped; a
+``host`` that gets ``--slots-per-host`` slots, read as ``-H`` reads its items (IPv6 addresses in
+brackets, ``[::1]:2``; slot counts in plain digits). Blank lines and ``#`` comments are skipped; a
 host named twice keeps the last count. Output that is not of this form, a non-zero exit or a
 script that does not answer within its timeout is a :class:`DiscoveryError`, naming the script
 and what it did; the launcher then warns and keeps the hosts it has (see
@@ -22,7 +23,7 @@ from typing import Callable
 
 from accord.errors import ConfigError, LaunchError, with_hint
 from accord.run.spec.assignment import MAX_WORKERS
-from accord.run.spec.hosts import HostSlots, _check_name
+from accord.run.spec.hosts import HostSlots, check_name, is_plain_count, split_host_item
 
 _STDERR_TAIL = 400  # characters of the script's stderr quoted in a warning
 
@@ -46,22 +47,20 @@ def parse_discovery_output(text: str, default_slots: int | None, script: str) ->
         if not line:
             continue
         where = f"line {number} {raw.strip()[:80]!r}"
-        name, sep, slots_text = line.partition(":")
         try:
-            host = _check_name(name.strip(), "discovery")
+            name, slots_text = split_host_item(line, "discovery")
+            host = check_name(name.strip(), "discovery")
         except ConfigError:
             raise DiscoveryError(_garbage(script, where, "not a host name")) from None
-        if not sep:
+        if slots_text is None:
             if default_slots is None:
                 raise DiscoveryError(with_hint(
                     f"host discovery script {script!r} printed {where} without a slot count",
                     "print host:slots lines, or pass --slots-per-host N for bare host names"))
             found[host] = default_slots
             continue
-        try:
-            slots = int(slots_text.strip())
-        except ValueError:
-            slots = 0
+        # plain digits, as -H takes them (int() alone also takes "+2", "1_0" and other scripts' digits)
+        slots = int(slots_text.strip()) if is_plain_count(slots_text.strip()) else 0
         if not 0 < slots <= MAX_WORKERS:  # a huge count would be planned as that many workers
             raise DiscoveryError(_garbage(script, where, f"slots must be a positive integer (at most {MAX_WORKERS})"))
         found[host] = slots

@@ -28,9 +28,14 @@ hosts it prints (:func:`accord.run.elastic.plan.plan_changes`):
 - **failure**: a worker that exits non-zero gets its host blacklisted (:mod:`accord.run.elastic.blacklist`,
   ``--blacklist-cooldown-range``) and is marked dead in the store, so the survivors re-form
   without waiting for its heartbeat to stop (a worker added later that could not be started is
-  marked dead too). The job goes on while ``--min-np`` workers remain; below that it waits up
-  to ``--elastic-timeout`` for discovery to bring hosts, then fails. Once failures have
-  blacklisted every host discovered, the job fails at once with them (as horovodrun).
+  marked dead too). The host's other workers leave (as horovodrun's), unless the job needs
+  them to run ``--min-np`` workers: then they stay (a job on one machine goes on), and the
+  blacklist only keeps new workers off the host. The job goes on while ``--min-np`` workers remain; below
+  that it waits up to ``--elastic-timeout`` for discovery to bring hosts, then fails. Once
+  failures have blacklisted every host discovered and no worker is left, the job fails at once
+  with them (as horovodrun); so repeated failures on the only host end the job when its last
+  worker fails (with ``--blacklist-cooldown-range``, a host whose cooldown ended first gets new
+  workers again, each failure keeping it out twice as long, within ``--reset-limit``).
 
 With ``--sync-dst-dir`` a host gets its first worker only once the working folder has been
 copied there (:mod:`accord.run.elastic.sync`; the first hosts were copied at the launch): the
@@ -131,6 +136,8 @@ class ElasticDriver:
         self._wait: StartWait | None = None  # while waiting for -np slots to start on
         self._warned: dict[str, float] = {}
         self._capped: set[str] = set()  # hosts said to have more slots than --gpus devices
+        # workers kept on a blacklisted host because without them fewer than --min-np would run
+        self._kept: set[int] = set()
         script = elastic.discovery_script
         self._poller = None if script is None else DiscoveryPoller(
             lambda: run_discovery(script, elastic.slots_per_host, elastic.script_timeout, cwd=cfg.cwd),
@@ -215,6 +222,7 @@ class ElasticDriver:
         until = self.blacklist.add(host, now)
         self._say(f"warning: could not start a worker on {host}: {exc}; blacklisting it"
                   + ("" if until is None else f" for {until - now:.0f}s"))
+        self._keep_if_needed(host)
 
     # --- one turn of the watch loop -------------------------------------------------------------
     def poll(self) -> bool:
@@ -246,12 +254,14 @@ class ElasticDriver:
         return False
 
     def _every_host_blacklisted(self, now: float) -> bool:
-        """True when every discovered host is blacklisted and no worker that stays runs on a
-        host that is not (a failed host's workers are leaving)."""
+        """True when every discovered host is blacklisted and no worker stays: none runs on a
+        host that is not, and none is kept on a blacklisted one (a failed host's other workers
+        are leaving, unless the job needed them for --min-np)."""
         blocked = self.blacklist.blocked(now)
         if any(h.hostname not in blocked for h in self.discovered):
             return False
-        return not any(w.leaving_since is None and w.member.host not in blocked for _, w in self._running())
+        return not any(w.leaving_since is None and (w.member.host not in blocked or i in self._kept)
+                       for i, w in self._running())
 
     def _running(self) -> list[tuple[int, Worker]]:
         return [(i, w) for i, w in self.workers.items() if w.member.returncode is None]
@@ -268,6 +278,7 @@ class ElasticDriver:
             self._finishing = True  # training is over: no more workers
             return
         failure = self._failure(m)
+        self._kept.discard(m.index)
         until = self.blacklist.add(m.host, now)
         self.limits.count_reset(self.store.reformations())
         alive = len([1 for _, x in self._running() if x.leaving_since is None])
@@ -275,6 +286,7 @@ class ElasticDriver:
                   f"blacklisting {m.host} " + ("for the rest of the job" if until is None else
                                                  f"for {until - now:.0f}s")
                   + f"; {alive} workers remain (--min-np {self.cfg.min_np})")
+        self._keep_if_needed(m.host)
         self.outcome.lost.append(failure)
         if not self._finishing:
             # Its host's other workers are marked to leave (and the change announced) before it
@@ -282,6 +294,36 @@ class ElasticDriver:
             # out at once instead of re-forming a second time for them.
             self._replan(now)
         self.store.dead(m.index)
+
+    def _keep_if_needed(self, host: str) -> None:
+        """After ``host`` was blacklisted: keep its running workers when the job needs them to
+        run --min-np workers (the job on one machine, or on hosts too few). Blacklisting then
+        only keeps new workers off the host. Otherwise they leave, as in horovodrun: the job
+        has enough workers elsewhere, or stays below --min-np even with them."""
+        staying = [(i, w) for i, w in self._running() if w.leaving_since is None]
+        on_host = sorted(i for i, w in staying if w.member.host == host and i not in self._kept)
+        if not on_host:
+            return
+        blocked = self.blacklist.blocked(self._clock())
+        elsewhere = [i for i, w in staying if i in self._kept or w.member.host not in blocked]
+        min_np = self.cfg.min_np or 1
+        if not len(elsewhere) < min_np <= len(elsewhere) + len(on_host):
+            return
+        self._kept.update(on_host)
+        self._say(f"elastic: keeping workers {on_host} on {host} although it is blacklisted: without "
+                  f"them {len(elsewhere)} workers would run, fewer than --min-np {min_np}; no new "
+                  f"worker starts there while it is blacklisted")
+
+    def _kept_per_host(self, now: float) -> dict[str, int]:
+        """Running workers the job keeps on each blacklisted host (see :meth:`_keep_if_needed`)."""
+        blocked = self.blacklist.blocked(now)
+        self._kept = {i for i in self._kept if self.workers[i].member.returncode is None
+                      and self.workers[i].member.host in blocked}  # a host back in use needs none
+        per_host: dict[str, int] = {}
+        for i in self._kept:
+            host = self.workers[i].member.host
+            per_host[host] = per_host.get(host, 0) + 1
+        return per_host
 
     def _rediscover(self, now: float) -> None:
         """Take the script's answers since the last turn (a failed run is warned about)."""
@@ -298,7 +340,8 @@ class ElasticDriver:
                       f"({', '.join(f'{h.hostname}:{h.slots}' for h in self.discovered) or 'none'})")
 
     def _replan(self, now: float) -> None:
-        usable = self._within_devices(usable_hosts(self.discovered, self.blacklist.blocked(now)))
+        usable = self._within_devices(usable_hosts(self.discovered, self.blacklist.blocked(now),
+                                                   self._kept_per_host(now)))
         active = [(i, w.member.host) for i, w in self._running() if w.leaving_since is None]
         if self.copies is not None:
             usable = self.copies.hosts_ready(usable, active, self.elastic.max_np,

@@ -4,8 +4,9 @@ re-formed job (:func:`planned_slots`), which a worker added later starts with.
 
 Hosts keep the order in which they first appeared (older hosts first, as Horovod orders them),
 so the oldest workers keep the lowest ranks. A host that disappeared, or was blacklisted, loses
-all its workers; a host whose slot count dropped loses its newest workers; free slots are filled
-host by host, in that order, up to ``--max-np``.
+all its workers (unless the job keeps those of a blacklisted host: :func:`usable_hosts`); a host
+whose slot count dropped loses its newest workers; free slots are filled host by host, in that
+order, up to ``--max-np``.
 """
 from __future__ import annotations
 
@@ -29,9 +30,17 @@ class Plan:
         return not self.start and not self.remove
 
 
-def usable_hosts(discovered: Sequence[HostSlots], blocked: set[str]) -> list[HostSlots]:
-    """The discovered hosts that are not blacklisted, in discovery order."""
-    return [h for h in discovered if h.hostname not in blocked]
+def usable_hosts(discovered: Sequence[HostSlots], blocked: set[str],
+                 kept: dict[str, int] | None = None) -> list[HostSlots]:
+    """The discovered hosts that are not blacklisted, in discovery order; a blacklisted host
+    whose running workers the job keeps (``kept``: host -> how many) stays with that many slots,
+    so they go on and none is added there.
+
+    Example: ``h1:2,h2:2``, ``h1`` blocked and 1 kept there -> ``h1:1,h2:2``.
+    """
+    kept = kept or {}
+    return [h if h.hostname not in blocked else HostSlots(h.hostname, min(h.slots, kept[h.hostname]))
+            for h in discovered if h.hostname not in blocked or kept.get(h.hostname, 0) > 0]
 
 
 def plan_changes(usable: Sequence[HostSlots], workers: Sequence[tuple[int, str]],

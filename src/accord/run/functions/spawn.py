@@ -38,6 +38,7 @@ from accord.run.processes.failures import describe_returncode, exit_status
 from accord.run.processes.rank_files import rank_dirname
 from accord.run.processes.supervisor import Member, ProcessHandle, Supervisor
 from accord.run.spec.assignment import assign_slots
+from accord.run.spec.flag_values import grace_period
 from accord.run.spec.hosts import HostSlots
 from accord.run.spec.tuning import BY_NAME as TUNING_OPTIONS
 from accord.run.spec.tuning import make_tuning
@@ -125,9 +126,11 @@ def _split_options(options: Mapping[str, Any]) -> _Options:
                                     f"use some of {sorted([*TUNING_OPTIONS, *_OTHER_OPTIONS])}"))
     devices = options.get("devices")
     output = options.get("output_filename")
+    grace = float(options.get("grace_period", 5.0))
+    grace_period(grace, "accord.spawn's grace_period")
     return _Options(
         tuning=make_tuning({k: v for k, v in options.items() if k in TUNING_OPTIONS}, "accord.spawn"),
-        grace=float(options.get("grace_period", 5.0)),
+        grace=grace,
         extra_env={str(k): str(v) for k, v in dict(options.get("env") or {}).items()},
         devices=None if devices is None else tuple(str(d) for d in devices),
         output_dir=None if output is None else os.path.abspath(os.fspath(output)),

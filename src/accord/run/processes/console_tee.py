@@ -13,6 +13,7 @@ import os
 import threading
 from typing import BinaryIO
 
+from accord.owned_files import open_for_writing
 from accord.run.processes.output import LineSplitter, format_line
 
 
@@ -23,8 +24,18 @@ class ConsoleTee:
     before ``os._exit``."""
 
     def __init__(self, folder: str | None, rank: int | None = None) -> None:
-        if folder is not None:
-            os.makedirs(folder, exist_ok=True)
+        copies: dict[str, BinaryIO | None] = {"stdout": None, "stderr": None}
+        if folder is not None:  # both opened before the console is redirected: either may be refused
+            base, rank_dir = os.path.split(os.path.normpath(folder))
+            os.makedirs(base or ".", exist_ok=True)  # the folder named: made as given
+            try:
+                for name in copies:
+                    copies[name] = open_for_writing(base or ".", [rank_dir, name], "output_filename", buffering=0)
+            except BaseException:
+                for copy in copies.values():
+                    if copy is not None:
+                        copy.close()
+                raise
         self._threads: list[threading.Thread] = []
         self._restore: list[tuple[int, int]] = []
         for fd, name in ((1, "stdout"), (2, "stderr")):
@@ -32,7 +43,7 @@ class ConsoleTee:
             read_end, write_end = os.pipe()
             os.dup2(write_end, fd)
             os.close(write_end)
-            copy = None if folder is None else open(os.path.join(folder, name), "wb", buffering=0)
+            copy = copies[name]
             prefix = None if rank is None else (rank, name)
             thread = threading.Thread(target=_pump, args=(read_end, console, copy, prefix),
                                       name=f"accord-tee-{name}", daemon=True)

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from accord.errors import RankFailedError, ShutdownError
+from accord.errors import RankFailedError, ShutdownError, ranks_not_answering
 
 
 def signal_name(signum: int) -> str:
@@ -53,6 +53,10 @@ class Failure:
     local_rank: int = 0
     kind: str = "worker"  # or "server", or "scheduler" (MXNet's, with --ps mxnet)
     remote: bool = False  # started through ssh (status 255 is then most likely ssh's own)
+    # A worker that did not fail itself but did not answer these ranks, whose collectives timed
+    # out waiting for it (a frozen process: SIGSTOP, a hung device, a stuck host): still
+    # running when the launcher stopped the job, so its status is the launcher's stop.
+    silent_to: tuple[int, ...] = ()
 
     @property
     def name(self) -> str:
@@ -89,6 +93,25 @@ def pick_root_cause(failures: Sequence[Failure]) -> Failure:
                                         f.first_seen, f.rank))
 
 
+def not_answered(failures: Sequence[Failure], running: Sequence[int]) -> dict[int, tuple[int, ...]]:
+    """The ranks still ``running`` (they never failed) that the peer-caused failures' errors
+    name as not answering (:func:`accord.errors.ranks_not_answering`), each with the ranks that
+    named it. Empty when a failure has a cause of its own (that failure is the root cause).
+
+    A frozen rank fails nothing itself: its peers' collectives time out waiting for it and
+    their errors come first, so without this the report would blame the first peer to time out.
+    """
+    if not failures or not all(f.kind == "worker" and f.peer_caused for f in failures):
+        return {}
+    named: dict[int, list[int]] = {}
+    for f in failures:
+        text = f"{f.error.get('message', '')}\n{f.error.get('traceback', '')}" if f.error else ""
+        for rank in ranks_not_answering(text):
+            if rank in running and rank != f.rank:
+                named.setdefault(rank, []).append(f.rank)
+    return {rank: tuple(sorted(set(by))) for rank, by in sorted(named.items())}
+
+
 def _indent(text: str, pad: str = "    ") -> str:
     return "\n".join(pad + line for line in text.rstrip("\n").splitlines())
 
@@ -123,6 +146,13 @@ def format_root_cause(
         f"  status     : {describe_returncode(root.returncode)}",
         f"  time       : {stamp}",
     ]
+    if root.silent_to:
+        lines[-2] = (f"  status     : did not answer rank(s) {list(root.silent_to)}, whose collectives "
+                     "timed out waiting for it (ACCORD_COLLECTIVE_TIMEOUT); it was still running "
+                     f"(frozen?) and the launcher stopped it ({describe_returncode(root.returncode)})")
+        lines.append(f"  HINT: look at what rank {root.rank} was doing on {root.host} (a stopped "
+                     "process, a hung device or file system, a host out of memory); its peers' "
+                     "errors are listed below")
     if root.kind in ("server", "scheduler") and root.returncode == 0:
         lines.append("  (the server ended before the workers did)")
     if root.remote and root.returncode == SSH_FAILED:

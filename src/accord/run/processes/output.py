@@ -21,6 +21,7 @@ import threading
 import time
 from typing import BinaryIO, Iterable, Union
 
+from accord.owned_files import open_for_writing
 from accord.run.processes.rank_files import rank_dirname
 
 Key = Union[int, str]  # a worker's rank, or a text label such as "server0"
@@ -134,26 +135,48 @@ class OutputMux:
         self._stopping = False
         self._closed = False
 
+    def open_files(self, rank: Key, dirname: str | None = None) -> dict[str, BinaryIO]:
+        """With ``output_dir``: open ``rank``'s ``stdout`` and ``stderr`` files there (see
+        :meth:`add`; before the process starts, so that a refused file starts nothing).
+
+        Raises:
+            ConfigError: a file or its folder is a link, or not this user's
+                (:func:`accord.owned_files.open_for_writing`).
+        """
+        files: dict[str, BinaryIO] = {}
+        if self._output_dir is None:
+            return files
+        folder = dirname or _default_dirname(rank, self._size)
+        try:
+            for name in ("stdout", "stderr"):
+                files[name] = open_for_writing(self._output_dir, [folder, name], "--output-filename", buffering=0)
+        except BaseException:
+            for f in files.values():
+                f.close()
+            raise
+        return files
+
     def add(self, rank: Key, stdout: BinaryIO | None, stderr: BinaryIO | None,
-            dirname: str | None = None) -> None:
+            dirname: str | None = None, files: dict[str, BinaryIO] | None = None) -> None:
         """Register a worker's pipes (before :meth:`start`).
 
         Args:
             rank: the worker's rank, or a text label (``"server0"``) for another process.
             dirname: its folder under ``output_dir`` (default ``rank.<rank>``, the rank padded
                 with zeros to the width of the largest rank, as horovodrun names them).
+            files: what :meth:`open_files` returned for it (opened here when not given).
         """
+        if files is None:
+            files = self.open_files(rank, dirname)
         self._tails[rank] = collections.deque(maxlen=self._tail_lines)
         self._done[rank] = threading.Event()
         opened = 0
         for name, pipe in (("stdout", stdout), ("stderr", stderr)):
             if pipe is None:
+                if name in files:
+                    files.pop(name).close()
                 continue
-            tee = None
-            if self._output_dir is not None:
-                rank_dir = os.path.join(self._output_dir, dirname or _default_dirname(rank, self._size))
-                os.makedirs(rank_dir, exist_ok=True)
-                tee = open(os.path.join(rank_dir, name), "wb", buffering=0)
+            tee = files.get(name)
             shown = self._filter is None or not isinstance(rank, int) or rank in self._filter
             stream = _Stream(rank, name, pipe, tee, self._console[name] if shown else None)
             os.set_blocking(pipe.fileno(), False)

@@ -6,7 +6,9 @@ exec) is a :class:`Runner` subclass registered with :func:`register_runner`.
 """
 from __future__ import annotations
 
+import os
 import subprocess
+import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
@@ -14,7 +16,7 @@ from typing import Callable, Mapping, Sequence
 from accord.errors import ConfigError
 from accord.registry import Registry
 from accord.run.processes.guardian import start_process
-from accord.run.processes.ssh import SshOptions, remote_script, secret_line, ssh_argv
+from accord.run.processes.ssh import SshOptions, remote_script, ssh_argv, stdin_preamble
 from accord.run.spec.hosts import is_local
 from accord.run.spec.worker_env import SECRET_FILE_VAR, SECRET_VAR, forwarded_env, local_environment
 
@@ -61,27 +63,54 @@ class LocalRunner(Runner):
                              options.worker_cwd)
 
 
+# Preambles up to this size go into ssh's stdin pipe at once (a pipe holds at least this much);
+# a larger one is written by a thread, since the write then waits until the remote side reads,
+# and the launcher starts the next host meanwhile.
+_WRITE_AT_ONCE = 16 * 1024
+
+
 class SshRunner(Runner):
-    """Another host through ssh: the remote side runs :func:`accord.run.processes.ssh.remote_script` with
-    the forwarded variables; the secret goes on ssh's stdin, which stays open: its end-of-file
-    tells the remote side to stop the process (TERM, grace, KILL)."""
+    """Another host through ssh: the remote side runs :func:`accord.run.processes.ssh.remote_script`;
+    the secret and the forwarded variables go on ssh's stdin (:func:`accord.run.processes.ssh.stdin_preamble`),
+    which stays open: its end-of-file tells the remote side to stop the process (TERM, grace, KILL)."""
 
     name = "ssh"
     remote = True
 
     def start(self, host: str, argv: Sequence[str], environ: Mapping[str, str],
               added: Mapping[str, str], options: StartOptions) -> subprocess.Popen[bytes]:
-        script = remote_script(argv, forwarded_env(environ, added), options.worker_cwd, options.grace)
+        preamble = stdin_preamble(options.secret_hex, forwarded_env(environ, added))
+        script = remote_script(argv, options.worker_cwd, options.grace)
         ssh_env = {k: v for k, v in environ.items() if k not in (SECRET_VAR, SECRET_FILE_VAR)}
         proc = start_process(ssh_argv(host, script, options.ssh), ssh_env, options.cwd,
                              stdin=subprocess.PIPE)
         assert proc.stdin is not None
-        proc.stdin.write(secret_line(options.secret_hex))
-        proc.stdin.flush()
+        if len(preamble) <= _WRITE_AT_ONCE:
+            try:
+                proc.stdin.write(preamble)
+                proc.stdin.flush()
+            except OSError:  # ssh ended at once: the supervisor sees its exit status
+                pass
+        else:  # on a descriptor of its own: closing stdin to stop the worker must not wait for it
+            threading.Thread(target=_write_all, args=(os.dup(proc.stdin.fileno()), preamble),
+                             name=f"accord-ssh-stdin-{host}", daemon=True).start()
         return proc
 
     def ask_to_stop(self, proc: subprocess.Popen[bytes]) -> None:
         close_stdin(proc)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """Write ``data`` to ``fd`` (a copy of ssh's stdin), then close it: once stdin is closed
+    too, the remote side sees its end. An ssh that ended is seen through its exit status."""
+    view = memoryview(data)
+    try:
+        while view:
+            view = view[os.write(fd, view):]
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def close_stdin(proc: subprocess.Popen[bytes]) -> None:

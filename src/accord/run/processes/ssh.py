@@ -4,8 +4,11 @@ The remote side runs a short POSIX ``sh`` script (the remote login shell must un
 POSIX syntax: sh, bash, dash, zsh):
 
 1. ``cd`` to the launcher's working directory;
-2. read the job secret from the first line of stdin (the launcher writes it to ssh's stdin,
-   so it never appears in an argv or a log) and export it with the other variables;
+2. read the job secret from the first line of stdin, then the forwarded variables, one
+   ``NAME=value`` shell assignment a line up to an empty line, and export them (the launcher
+   writes them to ssh's stdin, :func:`stdin_preamble`: the secret never appears in an argv or a
+   log, the variables' values are not shown by ``ps`` on either host, and their size is not
+   bounded by the 128 KiB a single argv string may have);
 3. start the command in its own session (``setsid``) so its whole process tree has one group;
 4. keep reading stdin: end-of-file means the launcher (or its ssh client) is gone, so the
    script sends SIGTERM to the worker's group, waits up to the grace period, then SIGKILL;
@@ -37,26 +40,25 @@ class SshOptions:
     ssh_binary: str = "ssh"
 
 
-def remote_script(command: Sequence[str], env: Mapping[str, str], cwd: str, grace: float) -> str:
-    """The POSIX sh script a remote host runs for one worker (see the module docstring).
+# A newline inside a forwarded value: the line that carries it names this variable instead, so
+# that every assignment stays on one line of stdin.
+_NEWLINE_VAR = "_accord_nl"
 
-    Raises:
-        ConfigError: a variable name that a shell cannot export.
-    """
-    for name in env:
-        if not _IDENT.match(name):
-            raise ConfigError(with_hint(f"cannot export variable {name!r} to a remote shell",
-                                        "use names made of letters, digits and underscores"))
-    exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
+
+def remote_script(command: Sequence[str], cwd: str, grace: float) -> str:
+    """The POSIX sh script a remote host runs for one worker (see the module docstring); its
+    stdin must start with :func:`stdin_preamble`."""
     cmd = " ".join(shlex.quote(part) for part in command)
     grace_s = max(0, int(round(grace)))
     lines = [
         f"cd {shlex.quote(cwd)} || exit 127",
         f"IFS= read -r {SECRET_VAR} || exit 126",
         f"export {SECRET_VAR}",
+        f"{_NEWLINE_VAR}='\n'",
+        # each line is an assignment stdin_preamble quoted; the empty line ends them
+        'while IFS= read -r _accord_line || exit 126; [ -n "$_accord_line" ]; do eval "export $_accord_line"; done',
+        f"unset _accord_line {_NEWLINE_VAR}",
     ]
-    if exports:
-        lines.append(f"export {exports}")
     # stop the worker's group: TERM, up to `grace` seconds, then KILL (also used for leftovers
     # of a worker that exited: its children must not outlive the job, as on the launch host)
     stop = (f"kill -TERM -$pid 2>/dev/null && {{ n=0; while [ $n -lt {grace_s} ] && kill -0 -$pid 2>/dev/null; "
@@ -108,3 +110,28 @@ def ssh_argv(host: str, script: str, opts: SshOptions) -> list[str]:
 def secret_line(secret_hex: str) -> bytes:
     """What the launcher writes to ssh's stdin first: the secret and a newline."""
     return (secret_hex + "\n").encode("ascii")
+
+
+def _quoted(value: str) -> str:
+    """``value`` as one line of shell words: quoted pieces joined by the newline variable."""
+    return f'"${_NEWLINE_VAR}"'.join(shlex.quote(piece) for piece in value.split("\n"))
+
+
+def environment_lines(env: Mapping[str, str]) -> bytes:
+    """The forwarded variables as :func:`remote_script` reads them: ``NAME=value`` lines, the
+    value quoted for the shell, then an empty line.
+
+    Raises:
+        ConfigError: a variable name that a shell cannot export.
+    """
+    for name in env:
+        if not _IDENT.match(name) or name.startswith("_accord_"):
+            raise ConfigError(with_hint(f"cannot export variable {name!r} to a remote shell",
+                                        "use names made of letters, digits and underscores"))
+    return "".join(f"{k}={_quoted(v)}\n" for k, v in sorted(env.items())).encode("utf-8", "surrogateescape") + b"\n"
+
+
+def stdin_preamble(secret_hex: str, env: Mapping[str, str]) -> bytes:
+    """Everything the launcher writes to ssh's stdin before it only keeps it open: the secret,
+    then the forwarded variables (:func:`environment_lines`)."""
+    return secret_line(secret_hex) + environment_lines(env)

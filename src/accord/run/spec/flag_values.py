@@ -13,6 +13,21 @@ from accord.run.spec.assignment import check_count
 from accord.run.spec.hosts import PLAIN_INTEGER, is_host_name
 from accord.run.spec.tuning import check_number
 
+# The longest --grace-period: a stop waits this long between SIGTERM and SIGKILL, so a longer one
+# would leave a hung worker (and its devices) held for more than an hour after its job failed;
+# a much longer one overflows the timeouts it is added to.
+MAX_GRACE_S = 3600.0
+
+
+def grace_period(value: float | None, flag: str = "--grace-period") -> None:
+    """Refuse a grace period outside 0..:data:`MAX_GRACE_S` seconds (or NaN, infinite)."""
+    check_number(value, flag, ">=0")
+    if value is not None and value > MAX_GRACE_S:
+        raise ConfigError(with_hint(
+            f"{flag} must be at most {MAX_GRACE_S:g} seconds (an hour between SIGTERM and SIGKILL), "
+            f"got {value:g}",
+            f"pass {flag} with the seconds a worker needs to stop cleanly, e.g. {flag} 10"))
+
 
 def positive(value: float | None, flag: str, allow_zero: bool = False) -> None:
     """Refuse a number flag below 0 (or at 0 unless ``allow_zero``)."""

@@ -1,14 +1,16 @@
 """Host lists: ``-H h1:2,h2:4``, hostfiles (MPI and MXNet formats), ``--ips``, local names.
 
-Pure functions (no processes, no DNS): the launcher turns every way of naming hosts into one
-ordered list of :class:`HostSlots`. A host named twice gets the sum of its slots, in the order
-it first appeared (``mpirun -H a,a`` means two slots on ``a``).
+Pure functions (no processes, no DNS; only hostfiles are read, bounded): the launcher turns
+every way of naming hosts into one ordered list of :class:`HostSlots`. A host named twice gets
+the sum of its slots, in the order it first appeared (``mpirun -H a,a`` means two slots on ``a``).
 """
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 import socket
+import stat
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -21,6 +23,9 @@ _BRACKETED = re.compile(r"^\[([0-9A-Fa-f:.%a-zA-Z]+)\]$")
 # A count as written: ASCII digits (int() also takes "+2", " 2", "1_0", non-ASCII digits); a
 # minus sign is let through to each count's "at least" message. Also used by flag_values.
 PLAIN_INTEGER = re.compile(r"-?[0-9]+")
+# A hostfile larger than this is refused before it is read whole: 1 MiB holds tens of thousands
+# of host lines, far more than any job has.
+MAX_HOSTFILE_BYTES = 1 << 20
 LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "localhost.localdomain", "ip6-localhost"})
 
 
@@ -32,7 +37,12 @@ class HostSlots:
     slots: int
 
 
-def _check_name(name: str, where: str) -> str:
+def check_name(name: str, where: str) -> str:
+    """The host a name as written means (``[fe80::1]`` -> ``fe80::1``), as ``-H`` takes it.
+
+    Raises:
+        ConfigError: not a host name, an IPv4 address or a bracketed IPv6 address.
+    """
     match = _BRACKETED.match(name)
     if match:
         return match.group(1)
@@ -71,8 +81,15 @@ def _check_slots(text: str, host: str, where: str) -> int:
     return slots
 
 
-def _split_host_slots(item: str, where: str) -> HostSlots:
-    """``host``, ``host:N``, ``[v6]``, ``[v6]:N`` -> HostSlots (bare host: 1 slot)."""
+def split_host_item(item: str, where: str) -> tuple[str, str | None]:
+    """``host``, ``host:N``, ``[v6]``, ``[v6]:N`` -> (the name as written, the slot count's text
+    or None), for every parser of host lists (``-H``, hostfiles, discovery scripts, MXNet's
+    hostfiles), so that they read the same items alike. A bare IPv6 address (several colons)
+    is returned whole, for :func:`check_name` to refuse.
+
+    Raises:
+        ConfigError: an unclosed bracket, or something after it that is not ``:N``.
+    """
     if item.startswith("["):
         close = item.find("]")
         if close < 0:
@@ -81,12 +98,23 @@ def _split_host_slots(item: str, where: str) -> HostSlots:
         name, rest = item[: close + 1], item[close + 1:]
         if rest and not rest.startswith(":"):
             raise ConfigError(with_hint(f"{where}: cannot read {item!r}", "write [addr]:slots"))
-        slots_text = rest[1:] if rest else None
-    elif item.count(":") == 1:
+        return name, (rest[1:] if rest else None)
+    if item.count(":") == 1:
         name, slots_text = item.split(":")
-    else:
-        name, slots_text = item, None
-    host = _check_name(name, where)
+        return name, slots_text
+    return item, None
+
+
+def is_plain_count(text: str) -> bool:
+    """True for a count written in plain ASCII digits (a leading minus let through, for the
+    caller's "at least" message): the rule of every slot count (:data:`PLAIN_INTEGER`)."""
+    return PLAIN_INTEGER.fullmatch(text) is not None
+
+
+def _split_host_slots(item: str, where: str) -> HostSlots:
+    """``host``, ``host:N``, ``[v6]``, ``[v6]:N`` -> HostSlots (bare host: 1 slot)."""
+    name, slots_text = split_host_item(item, where)
+    host = check_name(name, where)
     slots = 1 if slots_text is None else _check_slots(slots_text, host, where)
     return HostSlots(host, slots)
 
@@ -137,7 +165,7 @@ def parse_hostfile_text(text: str, source: str = "hostfile") -> list[HostSlots]:
         if ":" in first and not first.startswith("["):
             raise ConfigError(with_hint(f"{where}: cannot read {raw.strip()!r}",
                                         "use either 'host slots=N' or 'host:N', not both"))
-        host = _check_name(first, where)
+        host = check_name(first, where)
         slots = 1
         for token in rest:
             key, sep, value = token.partition("=")
@@ -157,18 +185,51 @@ def parse_hostfile_text(text: str, source: str = "hostfile") -> list[HostSlots]:
     return merge_hosts(hosts)
 
 
-def parse_hostfile(path: str) -> list[HostSlots]:
-    """Read and parse a hostfile (see :func:`parse_hostfile_text`)."""
+def read_hostfile_text(path: str, flag: str = "--hostfile") -> str:
+    """The text of a hostfile: a regular file of at most :data:`MAX_HOSTFILE_BYTES`, UTF-8.
+
+    Opened with ``O_NONBLOCK`` and checked on the descriptor before anything is read, so that
+    a FIFO cannot hang the launcher and a device (``/dev/zero``) cannot fill its memory.
+
+    Raises:
+        ConfigError: it cannot be opened, is not a regular file, is too large or not UTF-8.
+    """
+    hint = "pass a text file with one host per line, e.g. 'node1 slots=4'"
     try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
-        raise ConfigError(with_hint(f"--hostfile: cannot read {path!r}: {exc.strerror}",
+        raise ConfigError(with_hint(f"{flag}: cannot read {path!r}: {exc.strerror}",
                                     "pass the path of an existing, readable hostfile")) from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a folder" if stat.S_ISDIR(mode)
+                    else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
+            raise ConfigError(with_hint(f"{flag}: {path!r} is {kind}, not a regular file", hint))
+        chunks, size = [], 0
+        while size <= MAX_HOSTFILE_BYTES:
+            chunk = os.read(fd, MAX_HOSTFILE_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as exc:
+        raise ConfigError(with_hint(f"{flag}: cannot read {path!r}: {exc.strerror}", hint)) from None
+    finally:
+        os.close(fd)
+    if size > MAX_HOSTFILE_BYTES:
+        raise ConfigError(with_hint(f"{flag}: {path!r} is larger than {MAX_HOSTFILE_BYTES} bytes, too large "
+                                    "for a hostfile", hint))
+    try:
+        return b"".join(chunks).decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ConfigError(with_hint(f"--hostfile: {path!r} is not UTF-8 text (byte {exc.start}: {exc.reason})",
-                                    "pass a text file with one host per line, e.g. 'node1 slots=4'")) from None
-    return parse_hostfile_text(text, source=path)
+        raise ConfigError(with_hint(f"{flag}: {path!r} is not UTF-8 text (byte {exc.start}: {exc.reason})",
+                                    hint)) from None
+
+
+def parse_hostfile(path: str) -> list[HostSlots]:
+    """Read and parse a hostfile (see :func:`read_hostfile_text`, :func:`parse_hostfile_text`)."""
+    return parse_hostfile_text(read_hostfile_text(path), source=path)
 
 
 def parse_ips(ips: str, nproc_per_node: int) -> list[HostSlots]:
@@ -180,7 +241,7 @@ def parse_ips(ips: str, nproc_per_node: int) -> list[HostSlots]:
     if not ips.strip() or any(not n for n in names):
         raise ConfigError(with_hint(f"--ips: cannot read address list {ips!r}",
                                     "write --ips 10.0.0.1,10.0.0.2"))
-    return merge_hosts(HostSlots(_check_name(n, "--ips"), nproc_per_node) for n in names)
+    return merge_hosts(HostSlots(check_name(n, "--ips"), nproc_per_node) for n in names)
 
 
 def parse_devices(text: str) -> tuple[str, ...]:
