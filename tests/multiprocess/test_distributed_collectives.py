@@ -618,3 +618,23 @@ def test_three_ranks_match_numpy_and_each_other():
     problems = _failures(accord, "accord") + _agreement([r for r, _ in accord])
     assert not problems, "\n".join(problems)
     assert len(accord[0][0]) > 300
+
+
+def _repeated_steps(rank, size):
+    import torch
+    import torch.distributed as dist
+
+    out = []
+    for step in range(12):  # the same calls every step: the engine plans them after a few
+        dist.barrier()
+        t = torch.full((4,), float(rank + step))
+        dist.all_reduce(t)
+        out.append(t[0].item())
+    return out
+
+
+def test_a_repeated_step_of_barriers_and_allreduces_runs_planned():
+    """A step that starts with a barrier (no tensor, so no device): the planner used to look up a
+    communicator for device '' and stopped the engine."""
+    results = run_ranks(_repeated_steps, 2, init="torch:accord", timeout=120)
+    assert results[0] == results[1] == [float(1 + 2 * step) for step in range(12)]

@@ -149,8 +149,10 @@ class PlannedCycles:
 
     def observe(self, steady: bool, ready_ids: Sequence[int], ready: Sequence[Request], now: float) -> None:
         """After a negotiated cycle at ``now``: see :meth:`Planner.observe`."""
+        # a barrier has no tensor, hence no device: its set's CPU communicator runs it
+        device = (ready[0].signature.device if ready else "") or "cpu"
         self.planner.observe(steady, ready_ids, ready, self._state.settings.fusion_threshold,
-                             self._scattered(ready[0].signature.device if ready else "cpu"))
+                             self._scattered(device))
         if self.planner.plan is not None:
             self._since = now
 
