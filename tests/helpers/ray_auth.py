@@ -1,5 +1,5 @@
 """Ray's token authentication for the test process's Ray clusters, with a token given in the
-environment: import this module before Ray.
+environment: tests/conftest.py imports this module, before any test module (and Ray) is imported.
 
 Ray (>= 2.52) turns token authentication on for a new local cluster and, unless a token is given,
 writes one to ~/.ray/auth_token, a file that outlives the test run. Importing this module sets

@@ -8,7 +8,6 @@ import sys
 import threading
 import time
 
-import helpers.ray_auth  # noqa: F401 - Ray's token in the environment, before Ray is imported
 import pytest
 
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'accord[ray]' "
