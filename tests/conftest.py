@@ -14,11 +14,10 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))  # makes `helpers` importable from tests
 
-from helpers import leftovers  # noqa: E402
 # Ray reads its authentication mode once, when it is first imported, and any test module may be
 # the first to import it (tests/cluster's importorskip is collected before tests/integration):
-# the token setting goes in before any test module is collected
-from helpers import ray_auth  # noqa: E402,F401
+# ray_auth's token setting goes in before any test module is collected
+from helpers import leftovers, ray_auth  # noqa: E402,F401
 
 _RUN: dict = {}
 
