@@ -7,9 +7,11 @@ simulated hosts (tools/simcluster) with links at ``--rate``: the 26 M-parameter 
 ResNet-50 on 64x64 images. Each invocation measures, in the same processes, rank 0 alone (the
 reference for scaling efficiency), accord (hvd.DistributedOptimizer, defaults: the hierarchical
 allreduce chosen automatically) and DDP, alternating over ``--repeats``. A second MLP run gives
-accord's best settings (bf16 gradient compression on the wire). Writes
-benchmarks/results/cluster_train_<name>.json (accord-bench's own JSON, plus the cluster's setup).
-Target: accord >= 1.2x DDP on the MLP at 1 Gbit/s.
+accord's best settings (bf16 gradient compression on the wire), and a third measures DDP on
+accord's torch.distributed backend (``--accord-api ddp``: the same DDP, its buckets on accord)
+against DDP on gloo. Writes benchmarks/results/cluster_train_<name>.json (accord-bench's own
+JSON, plus the cluster's setup). Targets at 1 Gbit/s: accord >= 1.2x DDP on the MLP; DDP on
+accord >= 1.3x DDP on gloo.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 RUNS: list[tuple[str, list[str]]] = [
     ("mlp", ["--model", "mlp", "--batch-size", "32"]),
     ("mlp_bf16", ["--model", "mlp", "--batch-size", "32", "--compression", "bf16"]),
+    ("mlp_ddp_accord", ["--model", "mlp", "--batch-size", "32", "--accord-api", "ddp"]),
     ("resnet50", ["--model", "resnet50", "--image-size", "64", "--batch-size", "16"]),
 ]
 

@@ -113,6 +113,31 @@ def test_train_digits_o1_against_horovod_style(tmp_path):
     assert 1.5 < acc[0][1] < 3.0  # about ln(10) = 2.30 for an untrained 10-class model
 
 
+@pytest.mark.timeout(120)
+def test_train_accord_via_ddp_on_the_accord_backend(tmp_path):
+    out = tmp_path / "t.json"
+    proc = _bench("train", "--model", "lenet", "--nproc-per-node", "2", "--batch-size", "8",
+                  "--steps", "2", "--warmup", "1", "--log-interval", "1", "--baseline", "ddp",
+                  "--accord-api", "ddp", "--json", str(out), timeout=110)
+    assert "accord via DDP on the accord backend" in proc.stdout
+    result = json.loads(out.read_text())
+    assert result["config"]["accord_api"] == "ddp"
+    runs = {r["name"]: r for r in result["runs"]}
+    assert runs["accord"]["strategy"] == "accord-ddp" and runs["ddp"]["strategy"] == "ddp"
+    # DDP on the accord backend and DDP on gloo: the same averaging, so the same losses
+    acc, ddp = dict(map(tuple, runs["accord"]["losses"])), dict(map(tuple, runs["ddp"]["losses"]))
+    assert sorted(acc) == [1, 2, 3]
+    for step, loss in acc.items():
+        assert loss == pytest.approx(ddp[step], rel=1e-5, abs=1e-6)
+
+
+def test_train_accord_via_ddp_refuses_compression():
+    proc = subprocess.run([sys.executable, "-m", "accord.bench", "train", "--accord-api", "ddp",
+                           "--compression", "bf16"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "--compression bf16 applies to --accord-api hvd" in proc.stderr and "HINT:" in proc.stderr
+
+
 @pytest.mark.timeout(90)
 def test_collectives_under_accordrun():
     proc = subprocess.run(

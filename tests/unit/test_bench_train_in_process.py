@@ -21,7 +21,7 @@ pytestmark = pytest.mark.timeout(60)
 
 OPTS = TrainOptions(model="lenet", batch_size=4, amp_level="O0", amp_dtype="auto", compiler_opt=False,
                     channels_last=False, steps=1, warmup=0, repeats=1, log_interval=1, data="synthetic",
-                    image_size=None, baseline="none",
+                    image_size=None, baseline="none", accord_api="hvd",
                     compression="none", device="cpu", threads=1, lr=0.5, seed=0, progress=False)
 
 

@@ -90,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--image-size", type=int, default=None,
                    help="image side for resnet/lenet (default 224 resnet, 28 lenet; digits: 32, 8)")
     t.add_argument("--baseline", choices=options.BASELINES, default="ddp")
+    t.add_argument("--accord-api", choices=options.ACCORD_APIS, default="hvd",
+                   help="accord's run: hvd (hvd.DistributedOptimizer, the default) or ddp (DDP on a "
+                        "process group of the accord torch.distributed backend)")
     t.add_argument("--compression", choices=options.COMPRESSIONS, default="none",
                    help="accord's gradient compression (the baseline never compresses)")
     t.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")

@@ -25,6 +25,7 @@ DTYPE_SIZES = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int32":
 MODELS = ("lenet", "mlp", "resnet18", "resnet50")  # accord.models' registry (a test keeps them equal)
 AMP_LEVELS = ("O0", "O1", "O2")
 BASELINES = ("ddp", "horovod-style", "none")
+ACCORD_APIS = ("hvd", "ddp")  # how the accord run averages gradients (see accord.bench.strategies)
 COMPRESSIONS = ("none", "fp16", "bf16")
 # The tensors each built-in backend moves (known here without importing torch).
 _BUILTIN_DEVICES = {"gloo": "cpu", "shm": "cpu", "mpi": "cpu", "nccl": "cuda", "host": "cuda"}
@@ -65,6 +66,7 @@ class TrainOptions:
     data: str  # "synthetic" or "digits"
     image_size: int | None
     baseline: str
+    accord_api: str  # "hvd": hvd.DistributedOptimizer; "ddp": DDP on a group of the accord backend
     compression: str
     device: str  # "auto", "cpu" or "cuda"
     threads: int
@@ -224,6 +226,13 @@ def train_options(args: Any) -> TrainOptions:
                     "drop --channels-last")
     if not args.lr > 0:
         raise _fail(f"--lr must be > 0, got {args.lr}", "pass e.g. --lr 0.01")
+    accord_api = getattr(args, "accord_api", "hvd")
+    if accord_api == "ddp" and args.compression != "none":
+        raise _fail(f"--compression {args.compression} applies to --accord-api hvd (DDP sends its buckets as "
+                    "they are)", "drop --compression, or use --accord-api hvd")
+    if accord_api == "ddp" and args.amp_level == "O2":
+        raise _fail("--amp-level O2 needs --accord-api hvd (its master weights step outside DDP)",
+                    "use --accord-api hvd, or --amp-level O0/O1")
     return TrainOptions(
         model=args.model, batch_size=_positive("--batch-size", args.batch_size),
         amp_level=args.amp_level, amp_dtype=args.amp_dtype, compiler_opt=args.compiler_opt,
@@ -231,7 +240,7 @@ def train_options(args: Any) -> TrainOptions:
         steps=_positive("--steps", args.steps), warmup=_positive("--warmup", args.warmup, 0),
         repeats=_positive("--repeats", args.repeats),
         log_interval=_positive("--log-interval", args.log_interval), data=args.data,
-        image_size=args.image_size, baseline=args.baseline, compression=args.compression,
+        image_size=args.image_size, baseline=args.baseline, accord_api=accord_api, compression=args.compression,
         device=args.device, threads=_positive("--threads", args.threads),
         lr=args.lr, seed=args.seed, progress=not args.no_progress,
     )

@@ -96,6 +96,7 @@ def format_train(result: dict[str, Any]) -> str:
         f"# accord-bench train · {cfg.get('model')} · {shape}{cfg.get('data')} data · batch "
         f"{cfg.get('batch_size')}/rank · amp {cfg.get('amp_level')}"
         f"{' + compiler-opt' if cfg.get('compiler_opt') else ''} · compression {cfg.get('compression')} · "
+        f"{'accord via DDP on the accord backend · ' if cfg.get('accord_api') == 'ddp' else ''}"
         f"{cfg.get('steps')} steps after {cfg.get('warmup')} warm-up{repeats}",
         format_environment(result.get("environment"), result.get("load_average_before")),
         "",

@@ -6,6 +6,8 @@
   optional fp16/bf16 compression. Under O2 it reduces the half model's gradients and a second,
   plain optimizer steps the float32 master weights.
 - ``ddp``: ``torch.nn.parallel.DistributedDataParallel`` on the default Gloo (or NCCL) group.
+- ``accord-ddp``: the same DDP on a process group of accord's torch.distributed backend
+  (``dist.new_group(backend="accord")``), the path of ``init_process_group("accord")``.
 - ``horovod-style``: what Horovod does without its engine: a hook per parameter launches an
   async ``torch.distributed.all_reduce`` of its gradient (no fusion), ``step`` waits for all
   and divides by the world size.
@@ -24,7 +26,7 @@ from torch import nn
 
 from accord.bench.precision import Precision
 
-KINDS = ("local", "accord", "ddp", "horovod-style")
+KINDS = ("local", "accord", "accord-ddp", "ddp", "horovod-style")
 
 
 def start_baseline_group(timeout_s: float = 300.0) -> bool:
@@ -140,17 +142,35 @@ class _HorovodStyle(Strategy):
 
 
 def make_strategy(kind: str, model: nn.Module, precision: Precision, *, lr: float, size: int,
-                  device: torch.device, compression: str = "none") -> Strategy:
-    """Wrap ``model`` (float32, on ``device``) for ``kind``; see the module docstring."""
+                  device: torch.device, compression: str = "none", group: Any = None) -> Strategy:
+    """Wrap ``model`` (float32, on ``device``) for ``kind``; see the module docstring.
+
+    Args:
+        kind: one of :data:`KINDS`.
+        model: the float32 model, on ``device``.
+        precision: the AMP level and dtype.
+        lr: the SGD learning rate.
+        size: ranks that average gradients.
+        device: where the model is.
+        compression: accord's gradient compression (``accord`` only).
+        group: the process group of ``accord-ddp`` (an accord-backend group; None: the default group).
+
+    Returns:
+        The strategy.
+
+    Raises:
+        ValueError: ``kind`` is unknown.
+    """
     if kind == "local":
         model = precision.prepare(model)
         return Strategy(model, _sgd(precision.optimizer_params(model), lr))
     if kind == "accord":
         return _Accord(model, precision, lr, compression)
-    if kind == "ddp":
+    if kind in ("ddp", "accord-ddp"):
         model = precision.prepare(model)
         ids = [device.index] if device.type == "cuda" else None
-        ddp = nn.parallel.DistributedDataParallel(model, device_ids=ids)
+        ddp = nn.parallel.DistributedDataParallel(model, device_ids=ids,
+                                                  process_group=group if kind == "accord-ddp" else None)
         return Strategy(ddp, _sgd(precision.optimizer_params(model), lr))
     if kind == "horovod-style":
         return _HorovodStyle(model, precision, lr, size)

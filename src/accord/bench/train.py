@@ -57,15 +57,17 @@ def _interval_line(label: str, step: int, total: int, warm: bool, loss: float, s
 
 
 def _run(label: str, kind: str, opts: TrainOptions, rank: int, size: int, device: torch.device,
-         report: bool, barrier: Callable[[], None]) -> dict[str, Any]:
-    """Train ``warmup + steps`` steps with strategy ``kind`` on ``size`` ranks; time each step."""
+         report: bool, barrier: Callable[[], None], group: Any = None) -> dict[str, Any]:
+    """Train ``warmup + steps`` steps with strategy ``kind`` on ``size`` ranks; time each step
+    (``group``: the accord-backend process group of ``accord-ddp``)."""
     torch.manual_seed(opts.seed)  # the same initial weights everywhere (and broadcast anyway)
     layout = torch.channels_last if opts.channels_last else torch.contiguous_format
     model = build_model(opts).to(device, memory_format=layout)
     data = batches(opts, rank, size, device)
     precision = Precision(opts.amp_level, opts.amp_dtype, device.type)
     strategy = make_strategy(kind, model, precision, lr=opts.lr, size=size, device=device,
-                             compression=opts.compression if kind == "accord" else "none")
+                             compression=opts.compression if kind == "accord" else "none",
+                             group=group)
     net = torch.compile(strategy.model) if opts.compiler_opt else strategy.model
     total = opts.warmup + opts.steps
     meter = MemoryMeter(device)
@@ -164,7 +166,10 @@ def _run_all(opts: TrainOptions) -> dict[str, Any] | None:
         if size > 1:
             dist.all_reduce(torch.zeros(1))  # CPU tensor: the default group's Gloo part
 
-    plan = [("accord", "accord")]
+    plan = [("accord", "accord-ddp" if opts.accord_api == "ddp" else "accord")]
+    # DDP on accord's torch.distributed backend: a group of its own beside the default Gloo one
+    # the baselines use (collective: every rank creates it, once)
+    group = dist.new_group(backend="accord") if opts.accord_api == "ddp" and size > 1 else None
     if opts.baseline != "none":
         plan.append((opts.baseline, opts.baseline))
     parts: dict[str, list[dict[str, Any]]] = {"single": [], **{label: [] for label, _ in plan}}
@@ -175,7 +180,8 @@ def _run_all(opts: TrainOptions) -> dict[str, Any] | None:
         if size > 1:
             _wait_for_single(rank, repeat)
             for label, kind in (plan if repeat % 2 == 0 else plan[::-1]):
-                parts[label].append(_run(label + tag, kind, opts, rank, size, device, rank == 0, barrier))
+                parts[label].append(_run(label + tag, kind, opts, rank, size, device, rank == 0, barrier,
+                                         group))
     backend = engine.backend_name(device.type)
     environment = describe(world_size=size, threads=opts.threads, backend=backend, device=device.type)
     if rank != 0:
