@@ -27,6 +27,7 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 from helpers.ranks import run_ranks
+from helpers.torch_features import premul_factor_readable, torch_release
 from helpers.values import bits_equal, random_values, reduce_tolerance, to_tensor, within
 
 pytestmark = pytest.mark.timeout(300)
@@ -191,9 +192,11 @@ def _table(t: Table, group: Any, members: list[int], prefix: str, full: bool) ->
     def case(name: str, fn: Callable[[], list[Check]], shared: bool) -> None:
         t.case(prefix + name, fn, members if shared else None)
 
+    gloo_aborts_on_stacked = dist.get_backend(group) == "gloo" and torch_release() < (2, 5)
     for dtype in dtypes:
         ops = _ops_for(dtype) if full else tuple(o for o in ("SUM", "MAX", "BOR") if o in _ops_for(dtype))
-        if dtype in FLOATS and full:
+        # (on torch 2.4 PREMUL_SUM is refused: tests/multiprocess/test_distributed_errors.py)
+        if dtype in FLOATS and full and premul_factor_readable():
             ops = ops + ("PREMUL",)
         for op in ops:
             tag = f"{dtype}-{op}"
@@ -225,6 +228,8 @@ def _table(t: Table, group: Any, members: list[int], prefix: str, full: bool) ->
             case(f"reduce_scatter {tag}", reduce_scatter, False)
 
             for form in ("flat", "stacked"):
+                if form == "stacked" and gloo_aborts_on_stacked:
+                    continue  # torch 2.4's Gloo kills the process (a C++ CHECK) on the stacked input
                 def reduce_scatter_tensor(tag: str = tag, dtype: str = dtype, op: str = op,
                                           form: str = form) -> list[Check]:
                     x = ins(f"rst-{form}-{tag}", dtype, (n, 3, 2), op)

@@ -22,6 +22,7 @@ from helpers.dying_ranks import run_ranks_with_deaths
 from helpers.marks import mark, wait_marked
 from helpers.ranks import run_ranks
 from helpers.stacks import wait_until
+from helpers.torch_features import premul_factor_readable, torch_release
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -109,6 +110,10 @@ def _bad_calls(rank: int, size: int) -> dict[str, Any]:
     }
     if not hasattr(torch, "float4_e2m1fn_x2"):
         del cases["all_reduce SUM float4"]
+    if not premul_factor_readable():  # torch 2.4: the factor cannot be read, so no rank can compare it
+        cases["all_reduce premul factor"] = (
+            cases["all_reduce premul factor"][0],
+            [f"invalid arguments on ranks {everyone}", "PREMUL_SUM with a factor", "HINT:"])
     got = {name: (_outcome(call), wanted) for name, (call, wanted) in cases.items()}
     after = torch.full((2,), float(rank + 1))
     dist.all_reduce(after)  # still in step after the errors
@@ -176,6 +181,10 @@ def test_collective_after_destroy_raises():
         assert out["world still works"][0] == "returned", (rank, out)
         for name in ("sub through torch", "world through torch", "barrier"):
             kind, runtime, _, message = out[name]
+            if name == "sub through torch" and torch_release() < (2, 5):
+                # torch 2.4's own lookup of a destroyed group fails before the backend is reached
+                assert kind == "TypeError" and "None" in message, (rank, name, out[name])
+                continue
             assert runtime and "not" in message and "initialized" in message, (rank, name, out[name])
         for name in ("sub held", "world held", "send"):
             kind, runtime, _, message = out[name]
