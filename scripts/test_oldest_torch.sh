@@ -23,7 +23,8 @@ if [ -z "$BASE_PYTHON" ]; then
 fi
 [ -x "$VENV/bin/python" ] || "$BASE_PYTHON" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$TORCH" numpy 'pytest>=8' \
-    'pytest-timeout>=2.3' 'msgpack>=1.0' 'cryptography>=42' scikit-learn mpi4py 2>&1 \
+    'pytest-timeout>=2.3' 'msgpack>=1.0' 'cryptography>=42' scikit-learn mpi4py \
+    'pyyaml>=5.1' 'cloudpickle>=2' matplotlib tqdm 2>&1 \
   | grep -v -E "^WARNING: Location .* is ignored" || true
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps -e . 2>&1 \
   | grep -v -E "^WARNING: Location .* is ignored" || true
