@@ -208,18 +208,25 @@ class Model:
         (Paddle returns None); ``batch_size`` is one int (Paddle also takes a (train, eval) pair).
 
         Args:
-            train_data, eval_data: a Dataset, ``(X, y)`` arrays, or a DataLoader (used as is:
-                then sharding it is up to you).
+            train_data: a Dataset, ``(X, y)`` arrays, or a DataLoader (used as is: then sharding
+                it is up to you).
+            eval_data: the same kinds as ``train_data``, for the evaluations (None: none).
             batch_size: samples per step on each rank (the global batch is ``batch_size * world_size``).
                 Each rank reads ``ceil(len / world_size)`` samples (torch's DistributedSampler:
                 padded by repeating samples from the start); a last batch shorter than
                 ``batch_size`` is kept unless ``drop_last``.
             epochs: epochs to run (0: none, the callbacks still see train begin and end).
-            log_freq: steps between log lines; verbose: 0 silent, 1 bar on a terminal, 2 lines.
-            save_dir, save_freq: checkpoint ``save_dir/<epoch>`` (the 0-based epoch) after every
-                ``save_freq``-th epoch (counted as ``eval_freq``), and ``save_dir/final`` at the
-                end (rank 0 writes).
-            shuffle, seed: shuffle by ``(seed, epoch)``, identically on every rank.
+            eval_freq: evaluate after every ``eval_freq``-th epoch (and after the last).
+            log_freq: steps between log lines.
+            verbose: 0 silent, 1 bar on a terminal, 2 lines.
+            drop_last: drop each rank's last batch when it is shorter than ``batch_size``.
+            save_dir: checkpoint ``save_dir/<epoch>`` (the 0-based epoch) after every
+                ``save_freq``-th epoch, and ``save_dir/final`` at the end (rank 0 writes);
+                None: no checkpoints.
+            save_freq: epochs between checkpoints (counted as ``eval_freq``).
+            shuffle: shuffle by ``(seed, epoch)``, identically on every rank.
+            num_workers: DataLoader worker processes per rank.
+            seed: the shuffle's seed.
             callbacks: extra :class:`Callback` objects. A callback that sets
                 ``model.stop_training`` (on any rank) stops every rank at the next log step or
                 epoch end.
