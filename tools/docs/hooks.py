@@ -1,7 +1,9 @@
 """MkDocs hooks for the documentation site (mkdocs.yml names this file).
 
 - ``<!-- include: PATH -->`` on a line of its own is replaced by that repository file (SECURITY.md
-  is one file for GitHub readers and one page of the site), its links rebased to the page.
+  is one file for GitHub readers and one page of the site), its links rebased to the page;
+  ``<!-- include: PATH headings+1 -->`` also moves its headings one level down (its ``#`` title
+  becomes a section of the page).
 - ``<!-- help: accordrun -->`` (or ``accord-bench``, ``accord-bench train``, ...) is replaced by
   the program's ``--help`` text, asked of its argparse parser in this process: the page is what
   the installed code says, never a copy that drifts.
@@ -39,7 +41,7 @@ PLOTS = {
     "plots/train_mlp.png": "bench_train_mlp_ddp.json",
 }
 
-_INCLUDE = re.compile(r"^<!-- include: (\S+) -->$", re.M)
+_INCLUDE = re.compile(r"^<!-- include: (\S+)( headings\+1)? -->$", re.M)
 _HELP = re.compile(r"^<!-- help: ([\w -]+?) -->$", re.M)
 _LINK = re.compile(r"(?<!!)\[([^\]]*)\]\(([^)\s]+)\)")
 _FENCE = re.compile(r"^(```|~~~).*?^\1", re.M | re.S)
@@ -98,13 +100,17 @@ def _rebase_links(text: str, source: str, page: str, docs_dir: str) -> str:
         # a source file, a script, a test: the site does not serve them; name the path instead
         return label if full in label or posixpath.basename(full) in label else f"{label} (`{full}`)"
 
-    # links inside fenced code are code, not links
+    return _outside_fences(text, lambda part: _LINK.sub(fix, part))  # links in code are code
+
+
+def _outside_fences(text: str, change) -> str:
+    """``text`` with ``change`` applied to every part outside fenced code blocks."""
     out, last = [], 0
     for fence in _FENCE.finditer(text):
-        out.append(_LINK.sub(fix, text[last:fence.start()]))
+        out.append(change(text[last:fence.start()]))
         out.append(fence.group(0))
         last = fence.end()
-    out.append(_LINK.sub(fix, text[last:]))
+    out.append(change(text[last:]))
     return "".join(out)
 
 
@@ -120,6 +126,8 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
         except OSError as exc:
             log.warning("%s: cannot include %s: %s", page_path, source, exc)
             return m.group(0)
+        if m.group(2):
+            text = _outside_fences(text, lambda part: re.sub(r"^#", "##", part, flags=re.M))
         return _rebase_links(text, source, page_path, docs_dir)
 
     def help_block(m: re.Match) -> str:
