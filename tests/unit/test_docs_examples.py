@@ -166,15 +166,15 @@ def test_every_environment_variable_the_docs_name_is_declared_in_config():
             assert name in _read(reader), (name, reader)
 
 
-# Defaults the README and docs/launcher.md state for variables, as accord.config declares them.
+# Defaults the docs (docs/*.md, SECURITY.md) state for variables, as accord.config declares them.
 STATED_DEFAULTS = {
-    "ACCORD_CPU_BACKEND": "auto",                      # README: ACCORD_CPU_BACKEND=auto, the default
-    "ACCORD_GPU_BACKEND": "auto",                      # README: ACCORD_GPU_BACKEND=auto, the default
+    "ACCORD_CPU_BACKEND": "auto",                      # performance.md: ACCORD_CPU_BACKEND=auto, the default
+    "ACCORD_GPU_BACKEND": "auto",                      # gpus.md: `auto` (default)
     "ACCORD_HIERARCHICAL_MIN_BYTES": 1 << 20,          # launcher.md: (1 MiB)
-    "ACCORD_FUSION_THRESHOLD": 64 << 20,               # README benchmarks: 64 MB (the default)
+    "ACCORD_FUSION_THRESHOLD": 64 << 20,               # performance.md: 64 MB by default
     "ACCORD_LOG_LEVEL": "warning",                     # launcher.md: warning (default)
     "ACCORD_MAX_OBJECT_BYTES": 2 << 30,                # SECURITY.md: default 2 GiB
-    "ACCORD_GIL_SWITCH_INTERVAL": 1.0,                 # README: 1 ms while the engine runs
+    "ACCORD_GIL_SWITCH_INTERVAL": 1.0,                 # performance.md: 1 ms while the engine runs
     "ACCORD_KVSTORE_CHUNK_ELEMENTS": 1 << 20,          # SECURITY.md: 64 KiB + 16 B x it = 16.1 MiB
 }
 
@@ -184,14 +184,15 @@ def test_the_defaults_the_docs_state_are_configs():
     assert "`ACCORD_HIERARCHICAL_MIN_BYTES` (1 MiB)" in _read("docs/launcher.md")
 
 
-def test_the_engines_cycle_defaults_are_the_readmes():
-    """README: ACCORD_CYCLE_QUIET_TIME default 0.5 ms, ACCORD_CYCLE_TIME default 30 ms on Gloo
-    and MPI; on shm the engine gathers until a caller waits, one second at most."""
+def test_the_engines_cycle_defaults_are_the_performance_pages():
+    """docs/performance.md: ACCORD_CYCLE_QUIET_TIME default 0.5 ms, ACCORD_CYCLE_TIME default 30
+    ms on Gloo and MPI; on shm the engine gathers until a caller waits, one second at most."""
     from accord.engine.settings import default_cycle_times
 
-    readme = _read("README.md")
-    assert "`ACCORD_CYCLE_QUIET_TIME` (default 0.5 ms)" in readme
-    assert "(`HOROVOD_CYCLE_TIME`, default 30 ms" in readme
+    page = _read("docs/performance.md")
+    assert "`ACCORD_CYCLE_QUIET_TIME` (default 0.5 ms)" in page
+    assert "(`HOROVOD_CYCLE_TIME`, default 30 ms" in page
+    assert "gathers until a caller waits (one second at most)" in page
     for backend in ("gloo", "mpi"):
         cycle, quiet, _ = default_cycle_times(backend)
         assert (cycle, quiet) == (0.030, 0.0005)
