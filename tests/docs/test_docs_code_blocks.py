@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
-import signal
 import subprocess
 import sys
 from dataclasses import dataclass
 
 import pytest
+from helpers import framework_jobs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The pages whose Python blocks are programs (the other pages show fragments of programs).
@@ -100,24 +99,6 @@ for path, where in zip(sys.argv[1::2], sys.argv[2::2]):
 '''
 
 
-def _run(argv: list[str], cwd: str, timeout: float) -> tuple[int, str]:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.path.join(ROOT, "src"))
-    env.pop("PYTEST_CURRENT_TEST", None)
-    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGTERM)  # accordrun stops its workers, then exits
-        try:
-            out, _ = proc.communicate(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, _ = proc.communicate()
-        pytest.fail(f"{shlex.join(argv)} ran past {timeout} s; its output ended with:\n{out[-6000:]}")
-    return proc.returncode, out
-
-
 def _interpreter(command: str) -> tuple[str, list[str]]:
     words = command.split()
     if words[0] != "mxnet":
@@ -145,7 +126,9 @@ def test_the_guides_blocks_run(command, tmp_path):
     else:
         (tmp_path / "driver.py").write_text(DRIVER)
         argv = [python, "-m", "accord.run", *words[1:], python, str(tmp_path / "driver.py"), *files]
-    status, out = _run(argv, str(tmp_path), timeout=200)
+    proc = framework_jobs.run(argv, timeout=200, cwd=str(tmp_path),
+                              env_extra={"PYTHONPATH": os.path.join(ROOT, "src")})
+    status, out = proc.returncode, proc.stdout
     assert status == 0, f"{command}: exit {status}\n{out[-8000:]}"
     if words[0] != "python":
         ranks = int(words[words.index("-np") + 1])
