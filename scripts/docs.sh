@@ -9,4 +9,4 @@ if ! .venv/bin/python -c "import mkdocs, material, mkdocstrings_handlers.python,
   .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[docs]' 2>&1 \
     | grep -v -E "^WARNING: Location .* is ignored" || true
 fi
-exec .venv/bin/python -m mkdocs build --strict --site-dir site "$@"
+NO_MKDOCS_2_WARNING=1 exec .venv/bin/python -m mkdocs build --strict --site-dir site "$@"
