@@ -13,7 +13,7 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCREENSHOTS = os.path.join(ROOT, "docs", "images", "screenshots")
+SCREENSHOTS = os.path.join(ROOT, "docs", "screenshots")
 
 
 def _load(name: str, path: str):
@@ -102,7 +102,7 @@ def test_pages_render_with_navigation_and_highlighted_code(site, kind):
 
 
 def test_one_small_screenshot_per_page_type_is_kept():
-    """docs/images/screenshots/: `python tools/docs/browser.py site --screenshots docs/images/screenshots`."""
+    """docs/screenshots/: `python tools/docs/browser.py site --screenshots docs/screenshots`."""
     for kind in browser.PAGES:
         path = os.path.join(SCREENSHOTS, f"{kind}.png")
         with open(path, "rb") as fh:

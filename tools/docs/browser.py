@@ -1,7 +1,7 @@
 """Look at the built documentation site as a reader would: headless Chromium (Debian's package).
 
     python tools/docs/browser.py site                      # check the pages, print what was seen
-    python tools/docs/browser.py site --screenshots docs/images/screenshots   # and keep screenshots
+    python tools/docs/browser.py site --screenshots docs/screenshots   # and keep screenshots
 
 The site is served on a free loopback port for the time of the check. :func:`look` loads a copy of
 a page with a small script added that, once the page has run its own JavaScript, records what the
