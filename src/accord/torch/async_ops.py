@@ -163,6 +163,13 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: ReduceOp,
 
     Returns a function; calling it (or passing it to ``synchronize``) waits and returns the
     aggregated sparse tensor (values divided by the set size for Average).
+
+    Args:
+        tensor: a sparse COO tensor (coalesced here if it is not); the same dense shape on
+            every rank, any number of non-zero entries.
+        name: the base of the two allgathers' names (``name.indices``, ``name.values``).
+        op: ``hvd.Average`` or ``hvd.Sum``.
+        process_set: the ranks taking part (default: all).
     """
     t = tensor.coalesce() if not tensor.is_coalesced() else tensor
     indices_handle = allgather_async(t._indices().transpose(0, 1).contiguous(),
@@ -382,7 +389,14 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | Non
 # --- barrier and join ---------------------------------------------------------------------------
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
-    """Block until every rank of ``process_set`` has reached the barrier."""
+    """Block until every rank of ``process_set`` has reached the barrier.
+
+    Args:
+        process_set: the ranks that wait for each other (default: all).
+
+    Raises:
+        CollectiveError: a rank died or the engine stopped while waiting.
+    """
     handle = gateway.start("barrier", [None], None, set_id_of(process_set), lambda results: None)
     gateway.synchronize(handle)
 
@@ -392,5 +406,15 @@ def join(device: int = -1) -> int:
 
     While joined, this rank takes part in the collectives the others still submit with zeros
     (Average still divides by the full size). Returns the rank that joined last.
+
+    Args:
+        device: the CUDA device index of the zeros this rank contributes to CUDA collectives
+            while joined (-1: the current device), as in Horovod.
+
+    Returns:
+        The global rank that joined last, the same on every rank.
+
+    Raises:
+        ValueError: accord is not initialized (Horovod's message).
     """
     return gateway.join(device)
