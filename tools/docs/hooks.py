@@ -26,8 +26,6 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SRC = os.path.join(ROOT, "src")
-if SRC not in sys.path:  # this tree's accord, whatever the environment installed
-    sys.path.insert(0, SRC)
 
 log = logging.getLogger("mkdocs.plugins.accord")
 
@@ -45,6 +43,12 @@ _INCLUDE = re.compile(r"^<!-- include: (\S+)( headings\+1)? -->$", re.M)
 _HELP = re.compile(r"^<!-- help: ([\w -]+?) -->$", re.M)
 _LINK = re.compile(r"(?<!!)\[([^\]]*)\]\(([^)\s]+)\)")
 _FENCE = re.compile(r"^(```|~~~).*?^\1", re.M | re.S)
+
+
+def on_config(config):
+    if SRC not in sys.path:  # the --help pages and plots come from this tree's accord
+        sys.path.insert(0, SRC)
+    return config
 
 
 def _parser(program: str) -> argparse.ArgumentParser:
