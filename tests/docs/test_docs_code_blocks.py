@@ -6,12 +6,13 @@ A guide marks each ```python block with the command that runs it, on the line be
     <!-- run: accordrun -np 2 --min-np 1 -->  (any accordrun flags)
     <!-- run: python -->                      one process: `python train.py`
     <!-- run: mxnet accordrun -np 2 -->      the same, with the interpreter of .venv-mxnet (MXNet 1.9.1)
+    <!-- run: none (why) -->                  not a program (a few lines of one); at most 3 such blocks
 
 A block without a mark fails the first test. Blocks are whole programs that check their own
 results (an ``assert`` on a value computed another way), so running them is the test. To keep
 the time small, blocks with the same command run in one job: a driver runs each block in turn
 with ``runpy`` (as ``__main__``, in a fresh namespace, in the order of GUIDES), and names the page
-and block that failed. ``python`` blocks run one process each (they start their own workers).
+and block that failed; ``python`` blocks (which start their own workers) share one process.
 """
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # Order matters only for speed and isolation: troubleshooting's deliberate mismatch goes last.
 GUIDES = ["README.md", "docs/getting-started.md", "docs/from-horovod.md", "docs/from-mxnet.md",
           "docs/from-torchrun.md", "docs/from-paddle.md", "docs/elastic.md", "docs/parameter-servers.md",
-          "docs/multi-host.md", "docs/gpus.md", "docs/performance.md", "docs/troubleshooting.md"]
+          "docs/multi-host.md", "docs/gpus.md", "docs/performance.md", "docs/launcher.md",
+          "docs/troubleshooting.md"]
 MXNET_PYTHON = os.path.join(ROOT, ".venv-mxnet", "bin", "python")
 
 _BLOCK = re.compile(r"^```python\n(.*?)^```", re.M | re.S)
@@ -63,9 +65,7 @@ def blocks() -> list[Block]:
 def groups() -> dict[str, list[Block]]:
     out: dict[str, list[Block]] = {}
     for b in blocks():
-        if b.command.split()[:1] == ["python"]:
-            out[f"python {b.where}"] = [b]  # each starts its own workers
-        else:
+        if not b.command.startswith("none"):
             out.setdefault(b.command, []).append(b)
     return out
 
@@ -75,7 +75,12 @@ def test_every_python_block_of_the_guides_says_how_it_runs():
     assert len(found) >= 12, [b.where for b in found]  # the guides were read
     unmarked = [b.where for b in found if not b.command]
     assert unmarked == [], "python blocks without a `<!-- run: ... -->` line before them"
+    not_run = [b for b in found if b.command.startswith("none")]
+    assert len(not_run) <= 3, [b.where for b in not_run]
+    assert all(re.fullmatch(r"none \(.{10,}\)", b.command) for b in not_run), not_run  # each says why
     for b in found:
+        if b in not_run:
+            continue
         words = b.command.split()
         if words[0] == "mxnet":
             words = words[1:]
@@ -121,17 +126,16 @@ def test_the_guides_blocks_run(command, tmp_path):
         path = tmp_path / f"block{i}.py"
         path.write_text(b.code)
         files += [str(path), b.where]
+    (tmp_path / "driver.py").write_text(DRIVER)
     if words[0] == "python":
-        argv = [python, files[0]]
+        argv = [python, str(tmp_path / "driver.py"), *files]
     else:
-        (tmp_path / "driver.py").write_text(DRIVER)
         argv = [python, "-m", "accord.run", *words[1:], python, str(tmp_path / "driver.py"), *files]
     proc = framework_jobs.run(argv, timeout=200, cwd=str(tmp_path),
                               env_extra={"PYTHONPATH": os.path.join(ROOT, "src")})
     status, out = proc.returncode, proc.stdout
     assert status == 0, f"{command}: exit {status}\n{out[-8000:]}"
-    if words[0] != "python":
-        ranks = int(words[words.index("-np") + 1])
-        for b in group:  # every rank ran every block (a rank that died in elastic.md does not count)
-            done = out.count(f"DOCS BLOCK OK: {b.where}")
-            assert done >= 1 and (done == ranks or "--min-np" in words), (b.where, done, out[-4000:])
+    ranks = 1 if words[0] == "python" else int(words[words.index("-np") + 1])
+    for b in group:  # every rank ran every block (a rank that died in elastic.md does not count)
+        done = out.count(f"DOCS BLOCK OK: {b.where}")
+        assert done >= 1 and (done == ranks or "--min-np" in words), (b.where, done, out[-4000:])
