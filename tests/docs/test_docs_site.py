@@ -65,6 +65,32 @@ def test_the_site_builds_strict_with_every_page_and_plot(site):
     assert hooks.help_text("accordrun").splitlines()[0] in cli
 
 
+# A few names per reference page that mkdocstrings must have rendered from the docstrings.
+REFERENCE = {
+    "torch": ["accord.torch.allreduce", "accord.torch.DistributedOptimizer", "accord.torch.elastic.run"],
+    "mxnet": ["accord.mxnet.DistributedTrainer", "accord.mxnet.allreduce"],
+    "kvstore": ["accord.kvstore.create", "accord.kvstore.base.KVStoreBase.push"],
+    "data": ["accord.data.samplers.DistributedSampler", "accord.data.split_batch"],
+    "hapi": ["accord.hapi.Model.fit", "accord.hapi.Accuracy"],
+    "run": ["accord.run.functions.spawn.spawn", "accord.run.functions.horovod_run.run"],
+}
+
+
+@pytest.mark.timeout(300)
+def test_the_api_reference_is_generated_with_arguments(site):
+    for page, names in REFERENCE.items():
+        with open(os.path.join(site, "reference", f"{page}.html"), encoding="utf-8") as fh:
+            html = fh.read()
+        for name in names:
+            assert f'id="{name}"' in html, (page, name)
+    with open(os.path.join(site, "reference", "torch.html"), encoding="utf-8") as fh:
+        torch_page = fh.read()
+    allreduce = torch_page[torch_page.index('id="accord.torch.allreduce"'):]
+    allreduce = allreduce[:allreduce.index('class="doc doc-object doc-function"', 1)]
+    for section in ("Parameters:", "Returns:", "Raises:", "process_set"):  # the docstring's sections
+        assert section in allreduce, section
+
+
 @pytest.mark.timeout(300)
 def test_no_page_fetches_anything_from_another_host(site):
     pages = glob.glob(os.path.join(site, "**", "*.html"), recursive=True)
