@@ -15,6 +15,8 @@ command -v mpirun >/dev/null 2>&1 || need+=(openmpi-bin libopenmpi-dev)
 command -v ssh >/dev/null 2>&1 || need+=(openssh-client)
 command -v tc >/dev/null 2>&1 && command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v rsync >/dev/null 2>&1 || need+=(rsync)
+# - Chromium, headless, for tests/docs/test_docs_site.py: it opens the built docs site as a reader would
+command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || need+=(chromium)
 if [ ${#need[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1 && SUDO="sudo -n"
   # no service may start on install (a system sshd on port 22): a policy-rc.d that says no,

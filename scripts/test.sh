@@ -8,6 +8,10 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup_env.sh
+# the docs extra (MkDocs, Material, mkdocstrings; from PyPI), for tests/docs/test_docs_site.py, which
+# builds the site in strict mode; optional: where it cannot be installed, those tests say so and skip
+.venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 -e '.[docs]' 2>&1 \
+  | grep -v -E "^WARNING: Location .* is ignored" || true
 status=0
 # lint first: a finding fails the run, after every test has run and reported
 if [ $# -eq 0 ]; then

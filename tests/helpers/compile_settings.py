@@ -12,7 +12,7 @@ def dynamic_output_shapes() -> ContextManager[object]:
 
     From torch 2.9 ``fullgraph=True`` turns this on by itself (pytorch PR 163123); before, such an
     op in a fullgraph compile fails with "dynamic shape operator" unless
-    ``torch._dynamo.config.capture_dynamic_output_shape_ops`` is set, as README.md tells users.
+    ``torch._dynamo.config.capture_dynamic_output_shape_ops`` is set, as docs/from-horovod.md tells users.
     """
     if torch.__version__ >= "2.9":
         return contextlib.nullcontext()

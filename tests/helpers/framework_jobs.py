@@ -48,12 +48,13 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
-    """Run a launcher command in the scripts' folder and return it completed; on timeout its whole
-    process group is stopped (TERM, then KILL) and the test fails with the output's end."""
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+def run(argv: list[str], timeout: float, cwd: str | Path = SCRIPTS,
+        env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run a launcher command in ``cwd`` (the scripts' folder) and return it completed; on timeout
+    its whole process group is stopped (TERM, then KILL) and the test fails with the output's end."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", **(env_extra or {}))
     env.pop("PYTEST_CURRENT_TEST", None)
-    proc = subprocess.Popen(argv, cwd=SCRIPTS, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=timeout)

@@ -63,8 +63,9 @@ def _read(doc: str) -> str:
     return (ROOT / doc).read_text(encoding="utf-8")
 
 
-# Folders of the working tree that are not the repository's: environments, caches, build output.
-_NOT_THE_TREE = re.compile(r"^(\.(?!ci$).*|__pycache__|.*\.egg-info|build|dist|node_modules)$")
+# Folders of the working tree that are not the repository's: environments, caches, build output
+# (site/: the docs site scripts/docs.sh builds).
+_NOT_THE_TREE = re.compile(r"^(\.(?!ci$).*|__pycache__|.*\.egg-info|build|dist|node_modules|site)$")
 
 
 @functools.lru_cache(maxsize=1)

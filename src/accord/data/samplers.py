@@ -49,8 +49,8 @@ class DistributedSampler(Sampler[int]):
 
     Args:
         dataset: anything with ``len``.
-        num_replicas, rank: the job's size and this rank; ``None`` asks ``world`` (default:
-            :func:`default_world`).
+        num_replicas: the job's size; ``None`` asks ``world`` (default: :func:`default_world`).
+        rank: this process's rank; ``None`` asks ``world``.
         shuffle: permute by ``(seed, epoch)`` (identical on every rank), else keep order.
         seed: base seed; must be the same on every rank.
         drop_last: without weights, drop the tail so shards are equal instead of padding them by

@@ -21,12 +21,27 @@ class Compressor:
 
     @staticmethod
     def compress(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        """Return the tensor to communicate and whatever ``decompress`` needs."""
+        """Return the tensor to communicate and whatever ``decompress`` needs.
+
+        Args:
+            tensor: the tensor a collective is about to send.
+
+        Returns:
+            ``(wire_tensor, ctx)``: what travels, and what :meth:`decompress` needs back.
+        """
         raise NotImplementedError
 
     @staticmethod
     def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
-        """Undo ``compress`` on the collective's result."""
+        """Undo ``compress`` on the collective's result.
+
+        Args:
+            tensor: the collective's result, in the wire dtype.
+            ctx: what :meth:`compress` returned beside the wire tensor.
+
+        Returns:
+            The result in the original form (dtype) of the compressed tensor.
+        """
         raise NotImplementedError
 
 

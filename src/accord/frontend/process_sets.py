@@ -159,6 +159,15 @@ def forget_all() -> None:
 def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
     """Register a new process set after ``init`` and return it (collective over every rank).
 
+    Every rank must call it, with the same ranks, in the same order as its other
+    ``add_process_set`` calls; the set then has a controller of its own on its members.
+
+    Args:
+        process_set: a :class:`ProcessSet`, or the global ranks of the new set.
+
+    Returns:
+        The registered set, with its ``process_set_id``; pass it as ``process_set=``.
+
     Raises:
         ValueError: accord is not initialized, the ranks are invalid, or a set with the same
             ranks already exists ("Attempted to add a duplicate process set: ...").
@@ -183,6 +192,12 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     """Unregister ``process_set`` (collective); return whether it was removed.
 
     The global set and sets that are not registered are left alone (returns False).
+
+    Args:
+        process_set: a set :func:`add_process_set` returned; every rank must call.
+
+    Returns:
+        True when the set was removed, False when there was nothing to remove.
 
     Raises:
         ValueError: accord is not initialized while the set still has an id.

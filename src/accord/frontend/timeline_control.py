@@ -9,6 +9,10 @@ from accord.frontend.queries import NOT_INITIALIZED
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
     """Start writing a chrome://tracing timeline of the engine to ``file_path`` (rank 0).
 
+    Args:
+        file_path: the JSON file to write (open it in chrome://tracing or Perfetto).
+        mark_cycles: also mark each engine cycle's start (Horovod's ``HOROVOD_TIMELINE_MARK_CYCLES``).
+
     Raises:
         ValueError: accord is not initialized (Horovod's message).
     """

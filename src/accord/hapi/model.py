@@ -208,18 +208,25 @@ class Model:
         (Paddle returns None); ``batch_size`` is one int (Paddle also takes a (train, eval) pair).
 
         Args:
-            train_data, eval_data: a Dataset, ``(X, y)`` arrays, or a DataLoader (used as is:
-                then sharding it is up to you).
+            train_data: a Dataset, ``(X, y)`` arrays, or a DataLoader (used as is: then sharding
+                it is up to you).
+            eval_data: the same kinds as ``train_data``, for the evaluations (None: none).
             batch_size: samples per step on each rank (the global batch is ``batch_size * world_size``).
                 Each rank reads ``ceil(len / world_size)`` samples (torch's DistributedSampler:
                 padded by repeating samples from the start); a last batch shorter than
                 ``batch_size`` is kept unless ``drop_last``.
             epochs: epochs to run (0: none, the callbacks still see train begin and end).
-            log_freq: steps between log lines; verbose: 0 silent, 1 bar on a terminal, 2 lines.
-            save_dir, save_freq: checkpoint ``save_dir/<epoch>`` (the 0-based epoch) after every
-                ``save_freq``-th epoch (counted as ``eval_freq``), and ``save_dir/final`` at the
-                end (rank 0 writes).
-            shuffle, seed: shuffle by ``(seed, epoch)``, identically on every rank.
+            eval_freq: evaluate after every ``eval_freq``-th epoch (and after the last).
+            log_freq: steps between log lines.
+            verbose: 0 silent, 1 bar on a terminal, 2 lines.
+            drop_last: drop each rank's last batch when it is shorter than ``batch_size``.
+            save_dir: checkpoint ``save_dir/<epoch>`` (the 0-based epoch) after every
+                ``save_freq``-th epoch, and ``save_dir/final`` at the end (rank 0 writes);
+                None: no checkpoints.
+            save_freq: epochs between checkpoints (counted as ``eval_freq``).
+            shuffle: shuffle by ``(seed, epoch)``, identically on every rank.
+            num_workers: DataLoader worker processes per rank.
+            seed: the shuffle's seed.
             callbacks: extra :class:`Callback` objects. A callback that sets
                 ``model.stop_training`` (on any rank) stops every rank at the next log step or
                 epoch end.
@@ -261,6 +268,14 @@ class Model:
                  num_workers: int = 0, callbacks: Sequence[Callback] | None = None) -> dict[str, Any]:
         """Loss and metrics over the whole evaluation set (every sample counted once, all ranks).
 
+        Args:
+            eval_data: a Dataset, ``(X, y)`` arrays, or a DataLoader (used as is).
+            batch_size: samples per step on each rank.
+            log_freq: steps between log lines.
+            verbose: 0 silent, 1 bar on a terminal, 2 lines.
+            num_workers: DataLoader worker processes per rank.
+            callbacks: extra :class:`Callback` objects.
+
         Returns:
             ``{"loss": ..., <metric names>: ..., "samples": N}``, the same on every rank.
         Raises:
@@ -285,6 +300,14 @@ class Model:
         result is the array itself, as Keras's ``predict`` returns it: ``result[0]`` is then the
         first sample's output.
 
+        Args:
+            test_data: a Dataset, arrays, or a DataLoader; labels in it are ignored.
+            batch_size: samples per step on each rank.
+            num_workers: DataLoader worker processes per rank.
+            stack_outputs: True: one array per output; False: a list of per-batch pieces.
+            verbose: 0 silent, 1 bar on a terminal, 2 lines.
+            callbacks: extra :class:`Callback` objects.
+
         Returns:
             One array for a single-output network, else a list with one array per output; with
             ``stack_outputs=False`` each array is instead a list of ``batch_size`` pieces.
@@ -302,7 +325,12 @@ class Model:
         """Write ``path.pt`` (the network's state_dict: half weights under AMP O2) and, when
         ``training``, ``path.opt.pt`` (optimizer and loss-scaler state, and under O2 the float32
         master weights). Only rank 0 writes; elsewhere this does nothing, so it may also be
-        called from code that runs on rank 0 alone."""
+        called from code that runs on rank 0 alone.
+
+        Args:
+            path: the files' path without extension (its folder must exist).
+            training: also write the optimizer's state, to resume training.
+        """
         if self.rank == 0:
             save_checkpoint(path, self.network, self.optimizer if training else None,
                             self._state.scaler, self._state.masters)
@@ -317,6 +345,7 @@ class Model:
         ``reset_optimizer``), else from the loaded half weights.
 
         Args:
+            path: what was given to :meth:`save` (with or without ``.pt``).
             skip_mismatch: skip parameters missing from the file or of another shape.
             reset_optimizer: keep the optimizer's current state even if ``path.opt.pt`` exists.
         Raises:

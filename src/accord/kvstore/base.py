@@ -132,6 +132,12 @@ class KVStoreBase:
         ``param_only=True`` (Perseus): the key holds a parameter that pushes average across
         devices and workers, never updated by the optimizer.
 
+        Args:
+            key: an int or str key, or a list of them.
+            value: a torch tensor or numpy array per key (a list, for a list of keys); its shape
+                and dtype are the key's from now on.
+            param_only: Perseus's flag, see above.
+
         Raises:
             ValueError: a key initialised twice, or several values for one key.
         """
@@ -154,6 +160,17 @@ class KVStoreBase:
     def push(self, key: Any, value: Any, priority: int = 0, op: str = "sum") -> None:
         """Push one key's value(s) or a list of keys' values; see the module docstring.
 
+        Values pushed for one key (a list: one per local device) are summed, then merged over
+        the workers (``dist_sync``: once every worker has pushed the key) and handed to the
+        optimizer, or stored as they are when there is none.
+
+        Args:
+            key: an initialised key, or a list of them.
+            value: a value of the key's shape, a list of them (one per device), or one of those
+                per key.
+            priority: accepted for MXNet compatibility; the order of pushes is kept.
+            op: ``"sum"`` (MXNet's), or Perseus's ``"max"`` and ``"min"``.
+
         Raises:
             ValueError: an uninitialised key, a value whose shape differs from the key's, or an
                 unknown ``op``.
@@ -170,7 +187,17 @@ class KVStoreBase:
     def pull(self, key: Any, out: Any = None, priority: int = 0, ignore_sparse: bool = True) -> Any:
         """Pull into ``out`` (a value, a per-device list, or one of those per key).
 
-        Returns ``out``, or new values (the kind given to init) when ``out`` is None.
+        Args:
+            key: an initialised key, or a list of them.
+            out: where the values go (each of the key's shape); None: new values are made.
+            priority: accepted for MXNet compatibility.
+            ignore_sparse: accepted for MXNet compatibility (values here are dense).
+
+        Returns:
+            ``out``, or new values (the kind given to init) when ``out`` is None.
+
+        Raises:
+            ValueError: an uninitialised key, or an ``out`` whose shape differs from the key's.
         """
         if out is None:
             keys = key if isinstance(key, (list, tuple)) else [key]
@@ -187,12 +214,32 @@ class KVStoreBase:
         return out
 
     def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0) -> Any:
-        """Push, then pull into ``out`` (into ``value`` itself when ``out`` is None)."""
+        """Push, then pull into ``out`` (into ``value`` itself when ``out`` is None).
+
+        Args:
+            key: an initialised key, or a list of them (as for :meth:`push`).
+            value: what to push (as for :meth:`push`).
+            out: where to pull; None: into ``value``.
+            priority: accepted for MXNet compatibility.
+
+        Returns:
+            What :meth:`pull` returns.
+        """
         self.push(key, value, priority)
         return self.pull(key, value if out is None else out, priority)
 
     def broadcast(self, key: Any, value: Any, out: Any, priority: int = 0) -> Any:
-        """Initialise ``key`` with rank 0's ``value`` and pull it into ``out`` on every worker."""
+        """Initialise ``key`` with rank 0's ``value`` and pull it into ``out`` on every worker.
+
+        Args:
+            key: a new key, or a list of them.
+            value: the value to store (rank 0's wins).
+            out: where every worker receives it.
+            priority: accepted for MXNet compatibility.
+
+        Returns:
+            ``out``.
+        """
         self.init(key, value)
         return self.pull(key, out, priority)
 

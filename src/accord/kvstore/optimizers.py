@@ -153,6 +153,15 @@ def known_optimizers() -> list[str]:
 def create(name: str, **params: Any) -> Optimizer:
     """Build a registered optimizer, e.g. ``create("sgd", learning_rate=0.1, momentum=0.9)``.
 
+    Args:
+        name: a registered name (``"sgd"``, ``"adam"``, or one added with
+            :func:`register_optimizer`; case does not matter).
+        **params: the optimizer's hyperparameters, by MXNet's names (``learning_rate``,
+            ``momentum``, ``wd``, ``rescale_grad``, ``clip_gradient``, ...).
+
+    Returns:
+        The optimizer, to pass to ``kv.set_optimizer``.
+
     Raises:
         ValueError: unknown name or hyperparameter, or a non-numeric value.
     """

@@ -132,8 +132,20 @@ def known_types() -> list[str]:
 def create(name: str = "local") -> Any:
     """Create a KVStore of type ``name`` (see the module docstring for the built-in types).
 
+    In a process that MXNet's launcher started as a server or the scheduler (``DMLC_ROLE``),
+    this serves that role and exits, as MXNet's ``import mxnet`` does.
+
+    Args:
+        name: ``"local"`` (the default), ``"device"``, ``"dist_sync"``, ``"dist_device_sync"``,
+            ``"dist_async"``, MXNet's aliases of those, or a type registered with
+            :func:`register` (case does not matter).
+
+    Returns:
+        The store: a :class:`~accord.kvstore.base.KVStoreBase`.
+
     Raises:
-        TypeError: ``name`` is not a string. ValueError: unknown type.
+        TypeError: ``name`` is not a string.
+        ValueError: an unknown type (the message lists the known ones).
         BackendError: ``dist_async`` without parameter servers.
     """
     role = process_role()

@@ -93,7 +93,14 @@ def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str
                     postscale_factor: float = 1.0,
                     process_set: ProcessSet = global_process_set) -> int:
     """Start averaging/summing ``tensor`` over the ranks of ``process_set``; the input is not
-    modified. Returns a handle for ``poll()``/``synchronize()`` (which returns the result)."""
+    modified. Returns a handle for ``poll()``/``synchronize()`` (which returns the result).
+
+    The arguments are those of ``hvd.allreduce``, its synchronous form.
+
+    Returns:
+        A handle for ``poll()`` and ``synchronize()``, which returns the result
+            or raises the collective's error.
+    """
     op = handle_average_backwards_compatibility(op, average)
     return allreduce_tensors([tensor], False, name, op, prescale_factor, postscale_factor,
                              process_set, grouped=False)
@@ -103,7 +110,14 @@ def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: st
                      op: ReduceOp | None = None, prescale_factor: float = 1.0,
                      postscale_factor: float = 1.0,
                      process_set: ProcessSet = global_process_set) -> int:
-    """In-place :func:`allreduce_async`: ``synchronize()`` returns ``tensor``, now reduced."""
+    """In-place :func:`allreduce_async`: ``synchronize()`` returns ``tensor``, now reduced.
+
+    The arguments are those of ``hvd.allreduce_``, its synchronous form.
+
+    Returns:
+        A handle for ``poll()`` and ``synchronize()``, which returns the result
+            or raises the collective's error.
+    """
     op = handle_average_backwards_compatibility(op, average)
     return allreduce_tensors([tensor], True, name, op, prescale_factor, postscale_factor,
                              process_set, grouped=False)
@@ -113,7 +127,14 @@ def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | Non
                             name: str | None = None, op: ReduceOp | None = None,
                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                             process_set: ProcessSet = global_process_set) -> int:
-    """Allreduce a list of tensors as one group; ``synchronize()`` returns a list of results."""
+    """Allreduce a list of tensors as one group; ``synchronize()`` returns a list of results.
+
+    The arguments are those of ``hvd.grouped_allreduce``, its synchronous form.
+
+    Returns:
+        A handle for ``poll()`` and ``synchronize()``, which returns the result
+            or raises the collective's error.
+    """
     op = handle_average_backwards_compatibility(op, average)
     return allreduce_tensors(tensors, False, name, op, prescale_factor, postscale_factor,
                              process_set, grouped=True)
@@ -123,7 +144,14 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | No
                              name: str | None = None, op: ReduceOp | None = None,
                              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                              process_set: ProcessSet = global_process_set) -> int:
-    """In-place :func:`grouped_allreduce_async`."""
+    """In-place :func:`grouped_allreduce_async`.
+
+    The arguments are those of ``hvd.grouped_allreduce_``, its synchronous form.
+
+    Returns:
+        A handle for ``poll()`` and ``synchronize()``, which returns the result
+            or raises the collective's error.
+    """
     op = handle_average_backwards_compatibility(op, average)
     return allreduce_tensors(tensors, True, name, op, prescale_factor, postscale_factor,
                              process_set, grouped=True)
@@ -135,6 +163,13 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: ReduceOp,
 
     Returns a function; calling it (or passing it to ``synchronize``) waits and returns the
     aggregated sparse tensor (values divided by the set size for Average).
+
+    Args:
+        tensor: a sparse COO tensor (coalesced here if it is not); the same dense shape on
+            every rank, any number of non-zero entries.
+        name: the base of the two allgathers' names (``name.indices``, ``name.values``).
+        op: ``hvd.Average`` or ``hvd.Sum``.
+        process_set: the ranks taking part (default: all).
     """
     t = tensor.coalesce() if not tensor.is_coalesced() else tensor
     indices_handle = allgather_async(t._indices().transpose(0, 1).contiguous(),
@@ -172,14 +207,28 @@ def _check_group(tensors: Sequence[torch.Tensor], what: str) -> list[torch.Tenso
 
 def allgather_async(tensor: torch.Tensor, name: str | None = None,
                     process_set: ProcessSet = global_process_set) -> int:
-    """Start concatenating every rank's ``tensor`` along dim 0 (first dims may differ)."""
+    """Start concatenating every rank's ``tensor`` along dim 0 (first dims may differ).
+
+    The arguments are those of ``hvd.allgather``, its synchronous form.
+
+    Returns:
+        A handle for ``poll()`` and ``synchronize()``, which returns the result
+            or raises the collective's error.
+    """
     return gateway.start("allgather", [wire(tensor)], name, set_id_of(process_set), _first,
                          keep=(tensor,), problems=[_ragged_problem(tensor, "allgather")])
 
 
 def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = None,
                             process_set: ProcessSet = global_process_set) -> int:
-    """Allgather a list of tensors as one group; ``synchronize()`` returns a list."""
+    """Allgather a list of tensors as one group; ``synchronize()`` returns a list.
+
+    The arguments are those of ``hvd.grouped_allgather``, its synchronous form.
+
+    Returns:
+        A handle for ``poll()`` and ``synchronize()``, which returns the result
+            or raises the collective's error.
+    """
     tensors = _check_group(tensors, "grouped_allgather")
     return gateway.start("allgather", [wire(t) for t in tensors], name, set_id_of(process_set),
                          list, grouped=True, keep=tuple(tensors),
@@ -199,13 +248,27 @@ def _broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None,
 
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                     process_set: ProcessSet = global_process_set) -> int:
-    """Start broadcasting ``tensor`` from global rank ``root_rank``; the input is not modified."""
+    """Start broadcasting ``tensor`` from global rank ``root_rank``; the input is not modified.
+
+    The arguments are those of ``hvd.broadcast``, its synchronous form.
+
+    Returns:
+        A handle for ``poll()`` and ``synchronize()``, which returns the result
+            or raises the collective's error.
+    """
     return _broadcast_async(tensor, root_rank, name, process_set, inplace=False)
 
 
 def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> int:
-    """In-place :func:`broadcast_async`: ``tensor`` receives root's value."""
+    """In-place :func:`broadcast_async`: ``tensor`` receives root's value.
+
+    The arguments are those of ``hvd.broadcast_``, its synchronous form.
+
+    Returns:
+        A handle for ``poll()`` and ``synchronize()``, which returns the result
+            or raises the collective's error.
+    """
     return _broadcast_async(tensor, root_rank, name, process_set, inplace=True)
 
 
@@ -239,6 +302,12 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = 
     or a sum other than dim 0 raise InvalidArgumentError at ``synchronize()`` on every rank of
     the set, naming the ranks that passed them; so do splits that are not integers and a 0-d
     or non-contiguous tensor.
+
+    The arguments are those of ``hvd.alltoall``, its synchronous form.
+
+    Returns:
+        A handle for ``poll()`` and ``synchronize()``, which returns the result
+            or raises the collective's error.
     """
     # Splits are per-rank data: their counts and sums are checked when the ranks exchange
     # them before any data moves (accord.comm.agreement), so that bad splits on one rank fail
@@ -289,7 +358,14 @@ def reducescatter_tensors(tensors: Sequence[torch.Tensor], name: str | None, op:
 def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: ReduceOp = Average,
                         process_set: ProcessSet = global_process_set,
                         prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> int:
-    """Start reducing ``tensor`` over the set and scattering dim 0 (lower ranks get extra rows)."""
+    """Start reducing ``tensor`` over the set and scattering dim 0 (lower ranks get extra rows).
+
+    The arguments are those of ``hvd.reducescatter``, its synchronous form.
+
+    Returns:
+        A handle for ``poll()`` and ``synchronize()``, which returns the result
+            or raises the collective's error.
+    """
     return reducescatter_tensors([tensor], name, op, process_set, prescale_factor,
                                  postscale_factor, grouped=False)
 
@@ -298,7 +374,14 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | Non
                                 op: ReduceOp = Average,
                                 process_set: ProcessSet = global_process_set,
                                 prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> int:
-    """Reducescatter a list of tensors as one group; ``synchronize()`` returns a list."""
+    """Reducescatter a list of tensors as one group; ``synchronize()`` returns a list.
+
+    The arguments are those of ``hvd.grouped_reducescatter``, its synchronous form.
+
+    Returns:
+        A handle for ``poll()`` and ``synchronize()``, which returns the result
+            or raises the collective's error.
+    """
     return reducescatter_tensors(tensors, name, op, process_set, prescale_factor,
                                  postscale_factor, grouped=True)
 
@@ -306,7 +389,14 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | Non
 # --- barrier and join ---------------------------------------------------------------------------
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
-    """Block until every rank of ``process_set`` has reached the barrier."""
+    """Block until every rank of ``process_set`` has reached the barrier.
+
+    Args:
+        process_set: the ranks that wait for each other (default: all).
+
+    Raises:
+        CollectiveError: a rank died or the engine stopped while waiting.
+    """
     handle = gateway.start("barrier", [None], None, set_id_of(process_set), lambda results: None)
     gateway.synchronize(handle)
 
@@ -316,5 +406,15 @@ def join(device: int = -1) -> int:
 
     While joined, this rank takes part in the collectives the others still submit with zeros
     (Average still divides by the full size). Returns the rank that joined last.
+
+    Args:
+        device: the CUDA device index of the zeros this rank contributes to CUDA collectives
+            while joined (-1: the current device), as in Horovod.
+
+    Returns:
+        The global rank that joined last, the same on every rank.
+
+    Raises:
+        ValueError: accord is not initialized (Horovod's message).
     """
     return gateway.join(device)

@@ -92,6 +92,27 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
     """Average (default) or reduce ``tensor`` over the set; returns a new tensor.
 
     Example: ``avg = hvd.allreduce(torch.tensor([rank]), op=hvd.Average)``.
+
+    Args:
+        tensor: the same shape and dtype on every rank; CPU or CUDA.
+        average: Horovod's deprecated flag: True is ``op=Average``, False ``op=Sum``.
+        name: the collective's name, the same on every rank; ``None``: numbered in the order
+            of the calls, as in Horovod (pass one under ``torch.compile``).
+        compression: ``hvd.Compression.none``, ``.fp16`` or ``.bf16``: the dtype the data
+            travels in; the result is cast back.
+        op: ``hvd.Average`` (the default), ``hvd.Sum``, ``hvd.Min``, ``hvd.Max``,
+            ``hvd.Product`` or ``hvd.Adasum``.
+        prescale_factor: multiplies the input before the reduction.
+        postscale_factor: multiplies the result after the reduction.
+        process_set: the ranks taking part (default: all); every member must call.
+
+    Returns:
+        A new tensor with the reduction; differentiable (the gradient is allreduced too).
+
+    Raises:
+        CollectiveError: ``hvd.HorovodInternalError``: not initialized, or the collective failed
+            (its subclasses MismatchError, RankFailedError, StallError say how).
+        InvalidArgumentError: arguments refused on this rank, or on every rank of the set.
     """
     if not _compiling():
         return eager.allreduce(tensor, average, name, compression, op, prescale_factor,
@@ -106,7 +127,13 @@ def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | No
                op: ReduceOp | None = None, prescale_factor: float = 1.0,
                postscale_factor: float = 1.0,
                process_set: ProcessSet = global_process_set) -> torch.Tensor:
-    """In-place :func:`allreduce`; returns ``tensor`` (not differentiable, as in Horovod)."""
+    """In-place :func:`allreduce`; returns ``tensor`` (not differentiable, as in Horovod).
+
+    The arguments are :func:`allreduce`'s, without ``compression``; the errors too.
+
+    Returns:
+        ``tensor``, now holding the reduction.
+    """
     if not _compiling():
         return eager.allreduce_(tensor, average, name, op, prescale_factor, postscale_factor,
                                 process_set)
@@ -123,7 +150,23 @@ def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = No
                       op: ReduceOp | None = None, prescale_factor: float = 1.0,
                       postscale_factor: float = 1.0,
                       process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
-    """Allreduce a list of tensors together; returns a list of new tensors."""
+    """Allreduce a list of tensors together; returns a list of new tensors.
+
+    The tensors are negotiated as one request and fused, so they complete together.
+
+    Args:
+        tensors: the same list (shapes, dtypes, order) on every rank.
+        average: as in :func:`allreduce`.
+        name: one name for the group.
+        compression: as in :func:`allreduce`.
+        op: as in :func:`allreduce`.
+        prescale_factor: as in :func:`allreduce`.
+        postscale_factor: as in :func:`allreduce`.
+        process_set: as in :func:`allreduce`.
+
+    Returns:
+        One new tensor per input, in order. The errors are :func:`allreduce`'s.
+    """
     if not _compiling():
         return eager.grouped_allreduce(tensors, average, name, compression, op, prescale_factor,
                                        postscale_factor, process_set)
@@ -138,7 +181,13 @@ def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = N
                        name: str | None = None, op: ReduceOp | None = None,
                        prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                        process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
-    """In-place :func:`grouped_allreduce`; returns the input tensors."""
+    """In-place :func:`grouped_allreduce`; returns the input tensors.
+
+    The arguments are :func:`grouped_allreduce`'s, without ``compression``; the errors too.
+
+    Returns:
+        The input tensors, now holding their reductions.
+    """
     if not _compiling():
         return eager.grouped_allreduce_(tensors, average, name, op, prescale_factor,
                                         postscale_factor, process_set)
@@ -157,6 +206,20 @@ def allgather(tensor: torch.Tensor, name: str | None = None,
 
     Compiled, the result's first dimension is data-dependent (an unbacked size): code after it
     must not branch on it.
+
+    Args:
+        tensor: this rank's rows; every dimension but the first must match across ranks.
+        name: as in :func:`allreduce`.
+        process_set: as in :func:`allreduce`.
+
+    Returns:
+        The ranks' tensors concatenated in rank order; differentiable (each rank gets the
+        averaged gradient of its rows, as in Horovod 0.23 and later).
+
+    Raises:
+        CollectiveError: ``hvd.HorovodInternalError``: not initialized, or the collective failed
+            (its subclasses MismatchError, RankFailedError, StallError say how).
+        InvalidArgumentError: arguments refused on this rank, or on every rank of the set.
     """
     if not _compiling():
         return eager.allgather(tensor, name, process_set)
@@ -165,7 +228,17 @@ def allgather(tensor: torch.Tensor, name: str | None = None,
 
 def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
-    """Return global rank ``root_rank``'s ``tensor`` on every rank of the set."""
+    """Return global rank ``root_rank``'s ``tensor`` on every rank of the set.
+
+    Args:
+        tensor: the value on the root; elsewhere a tensor of the same shape and dtype.
+        root_rank: the global rank whose value is sent; the same on every rank.
+        name: as in :func:`allreduce`.
+        process_set: as in :func:`allreduce`.
+
+    Returns:
+        A new tensor holding the root's value. The errors are :func:`allreduce`'s.
+    """
     if not _compiling():
         return eager.broadcast(tensor, root_rank, name, process_set)
     return ops.broadcast(tensor, root_rank, name or "", set_id_of(process_set))
@@ -173,7 +246,13 @@ def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
 
 def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                process_set: ProcessSet = global_process_set) -> torch.Tensor:
-    """In-place :func:`broadcast`; returns ``tensor``."""
+    """In-place :func:`broadcast`; returns ``tensor``.
+
+    The arguments and errors are :func:`broadcast`'s; ``tensor`` receives the root's value.
+
+    Returns:
+        ``tensor``, now holding the root's value.
+    """
     if not _compiling():
         return eager.broadcast_(tensor, root_rank, name, process_set)
     with torch.no_grad():
@@ -186,7 +265,15 @@ def alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
     """Send ``splits[i]`` rows to rank i of the set and receive theirs.
 
     Returns the gathered tensor, or ``(output, received_splits)`` when ``splits`` was given.
-    Compiled, the output's first dimension is data-dependent (an unbacked size).
+    Compiled, the output's first dimension is data-dependent (an unbacked size). The errors are
+    :func:`allreduce`'s (splits that do not add up: InvalidArgumentError on every rank).
+
+    Args:
+        tensor: the rows to send, in the order of the receiving ranks.
+        splits: rows for each rank of the set (a sequence or an int tensor summing to
+            ``tensor.shape[0]``); ``None``: equal parts (dim 0 must divide by the set's size).
+        name: as in :func:`allreduce`.
+        process_set: as in :func:`allreduce`.
     """
     if not _compiling():
         return eager.alltoall(tensor, splits, name, process_set)
@@ -199,7 +286,21 @@ def reducescatter(tensor: torch.Tensor, name: str | None = None,
                   compression: type[Compressor] | Compressor = NoneCompressor,
                   op: ReduceOp = A.Average, process_set: ProcessSet = global_process_set,
                   prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> torch.Tensor:
-    """Reduce (Sum or Average) over the set, then keep this rank's share of dim 0."""
+    """Reduce (Sum or Average) over the set, then keep this rank's share of dim 0.
+
+    Args:
+        tensor: the same shape and dtype on every rank; dim 0 is split over the ranks, the
+            first ranks getting one row more when it does not divide.
+        name: as in :func:`allreduce`.
+        compression: as in :func:`allreduce`.
+        op: ``hvd.Average`` (the default) or ``hvd.Sum``.
+        process_set: as in :func:`allreduce`.
+        prescale_factor: multiplies the input before the reduction.
+        postscale_factor: multiplies the result after the reduction.
+
+    Returns:
+        This rank's rows of the reduction. The errors are :func:`allreduce`'s.
+    """
     if not _compiling():
         return eager.reducescatter(tensor, name, compression, op, process_set, prescale_factor,
                                    postscale_factor)
@@ -224,8 +325,18 @@ def allreduce_gradients(parameters: Iterable[torch.Tensor], op: ReduceOp = Reduc
     zeros (another rank may have one). Every rank must pass the same parameters in the same
     order; ``name`` must differ between concurrent calls.
 
+    Args:
+        parameters: the model's parameters (``model.parameters()``).
+        op: ``hvd.Average`` (the default), ``hvd.Sum``, or another reduction op.
+        gradient_predivide_factor: with ``op=Average``, divide by this factor before the sum
+            and by ``size / factor`` after it (Horovod's meaning).
+        compression: as in :func:`allreduce`.
+        name: the group's name (default ``"gradients"``).
+        process_set: as in :func:`allreduce`.
+
     Raises:
         ValueError: a gradient is sparse (use DistributedOptimizer, which handles them).
+        CollectiveError: the allreduce failed (see :func:`allreduce`).
     """
     params = [p for p in parameters if p.requires_grad]
     if not params:

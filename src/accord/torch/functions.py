@@ -50,8 +50,15 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     move them), and parameters that do not require grad are not touched. ``model`` is accepted
     for Horovod compatibility.
 
+    Args:
+        optimizer: the optimizer (or a ``DistributedOptimizer``) to overwrite with root's state.
+        root_rank: the global rank whose state is sent; the same on every rank.
+        model: ignored (Horovod's argument).
+        process_set: the ranks taking part (default: all); every member must call.
+
     Raises:
         ValueError: ``optimizer`` is an LBFGS (its state is not a set of tensors).
+        CollectiveError: a broadcast failed (see :func:`accord.torch.broadcast`).
     """
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
@@ -127,6 +134,20 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
     :mod:`accord.frontend.object_collectives` for what is checked).
 
     Example: ``state = hvd.broadcast_object(state if hvd.rank() == 0 else None, root_rank=0)``.
+
+    Args:
+        obj: the object to send, on the root; ignored on the other ranks.
+        root_rank: the global rank whose object is sent; the same on every rank.
+        name: the collective's name, the same on every rank; ``None``: numbered in the order
+            of the calls.
+        process_set: the ranks taking part (default: all); every member must call.
+
+    Returns:
+        The root's object, unpickled on every rank (the root gets its own back).
+
+    Raises:
+        CollectiveError: the root could not pickle ``obj``, or the pickle announced more than
+            ``ACCORD_MAX_OBJECT_BYTES``, or the broadcast failed.
     """
     return objects.broadcast_object(obj, root_rank, name, set_id_of(process_set))
 
@@ -134,5 +155,19 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
 def allgather_object(obj: Any, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> list[Any]:
     """Return every rank's ``obj`` as a list in rank order (pickled and sealed, as
-    :func:`broadcast_object`)."""
+    :func:`broadcast_object`).
+
+    Args:
+        obj: this rank's object (anything pickle can serialize).
+        name: the collective's name, the same on every rank; ``None``: numbered in the order
+            of the calls.
+        process_set: the ranks taking part (default: all); every member must call.
+
+    Returns:
+        One object per rank of the set, in rank order.
+
+    Raises:
+        CollectiveError: a rank could not pickle its object, a pickle was over
+            ``ACCORD_MAX_OBJECT_BYTES``, or the allgather failed.
+    """
     return objects.allgather_object(obj, name, set_id_of(process_set))

@@ -122,6 +122,13 @@ def start(op: str, tensors: Sequence[torch.Tensor | None], name: str | None, pro
 def poll(handle: int) -> bool:
     """True when the operation behind ``handle`` has completed; ``synchronize`` then won't block.
 
+    Args:
+        handle: what an ``*_async`` function returned.
+
+    Returns:
+        Whether the operation has completed (successfully or not). Polling an unfinished
+        handle starts the engine's next cycle at once.
+
     Raises:
         ValueError: ``handle`` was never created or was already synchronized.
     """
@@ -134,6 +141,14 @@ def poll(handle: int) -> bool:
 
 def synchronize(handle: Any) -> Any:
     """Wait for ``handle`` and return its result (None for an unknown handle, as in Horovod).
+
+    Args:
+        handle: what an ``*_async`` function returned (or the function
+            ``sparse_allreduce_async`` returns, which is called).
+
+    Returns:
+        The operation's result: the output tensor, the input tensor for in-place forms, a list
+        for grouped forms, ``(output, received_splits)`` for ``alltoall`` with splits.
 
     Raises:
         HorovodInternalError (accord.errors.CollectiveError): the collective failed, including

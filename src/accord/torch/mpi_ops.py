@@ -237,7 +237,17 @@ class HorovodGroupedAllgather(torch.autograd.Function):
 
 def grouped_allgather(tensors: Sequence[torch.Tensor], name: str | None = None,
                       process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
-    """Allgather a list of tensors together; returns a list."""
+    """Allgather a list of tensors together; returns a list.
+
+    Args:
+        tensors: the same list (count, dtypes, all but the first dimension) on every rank.
+        name: one name for the group, as in :func:`allgather`.
+        process_set: the ranks taking part (default: all).
+
+    Returns:
+        One tensor per input: the ranks' tensors concatenated in rank order. The errors are
+        :func:`allgather`'s.
+    """
     return list(HorovodGroupedAllgather.apply(name, process_set, *tensors))
 
 
@@ -359,6 +369,19 @@ def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: str | None = No
                           op: ReduceOp = A.Average, process_set: ProcessSet = global_process_set,
                           prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> list[torch.Tensor]:
-    """Reducescatter a list of tensors together; returns a list."""
+    """Reducescatter a list of tensors together; returns a list.
+
+    Args:
+        tensors: the same list (shapes, dtypes) on every rank.
+        name: one name for the group.
+        compression: the dtype the data travels in, as in :func:`reducescatter`.
+        op: ``hvd.Average`` (the default) or ``hvd.Sum``.
+        process_set: the ranks taking part (default: all).
+        prescale_factor: multiplies the inputs before the reduction.
+        postscale_factor: multiplies the results after the reduction.
+
+    Returns:
+        This rank's rows of each reduction. The errors are :func:`reducescatter`'s.
+    """
     return list(HorovodGroupedReducescatter.apply(name, op, process_set, prescale_factor,
                                                   postscale_factor, compression, *tensors))

@@ -39,6 +39,30 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
 
         opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                        named_parameters=model.named_parameters())
+
+    Args:
+        optimizer: the torch optimizer to wrap (its class is kept: ``isinstance`` still holds).
+        named_parameters: ``model.named_parameters()``: names each gradient's allreduce, so
+            every rank must pass the same names in the same order; ``None``: numbered names.
+        compression: the dtype gradients travel in (``hvd.Compression.none``, ``.fp16``,
+            ``.bf16``); the engine casts as it moves the data.
+        backward_passes_per_step: backward passes accumulated locally before one allreduce.
+        op: ``hvd.Average`` (the default), ``hvd.Sum`` or ``hvd.Adasum``.
+        gradient_predivide_factor: with Average, divide by ``f`` before the sum and by
+            ``size / f`` after it.
+        num_groups: deprecated alias of ``groups`` (an int).
+        groups: an int: that many fused groups; a list of lists of parameters: those groups.
+        sparse_as_dense: allreduce sparse gradients as dense tensors.
+        process_set: the ranks whose gradients are averaged (default: all).
+
+    Returns:
+        The wrapped optimizer: ``step()`` first waits for the averaged gradients
+        (``synchronize()``); ``zero_grad``, ``state_dict`` and the rest are the optimizer's.
+
+    Raises:
+        ValueError: ``backward_passes_per_step <= 0``, ``gradient_predivide_factor`` with an
+            op other than Average, or bad or duplicate ``named_parameters`` or ``groups``.
+        NotImplementedError: Adasum on a process set other than the global one.
     """
     if gradient_predivide_factor != 1.0 and op != ReduceOp.AVERAGE:
         raise ValueError("gradient_predivide_factor not supported with op != Average")

@@ -137,7 +137,20 @@ class SyncBatchNorm(_BatchNorm):
 
 
 def convert_sync_batchnorm(module: torch.nn.Module, comm_scope: Any = "global") -> torch.nn.Module:
-    """Replace every ``BatchNorm*d`` in ``module`` (recursively) by :class:`SyncBatchNorm`."""
+    """Replace every ``BatchNorm*d`` in ``module`` (recursively) by :class:`SyncBatchNorm`.
+
+    Args:
+        module: a model, or a single BatchNorm layer.
+        comm_scope: whose batch the statistics cover: ``"global"`` or 1 (every rank, the
+            default), ``"local"`` or 0 (the ranks of this host; Perseus's scopes).
+
+    Returns:
+        ``module`` with its BatchNorm layers replaced (the same parameters and running
+        statistics), or the new layer when ``module`` was one.
+
+    Raises:
+        ValueError: another ``comm_scope``.
+    """
     scope = scope_name(comm_scope)
     if isinstance(module, _BatchNorm) and not isinstance(module, SyncBatchNorm):
         new = SyncBatchNorm(module.num_features, module.eps, module.momentum, module.affine,

@@ -244,12 +244,15 @@ def spawn(
     """Run ``fn(*args)`` on ``nprocs`` local workers; return their results in rank order.
 
     Args:
+        fn: the function each worker runs. It goes by reference when the workers can import
+            it, else (a lambda, a notebook's function) by value with cloudpickle
+            (:mod:`accord.run.functions.payload`).
+        args: positional arguments of ``fn``, the same on every worker.
         nprocs: number of workers; -1 = one per visible GPU, else one per CPU.
         join: False returns a :class:`SpawnContext` at once instead of waiting.
-        daemon, start_method: as in :mod:`multiprocessing` (a script calls spawn under
-            ``if __name__ == "__main__":``). ``fn`` goes by reference when the workers can
-            import it, else (a lambda, a notebook's function) by value with cloudpickle
-            (:mod:`accord.run.functions.payload`).
+        daemon: as in :mod:`multiprocessing`.
+        start_method: as in :mod:`multiprocessing` (a script calls spawn under
+            ``if __name__ == "__main__":``).
         options: ``grace_period`` (s), ``env`` (extra variables), ``devices`` (one per worker),
             ``output_filename`` (a folder: each worker's stdout and stderr are also written to
             ``rank.N/stdout`` and ``rank.N/stderr`` there, as accordrun's flag), ``prefix_output``

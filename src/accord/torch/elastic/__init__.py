@@ -38,7 +38,22 @@ __all__ = ["ElasticSampler", "HorovodInternalError", "HostsUpdatedInterrupt", "M
 
 
 def run(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Decorate ``func(state, ...)`` so it resumes from the last commit after failures."""
+    """Decorate ``func(state, ...)`` so it resumes from the last commit after failures.
+
+    Args:
+        func: the training function; its first argument is the :class:`State` (a
+            :class:`TorchState`, usually), the others are passed through.
+
+    Returns:
+        The wrapped function. Called, it initializes accord if needed, syncs the state from
+        rank 0, and calls ``func``; on ``HorovodInternalError`` it restores the last commit, on
+        ``HostsUpdatedInterrupt`` it keeps the state just committed, and either way re-forms the
+        job, runs the reset callbacks and calls ``func`` again. It returns what ``func`` returns.
+
+    Raises:
+        MemberRemoved: this worker's host left the job (a ``SystemExit(0)``).
+        Exception: any other error of ``func``, which ends this worker.
+    """
 
     @functools.wraps(func)
     def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:

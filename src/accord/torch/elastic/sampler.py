@@ -46,7 +46,11 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.reset()
 
     def set_epoch(self, epoch: int) -> None:
-        """Start a new epoch: nothing is processed yet, and the shuffle order changes."""
+        """Start a new epoch: nothing is processed yet, and the shuffle order changes.
+
+        Args:
+            epoch: the epoch number; the shuffle is seeded by ``(seed, epoch)`` on every rank.
+        """
         self.epoch = epoch
         self.processed_indices = set()
         self.reset()
@@ -56,17 +60,34 @@ class ElasticSampler(torch.utils.data.Sampler):
         every rank's share (each rank can compute the others'), so a rank that dies after a
         commit takes nothing with it. As in Horovod 0.24+, calls count batches in order and
         ``batch_idx`` is not used: the ranks' shares interleave, so the job's k-th batch is
-        the k-th block of ``batch_size * num_replicas`` samples of the iteration's order."""
+        the k-th block of ``batch_size * num_replicas`` samples of the iteration's order.
+
+        Args:
+            batch_idx: Horovod's argument; not used (see above).
+            batch_size: samples per rank in the batch just trained on.
+        """
         block = batch_size * self.num_replicas
         self.record_indices(self._padded()[self._recorded:self._recorded + block])
         self._recorded += block
 
     def record_indices(self, indices: Any) -> None:
-        """Mark these dataset indices as processed."""
+        """Mark these dataset indices as processed.
+
+        Args:
+            indices: dataset indices (any iterable of ints).
+        """
         self.processed_indices.update(int(i) for i in indices)
 
     def get_indices(self, batch_idx: int, batch_size: int) -> list[int]:
-        """The dataset indices of batch ``batch_idx`` in this rank's current iteration."""
+        """The dataset indices of batch ``batch_idx`` in this rank's current iteration.
+
+        Args:
+            batch_idx: the batch's number in this iteration, from 0.
+            batch_size: samples per batch on this rank.
+
+        Returns:
+            Up to ``batch_size`` dataset indices (fewer at the end of the iteration).
+        """
         start = batch_idx * batch_size
         return self.indices[start:min(start + batch_size, len(self.indices))]
 
@@ -82,7 +103,11 @@ class ElasticSampler(torch.utils.data.Sampler):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore the epoch and processed samples (ours, or Horovod's ``processed_num``), and
-        re-split what remains."""
+        re-split what remains.
+
+        Args:
+            state_dict: what :meth:`state_dict` returned (here or in Horovod).
+        """
         self.epoch = state_dict["epoch"]
         if "processed_indices" in state_dict:
             self.processed_indices = set(state_dict["processed_indices"])

@@ -42,7 +42,12 @@ class State:
         self._reset_callbacks: list[Callable[[], None]] = []
 
     def register_reset_callbacks(self, callbacks: list[Callable[[], None]]) -> None:
-        """Call these (e.g. to rescale the learning rate with the new size) after each reset."""
+        """Call these (e.g. to rescale the learning rate with the new size) after each reset.
+
+        Args:
+            callbacks: functions of no argument, called in order after the ranks re-formed
+                and the state was synced.
+        """
         self._reset_callbacks.extend(callbacks)
 
     def on_reset(self) -> None:
