@@ -175,6 +175,8 @@ def _worker(backend: str, nbytes: int, ops: int, reps: int, cprofile_ops: int) -
     tracer = Tracer()
     comm_cls = type(comm)
     tracer.wrap(comm_cls, "allreduce", "comm_in", "comm_out")
+    if getattr(comm_cls, "allreduce_voted", None) is not None:  # a planned cycle's collective (shm)
+        tracer.wrap(comm_cls, "allreduce_voted", "comm_in", "comm_out")
     tracer.wrap(execute.Executor, "run", "executor", None)
     tracer.wrap(session.engine().executor, "complete", "complete_in", "complete_out")  # an instance attribute
     tracer.wrap(session, "submit", None, "submitted")

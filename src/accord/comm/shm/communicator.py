@@ -112,11 +112,14 @@ class ShmCommunicator(BaseCommunicator):
         return areas
 
     def _run(self, kind: str, code: int, nbytes: int, root: int, chunks: int,
-             stages: Sequence[Callable[[int, int], None]], extra: int = 0, agree_chunks: bool = False) -> None:
+             stages: Sequence[Callable[[int, int], None]], extra: int = 0, agree_chunks: bool = False,
+             vote: bool = False) -> bool:
         """Run chunk c's stage k in phase start + c + k (bank (start + c) % 2), barriers between.
 
         ``agree_chunks``: every rank passes its own ``chunks`` (in ``extra``) and all run the
-        largest, learnt after the first barrier.
+        largest, learnt after the first barrier. ``vote``: ``extra`` is this rank's vote; when
+        any rank's is non-zero, every rank stops after the first barrier, before any stage that
+        writes an output, and returns False (True when the op ran to its end).
         """
         with self._lock:
             if self._buffer is None:
@@ -133,14 +136,17 @@ class ShmCommunicator(BaseCommunicator):
                 if chunks == 1 and depth == 2 and not agree_chunks:  # most small ops: straight through
                     stages[0](0, bank)
                     self._wait()
-                    self._check_meta(bank)
+                    if any(self._check_meta(bank, vote)):
+                        return False  # a rank voted against: nothing written, every rank stops here
                     stages[1](0, bank)
-                    return
+                    return True
                 last = chunks + depth - 2
                 p = 0
                 while p <= last:
                     if p == 1:
-                        extras = self._check_meta(bank, agree_chunks)
+                        extras = self._check_meta(bank, agree_chunks or vote)
+                        if vote and any(extras):
+                            return False
                         if agree_chunks:
                             chunks = max(extras)
                             last = chunks + depth - 2
@@ -151,6 +157,7 @@ class ShmCommunicator(BaseCommunicator):
                     if p < last:
                         self._wait()
                     p += 1
+                return True
             except MismatchError:
                 raise  # every rank saw the same descriptors and raises at the same phase: still in step
             except BaseException as exc:
@@ -197,22 +204,7 @@ class ShmCommunicator(BaseCommunicator):
                 dtype, a cast of a non-floating tensor, non-contiguous tensors, or a
                 (dtype, op) pair that :meth:`supports_allreduce_many` refuses.
         """
-        if not inputs or len(inputs) != len(outputs):
-            raise ValueError(f"allreduce_many needs equally many inputs and outputs, got "
-                             f"{len(inputs)} and {len(outputs)}")
-        wire = wire_dtype or inputs[0].dtype
-        for t, o in zip(inputs, outputs):
-            if t.numel() != o.numel():
-                raise ValueError(f"allreduce_many: input and output sizes differ: {t.dtype}[{t.numel()}] "
-                                 f"-> {o.dtype}[{o.numel()}]")
-            for x in (t, o):
-                if x.dtype != wire and not (x.is_floating_point() and wire.is_floating_point):
-                    raise ValueError(f"allreduce_many: a {x.dtype} tensor cannot travel as {wire}; "
-                                     "only floating tensors are cast to another floating wire dtype")
-            if not (t.is_contiguous() and o.is_contiguous()):
-                raise ValueError("allreduce_many needs contiguous inputs and outputs")
-        if not self._native(wire, op):
-            raise ValueError(f"allreduce_many: the shm backend does not reduce {wire} with {op.name} natively")
+        wire = self._check_many("allreduce_many", inputs, outputs, op, wire_dtype)
         try:
             with torch.no_grad():
                 self._reduce_into(inputs, outputs, op, None, wire)
@@ -220,6 +212,50 @@ class ShmCommunicator(BaseCommunicator):
             raise
         except RuntimeError as exc:
             raise self._failure("allreduce", exc) from exc
+
+    def allreduce_voted(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor], op: ReduceOp,
+                        vote: int, wire_dtype: torch.dtype | None = None) -> bool:
+        """:meth:`allreduce_many`, unless some rank votes against: every rank passes ``vote``
+        (0: go ahead), which travels in the op's descriptor, not in the data. When any rank's
+        vote is non-zero, no output is written on any rank and every rank returns False (the
+        inputs were only read); otherwise the op runs and every rank returns True.
+
+        The engine's planned cycles use this to ask "did every member follow the plan?" inside
+        the data collective itself, without a control element appended to a staging copy.
+
+        Raises:
+            ValueError: as :meth:`allreduce_many`.
+        """
+        wire = self._check_many("allreduce_voted", inputs, outputs, op, wire_dtype)
+        try:
+            with torch.no_grad():
+                return self._reduce_into(inputs, outputs, op, None, wire, vote=int(vote))
+        except (BackendError, MismatchError, ValueError):
+            raise
+        except RuntimeError as exc:
+            raise self._failure("allreduce", exc) from exc
+
+    def _check_many(self, what: str, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
+                    op: ReduceOp, wire_dtype: torch.dtype | None) -> torch.dtype:
+        """The wire dtype of a piecewise allreduce, after checking its arguments (see
+        :meth:`allreduce_many`)."""
+        if not inputs or len(inputs) != len(outputs):
+            raise ValueError(f"{what} needs equally many inputs and outputs, got "
+                             f"{len(inputs)} and {len(outputs)}")
+        wire = wire_dtype or inputs[0].dtype
+        for t, o in zip(inputs, outputs):
+            if t.numel() != o.numel():
+                raise ValueError(f"{what}: input and output sizes differ: {t.dtype}[{t.numel()}] "
+                                 f"-> {o.dtype}[{o.numel()}]")
+            for x in (t, o):
+                if x.dtype != wire and not (x.is_floating_point() and wire.is_floating_point):
+                    raise ValueError(f"{what}: a {x.dtype} tensor cannot travel as {wire}; "
+                                     "only floating tensors are cast to another floating wire dtype")
+            if not (t.is_contiguous() and o.is_contiguous()):
+                raise ValueError(f"{what} needs contiguous inputs and outputs")
+        if not self._native(wire, op):
+            raise ValueError(f"{what}: the shm backend does not reduce {wire} with {op.name} natively")
+        return wire
 
     def _scratch(self, dtype: torch.dtype) -> torch.Tensor:
         """A private chunk-sized area of ``dtype`` (reductions of many pieces land here first)."""
@@ -229,7 +265,7 @@ class ShmCommunicator(BaseCommunicator):
         return area
 
     def _reduce_into(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor], op: ReduceOp,
-                     root: int | None, wire: torch.dtype | None = None) -> None:
+                     root: int | None, wire: torch.dtype | None = None, vote: int | None = None) -> bool:
         ins = [t.view(-1) for t in inputs]
         outs = [t.view(-1) for t in outputs]
         wire = wire or ins[0].dtype
@@ -244,8 +280,8 @@ class ShmCommunicator(BaseCommunicator):
         stages = reduction_stages(ins, outs, pieces, areas, me, size, per, op, receives, direct,
                                   self._scratch(wire))
         kind = "allreduce" if root is None else "reduce"
-        self._run(kind, _op_code(wire, op), numel * itemsize, -1 if root is None else root,
-                  _chunks(numel * itemsize, per * itemsize), stages)
+        return self._run(kind, _op_code(wire, op), numel * itemsize, -1 if root is None else root,
+                         _chunks(numel * itemsize, per * itemsize), stages, extra=vote or 0, vote=vote is not None)
 
     def _allreduce_native(self, tensor: torch.Tensor, op: ReduceOp) -> None:
         self._reduce_into([tensor], [tensor], op, None)
