@@ -36,7 +36,7 @@ from accord.comm.base_communicator import BaseCommunicator
 from accord.comm.dtypes import LIBRARY_OPS, is_integer
 from accord.comm.ops import BITWISE_OPS, ReduceOp
 from accord.comm.shm import segment as shm_segment
-from accord.comm.shm.reduce import chunk_pieces, combine, reduction_stages
+from accord.comm.shm.reduce import chunk_pieces, combine, reduction_stages, small_stages
 from accord.comm.shm.segment import Layout
 from accord.comm.shm.sync import PeerLostError
 from accord.errors import BackendError, MismatchError, with_hint
@@ -47,6 +47,7 @@ _KIND = {name: i for i, name in enumerate(_KINDS)}
 _NATIVE_REAL = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8,
                 torch.int16, torch.int32, torch.int64)
 _NATIVE_COMPLEX = (torch.complex64, torch.complex128)  # torch has no complex min/max
+_SMALL_KEEP = 16  # sizes of one-chunk reductions whose slot views are kept
 
 
 def _chunks(nbytes: int, chunk: int) -> int:
@@ -74,6 +75,7 @@ class ShmCommunicator(BaseCommunicator):
         self._mem = torch.frombuffer(buffer, dtype=torch.uint8)
         self._views: dict[torch.dtype, list[list[torch.Tensor]]] = {}
         self._scratches: dict[torch.dtype, torch.Tensor] = {}
+        self._small: dict[tuple[torch.dtype, int], list[list[torch.Tensor]]] = {}  # see _small_views
         self._meta_at = [[layout.meta(b, r) for r in range(self.size)] for b in (0, 1)]
         self._phase = 0  # barriers passed: identical on every rank between ops
         self._broken = ""
@@ -91,6 +93,7 @@ class ShmCommunicator(BaseCommunicator):
             self._barrier_impl.abort()
             self._barrier_impl.close()
             self._views.clear()
+            self._small.clear()
             self._scratches.clear()
             self._mem = None
             buffer, self._buffer = self._buffer, None
@@ -257,6 +260,17 @@ class ShmCommunicator(BaseCommunicator):
             raise ValueError(f"{what}: the shm backend does not reduce {wire} with {op.name} natively")
         return wire
 
+    def _small_views(self, dtype: torch.dtype, n: int) -> list[list[torch.Tensor]]:
+        """``[bank][i]``: the first ``n`` elements of rank i's slot, typed; kept for the few
+        sizes a job repeats (slicing them anew costs a torch op per slot and call)."""
+        key = (dtype, n)
+        views = self._small.get(key)
+        if views is None:
+            if len(self._small) >= _SMALL_KEEP:
+                self._small.clear()
+            views = self._small[key] = [[slot[:n] for slot in bank[:self.size]] for bank in self._areas(dtype)]
+        return views
+
     def _scratch(self, dtype: torch.dtype) -> torch.Tensor:
         """A private chunk-sized area of ``dtype`` (reductions of many pieces land here first)."""
         area = self._scratches.get(dtype)
@@ -266,20 +280,27 @@ class ShmCommunicator(BaseCommunicator):
 
     def _reduce_into(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor], op: ReduceOp,
                      root: int | None, wire: torch.dtype | None = None, vote: int | None = None) -> bool:
-        ins = [t.view(-1) for t in inputs]
-        outs = [t.view(-1) for t in outputs]
+        # (a 1-D tensor is its own flat view: every torch op saved counts for small ops)
+        ins = [t if t.dim() == 1 else t.view(-1) for t in inputs]
+        outs = [t if t.dim() == 1 else t.view(-1) for t in outputs]
         wire = wire or ins[0].dtype
         itemsize = wire.itemsize
         per = self._layout.chunk // itemsize
-        pieces, numel = chunk_pieces([t.numel() for t in ins], per)
-        areas = self._areas(wire)
         me, size = self.rank, self.size
         receives = root is None or me == root
+        kind = "allreduce" if root is None else "reduce"
+        if len(ins) == 1 and 0 < ins[0].numel() <= per and ins[0].dtype == wire == outs[0].dtype:
+            # One tensor in one chunk (latency-bound ops): slot views of exactly its size, kept.
+            n = ins[0].numel()
+            stages = small_stages(ins[0], outs[0], self._small_views(wire, n), me, size, op, receives)
+            return self._run(kind, _op_code(wire, op), n * itemsize, -1 if root is None else root, 1, stages,
+                             extra=vote or 0, vote=vote is not None)
+        pieces, numel = chunk_pieces([t.numel() for t in ins], per)
+        areas = self._areas(wire)
 
         direct = self._direct or numel * itemsize < self._split_min_bytes
         stages = reduction_stages(ins, outs, pieces, areas, me, size, per, op, receives, direct,
                                   self._scratch(wire))
-        kind = "allreduce" if root is None else "reduce"
         return self._run(kind, _op_code(wire, op), numel * itemsize, -1 if root is None else root,
                          _chunks(numel * itemsize, per * itemsize), stages, extra=vote or 0, vote=vote is not None)
 
