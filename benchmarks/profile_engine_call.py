@@ -2,7 +2,10 @@
 with a breakdown along the engine's path, 2 ranks of one host, in one run.
 
     python benchmarks/profile_engine_call.py [--backend shm|gloo] [--bytes 1024] [--ops 200]
-                                            [--reps 9] [--cprofile 0]
+                                            [--reps 9] [--cprofile 0] [--nprocs 2]
+
+``--nprocs 1`` is the proxy for a busy machine: no peer to wait on, so what remains is the
+engine's own Python and torch work per call (the same path: planned, run on the caller).
 
 Timed cases, interleaved (the order alternates every repetition, a barrier before each batch of
 ``--ops`` calls; medians over repetitions, the first dropped):
@@ -143,7 +146,7 @@ def _worker(backend: str, nbytes: int, ops: int, reps: int, cprofile_ops: int) -
     rank = session.topology().rank
     # A communicator of the engine's backend of its own: the engine's negotiates on its own
     # (idle ticks), which would interleave with calls made here.
-    comm = session.build_communicator(get_backend(session.backend_name("cpu")), range(2))
+    comm = session.build_communicator(get_backend(session.backend_name("cpu")), range(session.topology().size))
     tensor = torch.ones(max(nbytes // 4, 1))
 
     # Planning off for names starting "np.": every such call is a negotiated cycle.
@@ -218,6 +221,7 @@ def _worker(backend: str, nbytes: int, ops: int, reps: int, cprofile_ops: int) -
             profile_text = buf.getvalue()
     stats = session.engine().stats()
     backend_name = session.backend_name("cpu")
+    session_size = session.topology().size
     dist.barrier()
     stop_baseline_group(baseline)
     hvd.shutdown()
@@ -230,7 +234,7 @@ def _worker(backend: str, nbytes: int, ops: int, reps: int, cprofile_ops: int) -
         "traced_us": traced,
         "engine_stats_rank0": stats,
         "cprofile_rank0": profile_text,
-        "environment": {"torch": torch.__version__, "python": platform.python_version(), "world_size": 2,
+        "environment": {"torch": torch.__version__, "python": platform.python_version(), "world_size": session_size,
                         "backend": backend_name, "bytes": tensor.numel() * 4, "ops_per_sample": ops,
                         "reps": reps, "cpus": os.cpu_count(), "threads_per_rank": 1,
                         "load_before_after": [list(load_before), list(os.getloadavg())]},
@@ -244,12 +248,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ops", type=int, default=200, help="calls per timed batch")
     parser.add_argument("--reps", type=int, default=9, help="timed batches per case (after one warm-up)")
     parser.add_argument("--cprofile", type=int, default=0, help="engine calls to profile on rank 0 (0: none)")
+    parser.add_argument("--nprocs", type=int, default=2,
+                        help="ranks; 1 measures the engine's own Python path with no peer to wait on")
     parser.add_argument("--out", default=RESULTS)
     args = parser.parse_args(argv)
     os.environ["ACCORD_CPU_BACKEND"] = args.backend  # inherited by the spawned ranks
     from accord.run.functions.spawn import spawn
 
-    result = spawn(_worker, args=(args.backend, args.bytes, args.ops, args.reps, args.cprofile), nprocs=2)[0]
+    result = spawn(_worker, args=(args.backend, args.bytes, args.ops, args.reps, args.cprofile),
+                   nprocs=args.nprocs)[0]
     record(result, args.out, "profile_engine_call.py", argv)
     comm_ms = result["median_ms_per_call"]["comm"]
     print(f"{'case':<20} {'ms/call':>9} {'- comm':>9}")
