@@ -13,13 +13,17 @@ Timed cases, interleaved (the order alternates every repetition, a barrier befor
 - ``comm``: ``communicator.allreduce`` on a communicator of the engine's CPU backend (built
   beside the engine's, same settings), no engine;
 - ``engine``: ``session.synchronize(session.submit(...))`` of the same tensor (in place, one
-  name: planned after three cycles, and run on the calling thread);
+  name: planned after three cycles, and run on the calling thread; the submission, not known
+  to be waited on, wakes the engine's thread, which then waits for the caller's cycle);
+- ``engine_waited``: the same submitted as the synchronous hvd calls do (``waited=True``:
+  the engine's thread is not woken);
 - ``hvd_allreduce`` / ``hvd_allreduce_``: ``accord.torch.allreduce`` (a new tensor) and
   ``allreduce_`` (in place), what Horovod scripts call;
 - ``engine_negotiated``: the engine with planning switched off for this name, so every call
   is a negotiated cycle on the controller's thread: two thread hand-offs, one negotiation.
 
-Then a traced pass: wrappers record ``perf_counter_ns`` at the boundaries of the path (submit,
+Then a traced pass (the communicator alone, ``engine_waited`` on the planned path, and
+``engine_negotiated``): wrappers record ``perf_counter_ns`` at the boundaries of the path (submit,
 request built, enqueued, synchronize, run on the caller or the controller thread, executor,
 communicator in/out, completion, return) and the table gives the median time of each segment
 (the wrappers' own cost is the difference between the traced and untraced ``engine`` totals).
@@ -156,9 +160,14 @@ def _worker(backend: str, nbytes: int, ops: int, reps: int, cprofile_ops: int) -
     def engine_call(name: str) -> None:
         session.synchronize(session.submit("allreduce", tensor, name, in_place=True))
 
+    def engine_waited(name: str) -> None:  # what the synchronous hvd calls submit: the thread is not woken
+        session.synchronize(session.submit_group("allreduce", [tensor], name, in_place=True, grouped=False,
+                                                 waited=True)[0])
+
     cases: dict[str, Callable[[], Any]] = {
         "comm": lambda: comm.allreduce(tensor, ReduceOp.SUM),
         "engine": lambda: engine_call("tiny"),
+        "engine_waited": lambda: engine_waited("tiny_w"),
         "hvd_allreduce": lambda: hvd.allreduce(tensor, name="h", op=hvd.Sum),
         "hvd_allreduce_": lambda: hvd.allreduce_(tensor, name="h_", op=hvd.Sum),
         "engine_negotiated": lambda: engine_call("np.tiny"),
@@ -182,13 +191,13 @@ def _worker(backend: str, nbytes: int, ops: int, reps: int, cprofile_ops: int) -
         tracer.wrap(comm_cls, "allreduce_voted", "comm_in", "comm_out")
     tracer.wrap(execute.Executor, "run", "executor", None)
     tracer.wrap(session.engine().executor, "complete", "complete_in", "complete_out")  # an instance attribute
-    tracer.wrap(session, "submit", None, "submitted")
+    tracer.wrap(session, "submit_group", None, "submitted")  # (submit calls it)
     tracer.wrap(negotiated.NegotiatedCycles, "negotiate", "negotiate_in", "negotiate_out", mute=True)
     barrier = getattr(comm, "_barrier_impl", None)  # shm: did the wait sleep in the kernel?
     if barrier is not None and hasattr(barrier, "_sleep"):
         tracer.wrap(barrier, "_sleep", "sleep_in", "sleep_out")
     traced = {}
-    for path, fn in (("comm", cases["comm"]), ("planned", cases["engine"]),
+    for path, fn in (("comm", cases["comm"]), ("planned", cases["engine_waited"]),
                      ("negotiated", cases["engine_negotiated"])):
         dist.barrier()
         tracer.events.clear()
