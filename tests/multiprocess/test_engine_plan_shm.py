@@ -53,6 +53,14 @@ def _checks(rank, size):
     out["inputs_untouched"] = all(x.tolist() == [float(rank + 10 * s)] * 5 for s, x in enumerate(inputs))
     out["distinct_results"] = len({r.data_ptr() for r in results}) == len(results)
     out["planned"] = eng.stats()["planned_cycles"]
+    out["lent"] = eng.stats()["lent_cycles"]
+    out["grad_mode_kept"] = torch.is_grad_enabled()  # the caller ran cycles with autograd off, then back on
+    leaf = torch.full((3,), float(rank + 1), requires_grad=True)
+    for _ in range(5):  # in place into a leaf that requires grad: refused with autograd on, fine off
+        with torch.no_grad():
+            leaf.fill_(float(rank + 1))
+        eng.synchronize(_submit(eng, leaf, "leaf", in_place=True))
+    out["leaf_ok"] = leaf.detach().tolist() == [3.0] * 3 and torch.is_grad_enabled()
     # 2. in place, 2-D
     x = torch.empty(2, 3, dtype=torch.float64)
     for _ in range(8):
@@ -100,7 +108,8 @@ def test_planned_cycles_on_shm_vote_beside_the_data():
     results = run_ranks(_checks, 2, timeout=120)
     for res in results:
         assert res["values_ok"] and res["inputs_untouched"] and res["distinct_results"], res
-        assert res["planned"] >= 6, res
+        assert res["planned"] >= 6 and res["lent"] >= 6, res
+        assert res["grad_mode_kept"] and res["leaf_ok"], res
         assert res["in_place"] and res["prescale_ok"] and res["mixed_ok"], res
         assert res["planned_before_deviation"] > res["planned"], res  # "v" was planned before rank 1 left
         assert res["after_deviation"] == [[3.0] * 4, [30.0, 30.0]], res

@@ -231,6 +231,8 @@ class ShmCommunicator(BaseCommunicator):
         """
         wire = self._check_many("allreduce_voted", inputs, outputs, op, wire_dtype)
         try:
+            if not torch.is_grad_enabled():  # the engine's case: no context manager to build
+                return self._reduce_into(inputs, outputs, op, None, wire, vote=int(vote))
             with torch.no_grad():
                 return self._reduce_into(inputs, outputs, op, None, wire, vote=int(vote))
         except (BackendError, MismatchError, ValueError):
