@@ -357,3 +357,41 @@ def test_segment_layout_keeps_areas_apart():
     metas = [lay.meta(b, r) for b in (0, 1) for r in range(3)]
     assert max(metas) + 40 <= lay.header and min(metas) > ABORT_OFFSET > COUNTER_OFFSET
     assert len({m // 128 for m in metas}) == 3  # one record (two cache lines) per rank
+
+
+def _voted(rank, size, chunk):
+    import torch
+
+    from accord.comm import ReduceOp
+    from accord.comm.shm.backend import ShmBackend
+
+    comm = groups.create(ShmBackend(chunk_bytes=chunk), range(size))
+    out = {}
+    for n in (5, 3 * chunk // 4 + 7):  # one chunk, and several (the vote is read after the first barrier)
+        src = torch.arange(n, dtype=torch.float32) + rank
+        want = (torch.arange(n, dtype=torch.float64) * size + sum(range(size))).tolist()
+        dst = torch.full((n,), -1.0)
+        ran = comm.allreduce_voted([src], [dst], ReduceOp.SUM, 0)
+        out[f"{n}: all for"] = (ran, dst.tolist() == want, src.tolist() == (torch.arange(n) + rank).float().tolist())
+        # the last rank votes against: nothing is written anywhere, in place or not
+        inplace = src.clone()
+        ran_out = comm.allreduce_voted([src], [dst.fill_(-1.0)], ReduceOp.SUM, int(rank == size - 1))
+        ran_in = comm.allreduce_voted([inplace], [inplace], ReduceOp.SUM, 7 if rank == size - 1 else 0)
+        out[f"{n}: one against"] = (ran_out, ran_in, dst.eq(-1.0).all().item(), inplace.tolist() == src.tolist())
+        # and the communicator is still in step with its peers afterwards
+        after = torch.full((n,), float(rank + 1))
+        comm.allreduce(after, ReduceOp.SUM)
+        out[f"{n}: after"] = after.eq(size * (size + 1) / 2).all().item()
+    comm.close()
+    return out
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("size", [2, 3])
+def test_voted_allreduce_writes_nothing_unless_every_rank_votes_for(size):
+    chunk = 4096
+    for res in run_ranks(_voted, size, chunk, timeout=60):
+        for n in (5, 3 * chunk // 4 + 7):
+            assert res[f"{n}: all for"] == (True, True, True), res
+            assert res[f"{n}: one against"] == (False, False, True, True), res
+            assert res[f"{n}: after"], res

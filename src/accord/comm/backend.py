@@ -97,6 +97,21 @@ class ScatteredAllreduce(Protocol):
         (default: the inputs' dtype); floating inputs and outputs of another dtype are cast."""
 
 
+@runtime_checkable
+class VotedAllreduce(Protocol):
+    """Optional capability: an allreduce that every rank can call off inside the op itself.
+
+    The engine's planned cycles ask in their one data collective whether every member followed
+    the plan (:mod:`accord.engine.cycle.plan`); a communicator that carries a per-rank vote
+    beside the data (shm: in the op's descriptor) spares the staging copy that otherwise
+    carries it as one extra element.
+    """
+
+    def allreduce_voted(self, inputs, outputs, op: ReduceOp, vote: int, wire_dtype=None) -> bool:
+        """As ``allreduce_many``, unless some rank's ``vote`` is non-zero: then no output is
+        written anywhere and every rank returns False."""
+
+
 class Backend(ABC):
     """A communication library.
 

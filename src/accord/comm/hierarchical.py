@@ -80,6 +80,7 @@ class HierarchicalCommunicator(Communicator):
     # Batches must come to allreduce() as one buffer: the flat communicator's piecewise path,
     # if it has one, would bypass the hierarchy.
     supports_allreduce_many = None
+    allreduce_voted = None  # likewise: a planned cycle's voted collective must take the hierarchy
 
     def __init__(self, flat: Communicator, local: Communicator, cross: Communicator,
                  min_bytes: int = 0, measure: bool = False) -> None:

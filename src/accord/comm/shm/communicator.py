@@ -36,7 +36,7 @@ from accord.comm.base_communicator import BaseCommunicator
 from accord.comm.dtypes import LIBRARY_OPS, is_integer
 from accord.comm.ops import BITWISE_OPS, ReduceOp
 from accord.comm.shm import segment as shm_segment
-from accord.comm.shm.reduce import chunk_pieces, combine, reduction_stages
+from accord.comm.shm.reduce import chunk_pieces, combine, reduction_stages, small_stages
 from accord.comm.shm.segment import Layout
 from accord.comm.shm.sync import PeerLostError
 from accord.errors import BackendError, MismatchError, with_hint
@@ -47,6 +47,7 @@ _KIND = {name: i for i, name in enumerate(_KINDS)}
 _NATIVE_REAL = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8,
                 torch.int16, torch.int32, torch.int64)
 _NATIVE_COMPLEX = (torch.complex64, torch.complex128)  # torch has no complex min/max
+_SMALL_KEEP = 16  # sizes of one-chunk reductions whose slot views are kept
 
 
 def _chunks(nbytes: int, chunk: int) -> int:
@@ -74,6 +75,7 @@ class ShmCommunicator(BaseCommunicator):
         self._mem = torch.frombuffer(buffer, dtype=torch.uint8)
         self._views: dict[torch.dtype, list[list[torch.Tensor]]] = {}
         self._scratches: dict[torch.dtype, torch.Tensor] = {}
+        self._small: dict[tuple[torch.dtype, int], list[list[torch.Tensor]]] = {}  # see _small_views
         self._meta_at = [[layout.meta(b, r) for r in range(self.size)] for b in (0, 1)]
         self._phase = 0  # barriers passed: identical on every rank between ops
         self._broken = ""
@@ -91,6 +93,7 @@ class ShmCommunicator(BaseCommunicator):
             self._barrier_impl.abort()
             self._barrier_impl.close()
             self._views.clear()
+            self._small.clear()
             self._scratches.clear()
             self._mem = None
             buffer, self._buffer = self._buffer, None
@@ -112,11 +115,14 @@ class ShmCommunicator(BaseCommunicator):
         return areas
 
     def _run(self, kind: str, code: int, nbytes: int, root: int, chunks: int,
-             stages: Sequence[Callable[[int, int], None]], extra: int = 0, agree_chunks: bool = False) -> None:
+             stages: Sequence[Callable[[int, int], None]], extra: int = 0, agree_chunks: bool = False,
+             vote: bool = False) -> bool:
         """Run chunk c's stage k in phase start + c + k (bank (start + c) % 2), barriers between.
 
         ``agree_chunks``: every rank passes its own ``chunks`` (in ``extra``) and all run the
-        largest, learnt after the first barrier.
+        largest, learnt after the first barrier. ``vote``: ``extra`` is this rank's vote; when
+        any rank's is non-zero, every rank stops after the first barrier, before any stage that
+        writes an output, and returns False (True when the op ran to its end).
         """
         with self._lock:
             if self._buffer is None:
@@ -133,14 +139,17 @@ class ShmCommunicator(BaseCommunicator):
                 if chunks == 1 and depth == 2 and not agree_chunks:  # most small ops: straight through
                     stages[0](0, bank)
                     self._wait()
-                    self._check_meta(bank)
+                    if any(self._check_meta(bank, vote)):
+                        return False  # a rank voted against: nothing written, every rank stops here
                     stages[1](0, bank)
-                    return
+                    return True
                 last = chunks + depth - 2
                 p = 0
                 while p <= last:
                     if p == 1:
-                        extras = self._check_meta(bank, agree_chunks)
+                        extras = self._check_meta(bank, agree_chunks or vote)
+                        if vote and any(extras):
+                            return False
                         if agree_chunks:
                             chunks = max(extras)
                             last = chunks + depth - 2
@@ -151,6 +160,7 @@ class ShmCommunicator(BaseCommunicator):
                     if p < last:
                         self._wait()
                     p += 1
+                return True
             except MismatchError:
                 raise  # every rank saw the same descriptors and raises at the same phase: still in step
             except BaseException as exc:
@@ -197,22 +207,7 @@ class ShmCommunicator(BaseCommunicator):
                 dtype, a cast of a non-floating tensor, non-contiguous tensors, or a
                 (dtype, op) pair that :meth:`supports_allreduce_many` refuses.
         """
-        if not inputs or len(inputs) != len(outputs):
-            raise ValueError(f"allreduce_many needs equally many inputs and outputs, got "
-                             f"{len(inputs)} and {len(outputs)}")
-        wire = wire_dtype or inputs[0].dtype
-        for t, o in zip(inputs, outputs):
-            if t.numel() != o.numel():
-                raise ValueError(f"allreduce_many: input and output sizes differ: {t.dtype}[{t.numel()}] "
-                                 f"-> {o.dtype}[{o.numel()}]")
-            for x in (t, o):
-                if x.dtype != wire and not (x.is_floating_point() and wire.is_floating_point):
-                    raise ValueError(f"allreduce_many: a {x.dtype} tensor cannot travel as {wire}; "
-                                     "only floating tensors are cast to another floating wire dtype")
-            if not (t.is_contiguous() and o.is_contiguous()):
-                raise ValueError("allreduce_many needs contiguous inputs and outputs")
-        if not self._native(wire, op):
-            raise ValueError(f"allreduce_many: the shm backend does not reduce {wire} with {op.name} natively")
+        wire = self._check_many("allreduce_many", inputs, outputs, op, wire_dtype)
         try:
             with torch.no_grad():
                 self._reduce_into(inputs, outputs, op, None, wire)
@@ -220,6 +215,63 @@ class ShmCommunicator(BaseCommunicator):
             raise
         except RuntimeError as exc:
             raise self._failure("allreduce", exc) from exc
+
+    def allreduce_voted(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor], op: ReduceOp,
+                        vote: int, wire_dtype: torch.dtype | None = None) -> bool:
+        """:meth:`allreduce_many`, unless some rank votes against: every rank passes ``vote``
+        (0: go ahead), which travels in the op's descriptor, not in the data. When any rank's
+        vote is non-zero, no output is written on any rank and every rank returns False (the
+        inputs were only read); otherwise the op runs and every rank returns True.
+
+        The engine's planned cycles use this to ask "did every member follow the plan?" inside
+        the data collective itself, without a control element appended to a staging copy.
+
+        Raises:
+            ValueError: as :meth:`allreduce_many`.
+        """
+        wire = self._check_many("allreduce_voted", inputs, outputs, op, wire_dtype)
+        try:
+            if not torch.is_grad_enabled():  # the engine's case: no context manager to build
+                return self._reduce_into(inputs, outputs, op, None, wire, vote=int(vote))
+            with torch.no_grad():
+                return self._reduce_into(inputs, outputs, op, None, wire, vote=int(vote))
+        except (BackendError, MismatchError, ValueError):
+            raise
+        except RuntimeError as exc:
+            raise self._failure("allreduce", exc) from exc
+
+    def _check_many(self, what: str, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
+                    op: ReduceOp, wire_dtype: torch.dtype | None) -> torch.dtype:
+        """The wire dtype of a piecewise allreduce, after checking its arguments (see
+        :meth:`allreduce_many`)."""
+        if not inputs or len(inputs) != len(outputs):
+            raise ValueError(f"{what} needs equally many inputs and outputs, got "
+                             f"{len(inputs)} and {len(outputs)}")
+        wire = wire_dtype or inputs[0].dtype
+        for t, o in zip(inputs, outputs):
+            if t.numel() != o.numel():
+                raise ValueError(f"{what}: input and output sizes differ: {t.dtype}[{t.numel()}] "
+                                 f"-> {o.dtype}[{o.numel()}]")
+            for x in (t, o):
+                if x.dtype != wire and not (x.is_floating_point() and wire.is_floating_point):
+                    raise ValueError(f"{what}: a {x.dtype} tensor cannot travel as {wire}; "
+                                     "only floating tensors are cast to another floating wire dtype")
+            if not (t.is_contiguous() and o.is_contiguous()):
+                raise ValueError(f"{what} needs contiguous inputs and outputs")
+        if not self._native(wire, op):
+            raise ValueError(f"{what}: the shm backend does not reduce {wire} with {op.name} natively")
+        return wire
+
+    def _small_views(self, dtype: torch.dtype, n: int) -> list[list[torch.Tensor]]:
+        """``[bank][i]``: the first ``n`` elements of rank i's slot, typed; kept for the few
+        sizes a job repeats (slicing them anew costs a torch op per slot and call)."""
+        key = (dtype, n)
+        views = self._small.get(key)
+        if views is None:
+            if len(self._small) >= _SMALL_KEEP:
+                self._small.clear()
+            views = self._small[key] = [[slot[:n] for slot in bank[:self.size]] for bank in self._areas(dtype)]
+        return views
 
     def _scratch(self, dtype: torch.dtype) -> torch.Tensor:
         """A private chunk-sized area of ``dtype`` (reductions of many pieces land here first)."""
@@ -229,23 +281,30 @@ class ShmCommunicator(BaseCommunicator):
         return area
 
     def _reduce_into(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor], op: ReduceOp,
-                     root: int | None, wire: torch.dtype | None = None) -> None:
-        ins = [t.view(-1) for t in inputs]
-        outs = [t.view(-1) for t in outputs]
+                     root: int | None, wire: torch.dtype | None = None, vote: int | None = None) -> bool:
+        # (a 1-D tensor is its own flat view: every torch op saved counts for small ops)
+        ins = [t if t.dim() == 1 else t.view(-1) for t in inputs]
+        outs = [t if t.dim() == 1 else t.view(-1) for t in outputs]
         wire = wire or ins[0].dtype
         itemsize = wire.itemsize
         per = self._layout.chunk // itemsize
-        pieces, numel = chunk_pieces([t.numel() for t in ins], per)
-        areas = self._areas(wire)
         me, size = self.rank, self.size
         receives = root is None or me == root
+        kind = "allreduce" if root is None else "reduce"
+        if len(ins) == 1 and 0 < ins[0].numel() <= per and ins[0].dtype == wire == outs[0].dtype:
+            # One tensor in one chunk (latency-bound ops): slot views of exactly its size, kept.
+            n = ins[0].numel()
+            stages = small_stages(ins[0], outs[0], self._small_views(wire, n), me, size, op, receives)
+            return self._run(kind, _op_code(wire, op), n * itemsize, -1 if root is None else root, 1, stages,
+                             extra=vote or 0, vote=vote is not None)
+        pieces, numel = chunk_pieces([t.numel() for t in ins], per)
+        areas = self._areas(wire)
 
         direct = self._direct or numel * itemsize < self._split_min_bytes
         stages = reduction_stages(ins, outs, pieces, areas, me, size, per, op, receives, direct,
                                   self._scratch(wire))
-        kind = "allreduce" if root is None else "reduce"
-        self._run(kind, _op_code(wire, op), numel * itemsize, -1 if root is None else root,
-                  _chunks(numel * itemsize, per * itemsize), stages)
+        return self._run(kind, _op_code(wire, op), numel * itemsize, -1 if root is None else root,
+                         _chunks(numel * itemsize, per * itemsize), stages, extra=vote or 0, vote=vote is not None)
 
     def _allreduce_native(self, tensor: torch.Tensor, op: ReduceOp) -> None:
         self._reduce_into([tensor], [tensor], op, None)

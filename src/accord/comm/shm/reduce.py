@@ -51,6 +51,30 @@ def combine(out: torch.Tensor, bank: Sequence[torch.Tensor], lo: int, hi: int, o
         fn(out, bank[j][lo:hi], out=out)
 
 
+def small_stages(src: torch.Tensor, out: torch.Tensor, views: Sequence[Sequence[torch.Tensor]], me: int,
+                 size: int, op: ReduceOp, receives: bool) -> list[Stage]:
+    """The two stages of a reduction of one flat tensor that fits in one chunk: ``views[bank][i]``
+    is rank i's slot cut to the tensor's size (in its dtype). The same combination in rank
+    order as :func:`reduction_stages`, with no slicing per call."""
+
+    def copy_in(c: int, b: int) -> None:
+        views[b][me].copy_(src)
+
+    def reduce_out(c: int, b: int) -> None:
+        if not receives:
+            return
+        bank = views[b]
+        if size == 1:
+            out.copy_(bank[0])
+            return
+        fn = _FNS[op]
+        fn(bank[0], bank[1], out=out)
+        for j in range(2, size):
+            fn(out, bank[j], out=out)
+
+    return [copy_in, reduce_out]
+
+
 def reduction_stages(ins: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
                      pieces: Sequence[Sequence[Piece]], areas: Sequence[Sequence[torch.Tensor]],
                      me: int, size: int, per: int, op: ReduceOp, receives: bool,

@@ -161,6 +161,11 @@ class Executor:
         sig = first.signature
         wire_dtype = _wire_dtype(item)
         op, post = wire_reduction(ReduceOp(sig.reduce_op), wire_dtype, sig.postscale, comm.size)
+        # Decided from the communicator and the signature only (the same on every member), so
+        # that every member puts the same layout on the wire: the vote beside the data (shm),
+        # or one extra element of it.
+        if getattr(comm, "allreduce_voted", None) is not None and comm.supports_allreduce_many(wire_dtype, op):
+            return self._voted(item, comm, wire_dtype, op, post, control)
         t0 = time.monotonic()
         lone = _plain_lone(item)
         if lone is not None:
@@ -190,6 +195,44 @@ class Executor:
             self._span(item, "MEMCPY_IN_FUSION_BUFFER", t0, t1)
             self._span(item, "ALLREDUCE", t1, t2)
             self._span(item, "MEMCPY_OUT_FUSION_BUFFER", t2, time.monotonic())
+        self.complete(outcomes)
+        return True
+
+    def _voted(self, item: list[Request], comm: Any, wire: torch.dtype, op: ReduceOp, post: float,
+               control: float) -> bool:
+        """:meth:`_controlled` on a communicator that carries each rank's vote beside the data
+        (``allreduce_voted``): a plain lone request is reduced straight from its tensor into
+        its output (no staging copy in or out, no control element to read back); anything
+        else goes through the fusion buffer, exactly its size. Nothing is written into an
+        output unless every member voted 0."""
+        first = item[0]
+        sig = first.signature
+        t0 = time.monotonic()
+        lone = _plain_lone(item)
+        buf = None
+        if lone is not None and sig.prescale == 1.0:  # a prescale must not touch the caller's tensor first
+            out = first.output if first.output is not None else memory.empty_like(lone)
+            ins, outs = [lone], [out]
+        else:
+            tensors = [r.tensor for r in item]
+            buf = self.buffers.get(first.tensor.device, wire, sum(t.numel() for t in tensors))
+            pack(tensors, buf)
+            scale_(buf, sig.prescale)
+            ins = outs = [buf]
+        t1 = time.monotonic()
+        ran = _comm_call(comm.allreduce_voted, ins, outs, op, int(control != 0), wire)
+        self.collectives += 1
+        t2 = time.monotonic()
+        if not ran:
+            return False
+        scale_(outs[0], post)
+        outcomes = [(first, out, None)] if buf is None else self._unfuse(item, buf)
+        if self.timeline is not None:
+            if buf is not None:
+                self._span(item, "MEMCPY_IN_FUSION_BUFFER", t0, t1)
+            self._span(item, "ALLREDUCE", t1, t2)
+            if buf is not None:
+                self._span(item, "MEMCPY_OUT_FUSION_BUFFER", t2, time.monotonic())
         self.complete(outcomes)
         return True
 

@@ -14,7 +14,9 @@ members stop negotiating and only verify, inside the data collective itself:
 - **A planned cycle.** A member runs the plan once all of its names are submitted again (same
   signatures): the plan's first work item travels through the fusion buffer with one extra
   element, this rank's *control* value (0), so the one collective both moves the data and
-  tells every member whether all followed the plan (:meth:`Executor.run`).
+  tells every member whether all followed the plan (:meth:`Executor.run`). A communicator
+  with ``allreduce_voted`` (shm) carries the control value beside the data instead, in the
+  op's descriptor, and a plain lone request is then reduced straight into its output.
 - **Leaving.** A member that cannot follow the plan (another or a changed name is pending, a
   caller waits on a handle while the plan is incomplete, shutdown, join, part of the plan has waited an idle
   tick for the rest, or nothing came for a quarter of the collective timeout) joins the same first collective
