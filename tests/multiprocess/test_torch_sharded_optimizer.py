@@ -1,0 +1,114 @@
+"""The sharded DistributedOptimizer (ZeRO-1/2) on real ranks.
+
+References are computed independently in the same ranks: the unsharded DistributedOptimizer
+(every rank steps every parameter) and torch's own ZeroRedundancyOptimizer + DDP on Gloo.
+Buckets are made tiny (a few KB) so that every model is cut into several buckets and spans cut
+through tensors.
+"""
+import numpy as np
+import pytest
+from helpers.ranks import run_ranks
+
+pytestmark = pytest.mark.timeout(240)
+
+STEPS = 50
+TINY_BUCKETS = 0.002  # MB: about 500 float32 elements per bucket
+
+# name -> (torch.optim class name, options); the foreach/fused forms are those torch has on CPU
+OPTIMIZERS = {
+    "sgd_momentum": ("SGD", {"lr": 0.05, "momentum": 0.9}),
+    "sgd_nesterov_wd": ("SGD", {"lr": 0.05, "momentum": 0.9, "nesterov": True, "weight_decay": 0.01}),
+    "adam": ("Adam", {"lr": 0.01}),
+    "adam_foreach": ("Adam", {"lr": 0.01, "foreach": True}),
+    "adam_fused": ("Adam", {"lr": 0.01, "fused": True}),
+    "adamw": ("AdamW", {"lr": 0.01, "weight_decay": 0.1}),
+    "adamw_fused": ("AdamW", {"lr": 0.01, "weight_decay": 0.1, "fused": True, "amsgrad": True}),
+    "adagrad": ("Adagrad", {"lr": 0.05}),
+    "rmsprop": ("RMSprop", {"lr": 0.01, "momentum": 0.5}),
+}
+
+
+def _mlp(seed=0):
+    import torch
+
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(12, 24), torch.nn.Tanh(), torch.nn.Linear(24, 20),
+                               torch.nn.Tanh(), torch.nn.Linear(20, 3))
+
+
+def _batch(step, rank, rows=6):
+    import torch
+
+    rng = np.random.default_rng([step, rank])
+    return (torch.from_numpy(rng.normal(size=(rows, 12)).astype(np.float32)),
+            torch.from_numpy(rng.normal(size=(rows, 3)).astype(np.float32)))
+
+
+def _weights(model):
+    return [p.detach().numpy().copy() for p in model.parameters()]
+
+
+def _make(name, params):
+    import torch
+
+    cls, options = OPTIMIZERS[name]
+    return getattr(torch.optim, cls)(params, **options)
+
+
+def _train(model, opt, rank, steps=STEPS, passes=1):
+    import torch
+
+    for step in range(steps):
+        for micro in range(passes):
+            x, y = _batch(step * passes + micro, rank)
+            torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    return _weights(model)
+
+
+def _sharded_and_unsharded(rank, size, names, sharded_kw):
+    """Per optimizer: (sharded weights, unsharded weights) after the same training."""
+    import accord.torch as hvd
+
+    hvd.init()
+    try:
+        out = {}
+        for name in names:
+            plain, sharded = _mlp(), _mlp()
+            ref = hvd.DistributedOptimizer(_make(name, plain.parameters()),
+                                           named_parameters=plain.named_parameters())
+            opt = hvd.DistributedOptimizer(_make(name, sharded.parameters()),
+                                           named_parameters=sharded.named_parameters(),
+                                           shard_optimizer_state=True, bucket_cap_mb=TINY_BUCKETS,
+                                           **sharded_kw)
+            out[name] = (_train(sharded, opt, rank), _train(plain, ref, rank))
+            ref.remove_hooks()
+            opt.remove_hooks()
+        return out
+    finally:
+        hvd.shutdown()
+
+
+def _assert_weights(got, want, tol, what):
+    for i, (g, w) in enumerate(zip(got, want)):
+        if tol == 0:
+            assert np.array_equal(g, w), f"{what}: parameter {i} differs by {np.abs(g - w).max()}"
+        else:
+            np.testing.assert_allclose(g, w, rtol=tol, atol=tol, err_msg=f"{what}: parameter {i}")
+
+
+@pytest.mark.parametrize("nprocs,tol", [(2, 0.0), (3, 1e-6), (4, 1e-6)])
+def test_zero1_equals_the_unsharded_optimizer(nprocs, tol):
+    results = run_ranks(_sharded_and_unsharded, nprocs, list(OPTIMIZERS), {}, init="accord", timeout=200)
+    for rank, per_opt in enumerate(results):
+        for name, (sharded, plain) in per_opt.items():
+            # A fused kernel runs its vector lanes over other element offsets in a shard than in
+            # the whole tensor (its lanes round differently from its scalar tail): not bitwise.
+            _assert_weights(sharded, plain, max(tol, 1e-6) if "fused" in name else tol,
+                            f"{name} on rank {rank} of {nprocs}")
+            # and the parameters are the same on every rank
+            _assert_weights(sharded, results[0][name][0], 0.0, f"{name}: rank {rank} vs rank 0")
+    # training moved the weights (a test that compares two frozen models proves nothing)
+    start = _weights(_mlp())
+    assert all(np.abs(a - b).max() > 1e-3 for a, b in zip(results[0]["adam"][0], start))
