@@ -112,3 +112,97 @@ def test_zero1_equals_the_unsharded_optimizer(nprocs, tol):
     # training moved the weights (a test that compares two frozen models proves nothing)
     start = _weights(_mlp())
     assert all(np.abs(a - b).max() > 1e-3 for a, b in zip(results[0]["adam"][0], start))
+
+
+def _torch_zero(rank, size, names):
+    """torch's ZeroRedundancyOptimizer + DDP on Gloo (the default group set up by run_ranks)."""
+    import torch
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.nn.parallel import DistributedDataParallel
+
+    out = {}
+    for name in names:
+        model = _mlp()
+        ddp = DistributedDataParallel(model)
+        cls, options = OPTIMIZERS[name]
+        opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=getattr(torch.optim, cls), **options)
+        for step in range(STEPS):
+            x, y = _batch(step, rank)
+            torch.nn.functional.mse_loss(ddp(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+        out[name] = _weights(model)
+    return out
+
+
+def test_zero1_equals_torch_zero_redundancy_optimizer_with_ddp():
+    names = ["sgd_momentum", "adam", "adamw"]
+    ours = run_ranks(_sharded_and_unsharded, 2, names, {}, init="accord", timeout=120)
+    theirs = run_ranks(_torch_zero, 2, names, init="torch", timeout=120)
+    for rank in range(2):
+        for name in names:
+            _assert_weights(ours[rank][name][0], theirs[rank][name], 1e-6, f"{name} on rank {rank}")
+
+
+def _refusals(rank, size):
+    """The message every rank gets for each bad construction (None: nothing raised)."""
+    import torch
+
+    import accord.torch as hvd
+
+    def build(model, opt_cls=torch.optim.Adam, **kw):
+        try:
+            hvd.DistributedOptimizer(opt_cls(model.parameters()), named_parameters=model.named_parameters(),
+                                     shard_optimizer_state=True, **kw)
+        except ValueError as exc:
+            return str(exc)
+        return None
+
+    hvd.init()
+    try:
+        wide = 7 if rank == 1 else 6
+        seen = {
+            "shape": build(torch.nn.Sequential(torch.nn.Linear(4, wide), torch.nn.Linear(wide, 2))),
+            "count": build(torch.nn.Sequential(*[torch.nn.Linear(3, 3) for _ in range(2 + (rank == 1))])),
+            "dtype": build(torch.nn.Linear(3, 3).to(torch.float64 if rank == 1 else torch.float32)),
+            "lbfgs": build(torch.nn.Linear(3, 3), torch.optim.LBFGS),
+            "adasum": build(torch.nn.Linear(3, 3), op=hvd.Adasum),
+        }
+        try:
+            hvd.DistributedOptimizer(torch.optim.SGD(torch.nn.Linear(3, 3).parameters(), lr=0.1),
+                                     shard_gradients=True)
+        except ValueError as exc:
+            seen["stage2 alone"] = str(exc)
+        # order: the same tensors, named and listed in another order on rank 1
+        a, b = torch.nn.Linear(3, 3), torch.nn.Linear(3, 3)
+        pairs = [("a", a.weight), ("b", b.weight)]
+        pairs = pairs[::-1] if rank == 1 else pairs
+        try:
+            hvd.DistributedOptimizer(torch.optim.SGD([p for _, p in pairs], lr=0.1), named_parameters=pairs,
+                                     shard_optimizer_state=True)
+            seen["order"] = None
+        except ValueError as exc:
+            seen["order"] = str(exc)
+        # and after all that, a good one still trains (the refusals left the engine usable)
+        model = torch.nn.Linear(3, 1)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       named_parameters=model.named_parameters(), shard_optimizer_state=True)
+        model(torch.ones(2, 3)).sum().backward()
+        opt.step()
+        return seen
+    finally:
+        hvd.shutdown()
+
+
+def test_bad_input_is_refused_on_every_rank_naming_what_differs():
+    results = run_ranks(_refusals, 2, init="accord", timeout=90)
+    assert results[0] == results[1]  # the same error on every rank
+    seen = results[0]
+    assert "parameter #0 ('0.weight' on rank 0) has a different shape (rank 0: (6, 4), rank 1: (7, 4))" in seen["shape"]
+    assert "number of parameters differs between ranks (rank 0: 4, rank 1: 6)" in seen["count"]
+    assert "different dtype (rank 0: 'float32', rank 1: 'float64')" in seen["dtype"]
+    assert "different name (rank 0: 'a', rank 1: 'b')" in seen["order"]
+    assert "cannot shard LBFGS" in seen["lbfgs"]
+    assert "op=Average and op=Sum, got ADASUM" in seen["adasum"]
+    assert "shard_gradients=True needs shard_optimizer_state=True" in seen["stage2 alone"]
+    assert all("HINT:" in message for message in seen.values())
