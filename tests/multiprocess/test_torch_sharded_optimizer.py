@@ -206,3 +206,91 @@ def test_bad_input_is_refused_on_every_rank_naming_what_differs():
     assert "op=Average and op=Sum, got ADASUM" in seen["adasum"]
     assert "shard_gradients=True needs shard_optimizer_state=True" in seen["stage2 alone"]
     assert all("HINT:" in message for message in seen.values())
+
+
+# (case, optimizer, options for both optimizers, options for the sharded one only, passes)
+VARIANTS = [
+    ("zero2", "adam", {}, {"shard_gradients": True}, 1),
+    ("zero1_accumulate", "adam", {}, {}, 3),
+    ("zero2_accumulate", "adamw", {}, {"shard_gradients": True}, 3),
+    ("sum", "sgd_momentum", {"op": "Sum"}, {"shard_gradients": True}, 1),
+    ("predivide", "adam", {"gradient_predivide_factor": 2.0}, {}, 1),
+    ("fp16", "sgd_momentum", {"compression": "fp16"}, {}, 1),
+    ("bf16", "sgd_momentum", {"compression": "bf16"}, {"shard_gradients": True}, 2),
+]
+
+
+def _variants(rank, size, variants, set_ranks):
+    """Per case: (sharded weights, unsharded weights, every .grad None after backward)."""
+    import accord.torch as hvd
+
+    hvd.init()
+    try:
+        process_set = hvd.add_process_set(set_ranks) if set_ranks else hvd.global_process_set
+        if not process_set.included():
+            return None
+        out = {}
+        for case, name, common, only, passes in variants:
+            common = dict(common)
+            if "op" in common:
+                common["op"] = getattr(hvd, common["op"])
+            if "compression" in common:
+                common["compression"] = getattr(hvd.Compression, common["compression"])
+            plain, sharded = _mlp(), _mlp()
+            ref = hvd.DistributedOptimizer(_make(name, plain.parameters()), named_parameters=plain.named_parameters(),
+                                           backward_passes_per_step=passes, process_set=process_set, **common)
+            opt = hvd.DistributedOptimizer(_make(name, sharded.parameters()),
+                                           named_parameters=sharded.named_parameters(),
+                                           backward_passes_per_step=passes, process_set=process_set,
+                                           shard_optimizer_state=True, bucket_cap_mb=TINY_BUCKETS, **common, **only)
+            dropped = []
+            for step in range(20):
+                for micro in range(passes):
+                    import torch
+
+                    x, y = _batch(step * passes + micro, rank)
+                    torch.nn.functional.mse_loss(sharded(x), y).backward()
+                    torch.nn.functional.mse_loss(plain(x), y).backward()
+                dropped.append(all(p.grad is None for p in sharded.parameters()))
+                opt.step()
+                ref.step()
+                opt.zero_grad()
+                ref.zero_grad()
+            out[case] = (_weights(sharded), _weights(plain), all(dropped))
+            ref.remove_hooks()
+            opt.remove_hooks()
+        return out
+    finally:
+        if set_ranks:
+            hvd.barrier()  # a rank outside the set waits for the members before shutting down
+        hvd.shutdown()
+
+
+def _check_variants(per_rank):
+    tolerance = {"fp16": 1e-3, "bf16": 1e-2}  # the wire rounds; the two paths sum in other orders
+    for rank, cases in enumerate(per_rank):
+        for case, *_ in VARIANTS:
+            sharded, plain, dropped = cases[case]
+            _assert_weights(sharded, plain, tolerance.get(case, 1e-6), f"{case} on rank {rank}")
+            _assert_weights(sharded, per_rank[0][case][0], 0.0, f"{case}: rank {rank} vs rank 0")
+            assert dropped == ("shard_gradients" in VARIANTS_ONLY[case]), case  # stage 2 keeps no p.grad
+
+
+VARIANTS_ONLY = {case: only for case, _, _, only, _ in VARIANTS}
+
+
+def test_zero2_accumulation_ops_and_compression_equal_the_unsharded_optimizer():
+    _check_variants(run_ranks(_variants, 3, VARIANTS, None, init="accord", timeout=200))
+
+
+def test_sharding_within_a_process_set():
+    results = run_ranks(_variants, 3, VARIANTS[:3], [0, 2], init="accord", timeout=200)
+    assert results[1] is None
+    _check_variants_subset([results[0], results[2]], VARIANTS[:3])
+
+
+def _check_variants_subset(per_rank, variants):
+    for rank, cases in enumerate(per_rank):
+        for case, *_ in variants:
+            sharded, plain, _ = cases[case]
+            _assert_weights(sharded, plain, 1e-6, f"{case} on member {rank}")
