@@ -5,6 +5,8 @@ References are computed independently in the same ranks: the unsharded Distribut
 Buckets are made tiny (a few KB) so that every model is cut into several buckets and spans cut
 through tensors.
 """
+import copy
+
 import numpy as np
 import pytest
 from helpers.ranks import run_ranks
@@ -294,3 +296,128 @@ def _check_variants_subset(per_rank, variants):
         for case, *_ in variants:
             sharded, plain, _ = cases[case]
             _assert_weights(sharded, plain, 1e-6, f"{case} on member {rank}")
+
+
+def _numpy_state(state):
+    """A state dict with numpy arrays for tensors (torch tensors cross process queues as shared
+    file descriptors, which the finished rank no longer serves)."""
+    return {"state": {i: {k: v.numpy().copy() if hasattr(v, "numpy") else v for k, v in entry.items()}
+                      for i, entry in state["state"].items()},
+            "param_groups": state["param_groups"]}
+
+
+def _save(rank, size, path):
+    """10 sharded Adam steps; returns (the unsharded optimizer's state after the same 10 steps,
+    the weights after an 11th sharded step); rank 0 saves weights and consolidated state."""
+    import torch
+
+    import accord.torch as hvd
+
+    hvd.init()
+    try:
+        plain, model = _mlp(), _mlp()
+        ref = hvd.DistributedOptimizer(_make("adam", plain.parameters()), named_parameters=plain.named_parameters())
+        opt = hvd.DistributedOptimizer(_make("adam", model.parameters()), named_parameters=model.named_parameters(),
+                                       shard_optimizer_state=True, bucket_cap_mb=TINY_BUCKETS)
+        _train(model, opt, rank, steps=10)
+        _train(plain, ref, rank, steps=10)
+        state = opt.state_dict()  # every rank calls it (a collective)
+        if rank == 0:
+            torch.save({"model": model.state_dict(), "optimizer": state}, path)
+        x, y = _batch(10, rank)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        return _numpy_state(state), _numpy_state(ref.state_dict()), _weights(model)
+    finally:
+        hvd.shutdown()
+
+
+def _resume(rank, size, path):
+    """Load the checkpoint into a sharded optimizer at this world size and take one step; also
+    the same step by plain torch.optim.Adam in this process, over every rank's batch."""
+    import torch
+
+    import accord.torch as hvd
+
+    hvd.init()
+    try:
+        saved = torch.load(path, weights_only=True)
+        model = _mlp(seed=1 + rank)  # every rank starts elsewhere: the checkpoint must set it all
+        model.load_state_dict(saved["model"])
+        opt = hvd.DistributedOptimizer(_make("adam", model.parameters()), named_parameters=model.named_parameters(),
+                                       shard_optimizer_state=True, bucket_cap_mb=TINY_BUCKETS / 3)
+        opt.load_state_dict(saved["optimizer"])
+        x, y = _batch(10, rank)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        reference = _mlp()
+        reference.load_state_dict(saved["model"])
+        plain = _make("adam", reference.parameters())
+        plain.load_state_dict(saved["optimizer"])
+        losses = [torch.nn.functional.mse_loss(reference(xr), yr) for xr, yr in (_batch(10, r) for r in range(size))]
+        (sum(losses) / size).backward()
+        plain.step()
+        return _weights(model), _weights(reference)
+    finally:
+        hvd.shutdown()
+
+
+def test_consolidated_state_saved_at_2_ranks_resumes_at_1_3_and_4(tmp_path):
+    path = str(tmp_path / "checkpoint.pt")
+    saved = run_ranks(_save, 2, path, init="accord", timeout=120)
+    sharded_state, plain_state, _ = saved[0]
+    # the consolidated state is the unsharded optimizer's, key for key and bit for bit
+    assert sharded_state["param_groups"] == plain_state["param_groups"]
+    assert sorted(sharded_state["state"]) == sorted(plain_state["state"]) == list(range(6))
+    for index, entry in plain_state["state"].items():
+        assert sorted(entry) == sorted(sharded_state["state"][index])
+        for key, value in entry.items():
+            assert np.array_equal(value, sharded_state["state"][index][key]), (index, key)
+    assert saved[1][0]["state"].keys() == sharded_state["state"].keys()  # every rank gets it all
+    for size in (1, 3, 4):
+        for rank, (resumed, reference) in enumerate(run_ranks(_resume, size, path, init="accord", timeout=120)):
+            _assert_weights(resumed, reference, 1e-6, f"resumed at {size} ranks, rank {rank}")
+    # at the saving world size, resuming is the uninterrupted run's next step
+    resumed = run_ranks(_resume, 2, path, init="accord", timeout=120)
+    _assert_weights(resumed[0][0], saved[0][2], 0.0, "resumed at 2 ranks vs uninterrupted")
+
+
+def _broadcasts(rank, size):
+    """Every rank starts from its own weights; root's parameters and (loaded) optimizer state are
+    broadcast. Returns (sharded weights, unsharded weights) after 5 more steps, and the state
+    each rank holds right after the broadcast (consolidated)."""
+
+    import accord.torch as hvd
+
+    hvd.init()
+    try:
+        # a state for root to load: 3 steps of plain Adam on one process
+        donor = _mlp()
+        donor_opt = _make("adam", donor.parameters())
+        _train(donor, donor_opt, rank=0, steps=3)
+        donor_state = _numpy_state(donor_opt.state_dict())  # (torch's load shares 'step' tensors)
+        out = []
+        for sharded in (True, False):
+            model = _mlp(seed=10 + rank)
+            kw = {"shard_optimizer_state": True, "bucket_cap_mb": TINY_BUCKETS} if sharded else {}
+            opt = hvd.DistributedOptimizer(_make("adam", model.parameters()),
+                                           named_parameters=model.named_parameters(), **kw)
+            if rank == 0:
+                model.load_state_dict(donor.state_dict())
+                opt.load_state_dict(copy.deepcopy(donor_opt.state_dict()))
+            hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+            hvd.broadcast_optimizer_state(opt, root_rank=0)
+            state = _numpy_state(opt.state_dict()) if sharded else None
+            out.append((_train(model, opt, rank, steps=5), state))
+            opt.remove_hooks()
+        return out[0][0], out[1][0], out[0][1], donor_state
+    finally:
+        hvd.shutdown()
+
+
+def test_broadcast_parameters_and_optimizer_state_into_a_sharded_optimizer():
+    for rank, (sharded, plain, state, donor) in enumerate(run_ranks(_broadcasts, 3, init="accord", timeout=120)):
+        _assert_weights(sharded, plain, 1e-6, f"rank {rank}")
+        for index, entry in donor["state"].items():
+            for key, value in entry.items():
+                assert np.array_equal(state["state"][index][key], value), (rank, index, key)

@@ -102,6 +102,7 @@ class _ShardedMixin(_DistributedMixin):
         self._delay = [backward_passes_per_step] * len(self._params)
         self._synchronized = False
         self._should_synchronize = True
+        self._loaded: dict[str, Any] | None = None  # a full state dict loaded since the last step
         self._hook_handles = [p.register_post_accumulate_grad_hook(self._make_hook(i))
                               for i, p in enumerate(self._params)]
 
@@ -247,6 +248,7 @@ class _ShardedMixin(_DistributedMixin):
                               "slowdown.", stacklevel=2)
             self.synchronize()
         self._synchronized = False
+        self._loaded = None
         for bucket, shard in zip(self._layout.buckets, self._shards):
             self._pull(bucket, shard)  # the parameters may have been set since (a load, a broadcast)
         self._sync_options()
@@ -255,9 +257,39 @@ class _ShardedMixin(_DistributedMixin):
         return loss
 
     def _accord_local_step(self, closure: Callable[[], Any] | None = None) -> Any:
-        """What broadcast_optimizer_state calls to create state: the sharded step (it is
-        collective, as broadcast_optimizer_state is)."""
-        return self.step(closure)
+        """Create this rank's shard state with a zero-gradient step, without communication
+        (the parameters are not touched: the shards are pulled from them again at every step)."""
+        for shard in self._shards:
+            shard.grad = torch.zeros_like(shard)
+        self._local.step()
+        for bucket, shard in zip(self._layout.buckets, self._shards):
+            shard.grad = None
+            self._pull(bucket, shard)
+
+    def _accord_broadcast_state(self, root_rank: int) -> None:
+        """``broadcast_optimizer_state`` for a sharded optimizer (collective over its set).
+
+        If root loaded a full state dict since its last step (the usual ``if rank == 0:
+        opt.load_state_dict(checkpoint)``), that state goes to every rank, which keeps its part.
+        Otherwise the state is already one sharded state (every rank steps the same buckets), and
+        only root's options (lr, ...) are sent.
+        """
+        from accord.torch.functions import broadcast_object, broadcast_state_dict
+
+        is_root = gateway.rank() == root_rank
+        pending = self._loaded if is_root else None
+        has_loaded = broadcast_object(pending is not None, root_rank, process_set=self.process_set)
+        self._loaded = None
+        if has_loaded:
+            full = broadcast_state_dict(pending, root_rank, self._all_params, self.process_set)
+            if not is_root:
+                self.load_state_dict(full)
+                self._loaded = None
+            return
+        options = broadcast_object([{k: v for k, v in g.items() if k != "params"} for g in self.param_groups],
+                                   root_rank, process_set=self.process_set)
+        for group, opts in zip(self.param_groups, options):
+            group.update(opts)
 
     def _sync_options(self) -> None:
         # Schedulers and users change lr (and other options) in the user's groups.
@@ -365,6 +397,7 @@ class _ShardedMixin(_DistributedMixin):
                                                self._me, self._index))
         self._handles, self._synchronized = {}, False
         self._delay = [self.backward_passes_per_step] * len(self._params)
+        self._loaded = state_dict  # what broadcast_optimizer_state sends, if it comes next
 
 
 def make_sharded_optimizer(optimizer: torch.optim.Optimizer, named_parameters: Any, compression: Any,
