@@ -57,10 +57,10 @@ def _make(name, params):
     return getattr(torch.optim, cls)(params, **options)
 
 
-def _train(model, opt, rank, steps=STEPS, passes=1):
+def _train(model, opt, rank, steps=STEPS, passes=1, first=0):
     import torch
 
-    for step in range(steps):
+    for step in range(first, first + steps):
         for micro in range(passes):
             x, y = _batch(step * passes + micro, rank)
             torch.nn.functional.mse_loss(model(x), y).backward()
@@ -421,3 +421,67 @@ def test_broadcast_parameters_and_optimizer_state_into_a_sharded_optimizer():
         for index, entry in donor["state"].items():
             for key, value in entry.items():
                 assert np.array_equal(state["state"][index][key], value), (rank, index, key)
+
+
+def _elastic_sharded(rank, size, stage2):
+    """hvd.elastic.run with a sharded Adam; rank 2 dies (no goodbye) before its step 2."""
+    import os
+
+    import torch.distributed as dist
+
+    import accord.torch as hvd
+
+    dist.destroy_process_group()  # the death harness gives every rank a torch group; accord builds its own
+    hvd.init()
+    model = _mlp()
+    opt = hvd.DistributedOptimizer(_make("adam", model.parameters()), named_parameters=model.named_parameters(),
+                                   shard_optimizer_state=True, shard_gradients=stage2, bucket_cap_mb=TINY_BUCKETS)
+    state = hvd.elastic.TorchState(model, opt, step=0, sizes=[])
+
+    @hvd.elastic.run
+    def train(state):
+        while state.step < 5:
+            if hvd.rank() == 2 and state.step == 2:
+                os._exit(17)
+            _train(state.model, state.optimizer, hvd.rank(), steps=1, first=state.step)
+            state.sizes.append(hvd.size())
+            state.step += 1
+            state.commit()
+
+    train(state)
+    out = {"sizes": state.sizes, "weights": _weights(model), "world": opt._world}
+    hvd.shutdown()
+    return out
+
+
+def _reference_with_sizes(sizes):
+    """Plain Adam in one process, each step's gradient the mean over that step's ranks."""
+    import torch
+
+    model = _mlp()
+    opt = _make("adam", model.parameters())
+    for step, n in enumerate(sizes):
+        losses = [torch.nn.functional.mse_loss(model(x), y) for x, y in (_batch(step, r) for r in range(n))]
+        (sum(losses) / n).backward()
+        opt.step()
+        opt.zero_grad()
+    return _weights(model)
+
+
+@pytest.mark.parametrize("stage2", [False, True])
+def test_elastic_sharded_optimizer_reshards_from_the_last_commit(stage2, monkeypatch, tmp_path):
+    from helpers.dying_ranks import run_ranks_with_deaths
+    from helpers.ranks import _start_accord_store
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # (torch's first optimizer sets it)
+    server, env = _start_accord_store()
+    env.update({"ACCORD_COLLECTIVE_TIMEOUT": "10", "ACCORD_ELASTIC_TIMEOUT": "30"})
+    try:
+        results = run_ranks_with_deaths(_elastic_sharded, 3, {2}, stage2, env=env, timeout=150)
+    finally:
+        server.close()
+    sizes = [3, 3, 2, 2, 2]  # steps 0 and 1 committed at 3 workers, the rest at 2
+    assert sorted(results) == [0, 1]
+    for rank, out in results.items():
+        assert out["sizes"] == sizes and out["world"] == 2
+        _assert_weights(out["weights"], _reference_with_sizes(sizes), 1e-6, f"survivor {rank}")

@@ -76,13 +76,24 @@ class _ShardedMixin(_DistributedMixin):
         self.process_set = process_set
         self.shard_gradients = shard_gradients
         self._tag = f"zero{next(_instances)}"
-        self._world, self._me = process_set.size(), process_set.rank()
         # Only what requires grad is sharded; other parameters are never stepped by torch either.
         self._all_params = params
         self._index = [i for i, p in enumerate(params) if p.requires_grad]  # layout -> optimizer
         self._params = [params[i] for i in self._index]
-        infos = [ParamInfo(tuple(p.shape), p.dtype, groups[i]) for i, p in zip(self._index, self._params)]
-        self._layout: Layout = plan_layout(infos, self._world, bucket_bytes)
+        self._infos = [ParamInfo(tuple(p.shape), p.dtype, groups[i]) for i, p in zip(self._index, self._params)]
+        self._bucket_bytes = bucket_bytes
+        self._partition()
+        self._synchronized = False
+        self._should_synchronize = True
+        self._loaded: dict[str, Any] | None = None  # a full state dict loaded since the last step
+        self._hook_handles = [p.register_post_accumulate_grad_hook(self._make_hook(i))
+                              for i, p in enumerate(self._params)]
+
+    def _partition(self) -> None:
+        """Cut the shards for the set as it is now: layout, shards, the optimizer over them (no
+        state yet), gradient buffers and the per-step bookkeeping."""
+        self._world, self._me = self.process_set.size(), self.process_set.rank()
+        self._layout: Layout = plan_layout(self._infos, self._world, self._bucket_bytes)
         self._bucket_of = self._layout.bucket_of()
         self._slot_of = {s.param: s for b in self._layout.buckets for s in b.slots}
         self._pieces = [b.pieces(self._me) for b in self._layout.buckets]
@@ -90,8 +101,8 @@ class _ShardedMixin(_DistributedMixin):
         self._local = self._local_optimizer()
         # Stage 1: one persistent flat gradient per bucket, the parameters' .grad are its views.
         self._grad_buffers: list[torch.Tensor | None] = [
-            None if shard_gradients else self._zeros(b, b.numel) for b in self._layout.buckets]
-        self._views = {} if shard_gradients else {
+            None if self.shard_gradients else self._zeros(b, b.numel) for b in self._layout.buckets]
+        self._views = {} if self.shard_gradients else {
             s.param: self._grad_buffers[b.index][s.offset:s.offset + s.numel].view(self._params[s.param].shape)
             for b in self._layout.buckets for s in b.slots}
         self._pass_buffers: list[torch.Tensor | None] = [None] * len(self._layout.buckets)
@@ -99,12 +110,16 @@ class _ShardedMixin(_DistributedMixin):
         self._launches = [0] * len(self._layout.buckets)
         self._handles: dict[int, Any] = {}  # bucket index -> reducescatter handle in flight
         self._grad_shards: list[torch.Tensor | None] = [None] * len(self._layout.buckets)
-        self._delay = [backward_passes_per_step] * len(self._params)
-        self._synchronized = False
-        self._should_synchronize = True
-        self._loaded: dict[str, Any] | None = None  # a full state dict loaded since the last step
-        self._hook_handles = [p.register_post_accumulate_grad_hook(self._make_hook(i))
-                              for i, p in enumerate(self._params)]
+        self._delay = [self.backward_passes_per_step] * len(self._params)
+
+    def _accord_reshard(self, state_dict: dict[str, Any]) -> None:
+        """Re-partition for the set's current size (an elastic reset) and load ``state_dict``
+        (the last committed full state), each rank keeping its new span; a collective only in
+        that every rank of the new set must do it."""
+        for p in self._params:
+            p.grad = None  # (stage 1's were views of the old buffers)
+        self._partition()
+        self.load_state_dict(state_dict)
 
     def _zeros(self, bucket: Bucket, numel: int) -> torch.Tensor:
         device = self._params[bucket.slots[0].param].device
