@@ -485,3 +485,49 @@ def test_elastic_sharded_optimizer_reshards_from_the_last_commit(stage2, monkeyp
     for rank, out in results.items():
         assert out["sizes"] == sizes and out["world"] == 2
         _assert_weights(out["weights"], _reference_with_sizes(sizes), 1e-6, f"survivor {rank}")
+
+
+def _fit(rank, size, tmp):
+    """Model.fit with a sharded Adam and with Model's own (unsharded) wrapping; checkpoints
+    written on the way (every rank calls save: the state is consolidated) load back."""
+    import os
+
+    import torch
+    from helpers.small_nets import _data, _net
+
+    import accord
+    import accord.torch as hvd
+
+    hvd.init()
+    x, y = _data(40, 0)
+    out = {}
+    for sharded in (True, False):
+        model = accord.Model(_net(seed=rank))  # rank 0's weights are broadcast by prepare
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+        if sharded:
+            opt = hvd.DistributedOptimizer(opt, named_parameters=model.network.named_parameters(),
+                                           shard_optimizer_state=True, bucket_cap_mb=0.0005)
+        model.prepare(opt, torch.nn.CrossEntropyLoss())
+        model.fit((x, y), batch_size=4, epochs=2, verbose=0, save_dir=os.path.join(tmp, str(sharded)))
+        out[sharded] = ([p.detach().numpy().copy() for p in model.network.parameters()],
+                        _numpy_state(model.optimizer.state_dict()))
+    # a checkpoint of the sharded run resumes into another sharded optimizer
+    restored = accord.Model(_net(seed=7 + rank))
+    opt = hvd.DistributedOptimizer(torch.optim.Adam(restored.parameters(), lr=0.01),
+                                   named_parameters=restored.network.named_parameters(),
+                                   shard_optimizer_state=True)
+    restored.prepare(opt, torch.nn.CrossEntropyLoss())
+    restored.load(os.path.join(tmp, "True", "final"))
+    out["restored"] = _numpy_state(restored.optimizer.state_dict())
+    hvd.shutdown()
+    return out
+
+
+def test_model_fit_with_a_sharded_optimizer(tmp_path):
+    for rank, out in enumerate(run_ranks(_fit, 2, str(tmp_path), init="accord", timeout=150)):
+        (sharded, state), (plain, plain_state) = out[True], out[False]
+        _assert_weights(sharded, plain, 1e-9, f"rank {rank}")
+        for which in (state, out["restored"]):
+            for index, entry in plain_state["state"].items():
+                for key, value in entry.items():
+                    np.testing.assert_allclose(which["state"][index][key], value, rtol=1e-9, atol=1e-12)

@@ -52,6 +52,8 @@ class _ShardedMixin(_DistributedMixin):
     ``shard_optimizer_state=True``); naming, ``skip_synchronize``, the scale factors and
     ``remove_hooks`` are the unsharded optimizer's."""
 
+    shard_optimizer_state = True  # (what accord.hapi looks for: state_dict() is a collective)
+
     # --- construction -------------------------------------------------------------------------
 
     def _zero_setup(self, base: type, named: list[tuple[str, torch.Tensor]], compression: Any,
