@@ -531,3 +531,55 @@ def test_model_fit_with_a_sharded_optimizer(tmp_path):
             for index, entry in plain_state["state"].items():
                 for key, value in entry.items():
                     np.testing.assert_allclose(which["state"][index][key], value, rtol=1e-9, atol=1e-12)
+
+
+def _scaled_and_clipped(rank, size):
+    """GradScaler('cpu') and clipping by the global norm, sharded (ZeRO-1) and unsharded: the
+    same weights, scales and norms. At step 3 rank 0 alone gets an inf in the last bias (an
+    element rank 0 owns): every rank must skip that step."""
+    import torch
+
+    import accord.torch as hvd
+
+    hvd.init()
+    try:
+        out = {}
+        for sharded in (True, False):
+            model = _mlp()
+            kw = {"shard_optimizer_state": True, "bucket_cap_mb": TINY_BUCKETS} if sharded else {}
+            opt = hvd.DistributedOptimizer(_make("adam", model.parameters()), named_parameters=model.named_parameters(),
+                                           **kw)
+            scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2)
+            scales, norms = [], []
+            for step in range(10):
+                x, y = _batch(step, rank)
+                if step == 3 and rank == 0:
+                    model[-1].bias.register_hook(lambda g: g + torch.tensor([float("inf"), 0.0, 0.0]))
+                scaler.scale(torch.nn.functional.mse_loss(model(x), y)).backward()
+                if step == 3 and rank == 0:
+                    model[-1].bias._backward_hooks.clear()
+                opt.synchronize()
+                scaler.unscale_(opt)
+                if sharded:
+                    norms.append(float(opt.clip_grad_norm_(0.5)))
+                else:
+                    norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)))
+                with opt.skip_synchronize():
+                    scaler.step(opt)
+                scaler.update()
+                scales.append(scaler.get_scale())
+                opt.zero_grad()
+            out[sharded] = (_weights(model), scales, norms)
+            opt.remove_hooks()
+        return out
+    finally:
+        hvd.shutdown()
+
+
+def test_grad_scaler_and_global_norm_clipping_match_the_unsharded_optimizer():
+    for rank, out in enumerate(run_ranks(_scaled_and_clipped, 2, init="accord", timeout=90)):
+        (weights, scales, norms), (plain, plain_scales, plain_norms) = out[True], out[False]
+        assert scales == plain_scales and scales[3] == scales[2] / 2  # the inf step was skipped
+        assert not np.isfinite(norms[3]) and not np.isfinite(plain_norms[3])
+        np.testing.assert_allclose(norms[:3] + norms[4:], plain_norms[:3] + plain_norms[4:], rtol=1e-6)
+        _assert_weights(weights, plain, 1e-6, f"rank {rank}")

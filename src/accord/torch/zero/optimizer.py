@@ -168,7 +168,8 @@ class _ShardedMixin(_DistributedMixin):
     def _stage1_hand_in(self, i: int) -> None:
         p, view = self._params[i], self._views[i]
         if p.grad is None:
-            view.zero_()
+            view.zero_()  # (another rank may have a gradient for p: send zeros, as unsharded)
+            p.grad = view
         elif p.grad.data_ptr() != view.data_ptr():
             view.copy_(p.grad.to_dense() if p.grad.is_sparse else p.grad)
             p.grad = view  # later passes and steps accumulate into the bucket itself
@@ -240,12 +241,53 @@ class _ShardedMixin(_DistributedMixin):
                         self._stage1_hand_in(slot.param)
         for b in list(self._handles):
             self._collect(b)
-        for b, shard in enumerate(self._shards):
-            shard.grad = self._grad_shards[b]
+        for bucket, shard in zip(self._layout.buckets, self._shards):
+            owned = self._grad_shards[bucket.index]
+            if not self.shard_gradients:
+                # Stage 1: the reduced span goes back into the flat gradient, under the views
+                # that are the parameters' .grad, so that what walks p.grad (a GradScaler's
+                # unscale_ and inf check) reaches exactly the gradients the shards step with.
+                start, end = bucket.spans[self._me]
+                span = self._grad_buffers[bucket.index][start:end]
+                span.copy_(owned)
+                owned = span
+            shard.grad = owned
         self._grad_shards = [None] * len(self._layout.buckets)
+        if not self.shard_gradients:
+            self._agree_on_nonfinite()
         self._launches = [0] * len(self._layout.buckets)
         self._delay = [self.backward_passes_per_step] * len(self._params)
         self._synchronized = True
+
+    def _agree_on_nonfinite(self) -> None:
+        """Make an inf/nan in any rank's reduced shard visible in every rank's ``p.grad``.
+
+        A GradScaler checks the gradients it can reach (``p.grad``): the reduced values of this
+        rank's span and local ones elsewhere, so an overflow in another rank's span could go
+        unseen here, and this rank would step while the others skip (and wait for it). One
+        one-element allreduce (Max) per step settles it: where any rank has a non-finite reduced
+        value, every rank puts a nan into a gradient element it does not own (the one it would never
+        step with), and every scaler skips the step.
+        """
+        mine = any(bool((~torch.isfinite(s.grad)).any()) for s in self._shards
+                   if s.grad is not None and s.grad.is_floating_point())
+        flag = torch.tensor([1.0 if mine else 0.0])
+        handle = A.allreduce_tensors([flag], True, f"{self._tag}.nonfinite", ReduceOp.MAX, 1.0, 1.0,
+                                     self.process_set, grouped=False)
+        if float(gateway.synchronize(handle)[0]) > 0 and not mine:
+            self._poison_unowned()
+
+    def _poison_unowned(self) -> None:
+        """A nan in one gradient element this rank does not own (its shards stay as they are)."""
+        for bucket in self._layout.buckets:
+            start, end = bucket.spans[self._me]
+            element = 0 if start > 0 else bucket.numel - 1 if end < bucket.numel else None
+            if element is None:
+                continue
+            for slot in bucket.slots:
+                if slot.offset <= element < slot.offset + slot.numel:
+                    self._params[slot.param].grad.view(-1)[element - slot.offset] = float("nan")
+                    return
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Reduce-scatter the gradients (unless skipped), step this rank's shards with the
