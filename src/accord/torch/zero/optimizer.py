@@ -201,6 +201,10 @@ class _ShardedMixin(_DistributedMixin):
         if b in self._handles:  # (stage 2: the same name may not be in flight twice)
             self._collect(b)
         if self.shard_gradients:
+            # Collect the buckets already reduced: their full-size buffers go as soon as their
+            # shards are kept, so only the buckets in flight hold whole gradients.
+            for done in [k for k, h in self._handles.items() if gateway.poll(h)]:
+                self._collect(done)
             flat = self._pass_buffers[b]
             if flat is None:
                 flat = self._zeros(bucket, bucket.numel)
