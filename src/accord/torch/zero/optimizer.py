@@ -99,7 +99,12 @@ class _ShardedMixin(_DistributedMixin):
         self._bucket_of = self._layout.bucket_of()
         self._slot_of = {s.param: s for b in self._layout.buckets for s in b.slots}
         self._pieces = [b.pieces(self._me) for b in self._layout.buckets]
-        self._shards = [self._new_shard(b) for b in self._layout.buckets]
+        # Each bucket's parameters become views of one flat buffer (their values unchanged), and
+        # a rank's shard is a view of its span of it: the optimizer steps the parameters' own
+        # memory, so the shards cost nothing beside the parameters.
+        self._param_buffers = [self._flatten(b) for b in self._layout.buckets]
+        self._shards = [flat[start:end] for flat, (start, end) in
+                        zip(self._param_buffers, (b.spans[self._me] for b in self._layout.buckets))]
         self._local = self._local_optimizer()
         # Stage 1: one persistent flat gradient per bucket, the parameters' .grad are its views.
         self._grad_buffers: list[torch.Tensor | None] = [
@@ -127,11 +132,15 @@ class _ShardedMixin(_DistributedMixin):
         device = self._params[bucket.slots[0].param].device
         return torch.zeros(numel, dtype=bucket.dtype, device=device)
 
-    def _new_shard(self, bucket: Bucket) -> torch.Tensor:
-        start, end = bucket.spans[self._me]
-        shard = self._zeros(bucket, end - start)
-        self._pull(bucket, shard)
-        return shard
+    def _flatten(self, bucket: Bucket) -> torch.Tensor:
+        flat = self._zeros(bucket, bucket.numel)
+        with torch.no_grad():
+            for slot in bucket.slots:
+                p = self._params[slot.param]
+                view = flat[slot.offset:slot.offset + slot.numel]
+                view.copy_(p.detach().reshape(-1))
+                p.data = view.view(p.shape)
+        return flat
 
     def _local_optimizer(self) -> torch.optim.Optimizer:
         """An optimizer of the user's class over this rank's shards, one group per user group."""
@@ -312,8 +321,6 @@ class _ShardedMixin(_DistributedMixin):
             self.synchronize()
         self._synchronized = False
         self._loaded = None
-        for bucket, shard in zip(self._layout.buckets, self._shards):
-            self._pull(bucket, shard)  # the parameters may have been set since (a load, a broadcast)
         self._sync_options()
         self._local.step()
         self._gather_parameters()
@@ -321,13 +328,15 @@ class _ShardedMixin(_DistributedMixin):
 
     def _accord_local_step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Create this rank's shard state with a zero-gradient step, without communication
-        (the parameters are not touched: the shards are pulled from them again at every step)."""
+        (the parameters, whose memory the shards are, are put back as they were)."""
+        saved = [shard.detach().clone() for shard in self._shards]
         for shard in self._shards:
             shard.grad = torch.zeros_like(shard)
         self._local.step()
-        for bucket, shard in zip(self._layout.buckets, self._shards):
-            shard.grad = None
-            self._pull(bucket, shard)
+        with torch.no_grad():
+            for shard, value in zip(self._shards, saved):
+                shard.grad = None
+                shard.copy_(value)
 
     def _accord_broadcast_state(self, root_rank: int) -> None:
         """``broadcast_optimizer_state`` for a sharded optimizer (collective over its set).
@@ -361,24 +370,20 @@ class _ShardedMixin(_DistributedMixin):
                 if k != "params":
                     local[k] = v
 
-    def _pull(self, bucket: Bucket, shard: torch.Tensor) -> None:
-        """Copy the owned span of ``bucket``'s parameters into ``shard``."""
-        with torch.no_grad():
-            for piece in self._pieces[bucket.index]:
-                flat = self._params[piece.param].detach().reshape(-1)
-                shard[piece.shard_offset:piece.shard_offset + piece.end - piece.start].copy_(
-                    flat[piece.start:piece.end])
-
     def _gather_parameters(self) -> None:
-        handles = [A.allgather_async(shard.detach(), name=f"{self._tag}.param.{b}",
+        """All-gather the updated spans into every bucket's flat parameters. One bucket ahead is
+        in flight while the previous one is copied: at most two gathered buckets are alive."""
+        def start(b: int) -> int:
+            return A.allgather_async(self._shards[b].detach(), name=f"{self._tag}.param.{b}",
                                      process_set=self.process_set)
-                   for b, shard in enumerate(self._shards)]
+
+        count = len(self._shards)
+        handle = start(0) if count else None
         with torch.no_grad():
-            for bucket, handle in zip(self._layout.buckets, handles):
-                full = gateway.synchronize(handle)
-                for slot in bucket.slots:
-                    p = self._params[slot.param]
-                    p.copy_(full[slot.offset:slot.offset + slot.numel].view(p.shape))
+            for b in range(count):
+                following = start(b + 1) if b + 1 < count else None
+                self._param_buffers[b].copy_(gateway.synchronize(handle))
+                handle = following
 
     # --- the rest of the optimizer API ---------------------------------------------------------
 
