@@ -583,3 +583,49 @@ def test_grad_scaler_and_global_norm_clipping_match_the_unsharded_optimizer():
         assert not np.isfinite(norms[3]) and not np.isfinite(plain_norms[3])
         np.testing.assert_allclose(norms[:3] + norms[4:], plain_norms[:3] + plain_norms[4:], rtol=1e-6)
         _assert_weights(weights, plain, 1e-6, f"rank {rank}")
+
+
+def _unused_branches(rank, size, stage2, passes):
+    """A side layer that only some ranks use, in some passes (data-dependent graphs): ranks with
+    no gradient for it send zeros, as the unsharded optimizer does."""
+    import torch
+
+    import accord.torch as hvd
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.body, self.side = _mlp(), torch.nn.Linear(12, 3)
+
+        def forward(self, x, side):
+            return self.body(x) + self.side(x) if side else self.body(x)
+
+    hvd.init()
+    try:
+        out = []
+        for sharded in (True, False):
+            model = Net()
+            kw = {"shard_optimizer_state": True, "shard_gradients": stage2,
+                  "bucket_cap_mb": TINY_BUCKETS} if sharded else {}
+            opt = hvd.DistributedOptimizer(_make("adam", model.parameters()), named_parameters=model.named_parameters(),
+                                           backward_passes_per_step=passes, **kw)
+            for step in range(8):
+                for micro in range(passes):
+                    x, y = _batch(step * passes + micro, rank)
+                    side = rank == 1 and (step + micro) % 2 == 0
+                    torch.nn.functional.mse_loss(model(x, side), y).backward()
+                opt.step()
+                opt.zero_grad()
+            out.append(_weights(model))
+            opt.remove_hooks()
+        return out
+    finally:
+        hvd.shutdown()
+
+
+@pytest.mark.parametrize("stage2,passes", [(False, 1), (True, 1), (True, 2), (True, 3)])
+def test_parameters_without_gradient_on_some_ranks(stage2, passes):
+    for rank, (sharded, plain) in enumerate(run_ranks(_unused_branches, 2, stage2, passes, init="accord",
+                                                      timeout=90)):
+        _assert_weights(sharded, plain, 1e-6, f"rank {rank}")
