@@ -209,11 +209,12 @@ class _ShardedMixin(_DistributedMixin):
         b = bucket.index
         if b in self._handles:  # (stage 2: the same name may not be in flight twice)
             self._collect(b)
+        # Collect the buckets already reduced (never waiting: a rank that blocked here could
+        # wait for a bucket another rank submits later): the engine's outputs are let go at once,
+        # and in stage 2 the full-size buffers too, so only the buckets in flight hold them.
+        for done in [k for k, h in self._handles.items() if gateway.poll(h)]:
+            self._collect(done)
         if self.shard_gradients:
-            # Collect the buckets already reduced: their full-size buffers go as soon as their
-            # shards are kept, so only the buckets in flight hold whole gradients.
-            for done in [k for k, h in self._handles.items() if gateway.poll(h)]:
-                self._collect(done)
             flat = self._pass_buffers[b]
             if flat is None:
                 flat = self._zeros(bucket, bucket.numel)
@@ -229,7 +230,15 @@ class _ShardedMixin(_DistributedMixin):
 
     def _collect(self, b: int) -> None:
         owned = gateway.synchronize(self._handles.pop(b))
-        if self._grad_shards[b] is None:
+        if not self.shard_gradients:
+            # Stage 1: the reduced span goes back into the flat gradient, under the views that
+            # are the parameters' .grad, so that what walks p.grad (a GradScaler's unscale_ and
+            # inf check) reaches exactly the gradients the shards step with.
+            start, end = self._layout.buckets[b].spans[self._me]
+            span = self._grad_buffers[b][start:end]
+            span.copy_(owned)
+            self._grad_shards[b] = span
+        elif self._grad_shards[b] is None:
             self._grad_shards[b] = owned
         else:
             self._grad_shards[b].add_(owned)
@@ -248,23 +257,14 @@ class _ShardedMixin(_DistributedMixin):
                     self._launch(bucket)
                 while self._launches[b] < self.backward_passes_per_step:
                     self._launch(bucket)
-            elif b not in self._handles:
+            elif self._launches[b] == 0:  # (a bucket may be collected already: launched is counted)
                 for slot in bucket.slots:
                     if slot.param not in self._filled[b]:
                         self._stage1_hand_in(slot.param)
         for b in list(self._handles):
             self._collect(b)
-        for bucket, shard in zip(self._layout.buckets, self._shards):
-            owned = self._grad_shards[bucket.index]
-            if not self.shard_gradients:
-                # Stage 1: the reduced span goes back into the flat gradient, under the views
-                # that are the parameters' .grad, so that what walks p.grad (a GradScaler's
-                # unscale_ and inf check) reaches exactly the gradients the shards step with.
-                start, end = bucket.spans[self._me]
-                span = self._grad_buffers[bucket.index][start:end]
-                span.copy_(owned)
-                owned = span
-            shard.grad = owned
+        for b, shard in enumerate(self._shards):
+            shard.grad = self._grad_shards[b]
         self._grad_shards = [None] * len(self._layout.buckets)
         if not self.shard_gradients:
             self._agree_on_nonfinite()
