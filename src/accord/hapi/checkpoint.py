@@ -29,12 +29,15 @@ def _atomic_save(obj: Any, path: str) -> None:
 
 
 def save_checkpoint(path: str, network: nn.Module, optimizer: torch.optim.Optimizer | None = None,
-                    scaler: Any = None, masters: MasterWeights | None = None) -> None:
-    """Write ``path.pt`` and, when an optimizer is given, ``path.opt.pt`` (with ``masters``)."""
+                    scaler: Any = None, masters: MasterWeights | None = None,
+                    optimizer_state: dict[str, Any] | None = None) -> None:
+    """Write ``path.pt`` and, when an optimizer is given, ``path.opt.pt`` (with ``masters``).
+    ``optimizer_state``: the optimizer's state dict when the caller has it already (a sharded
+    optimizer's, consolidated on every rank)."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     _atomic_save(network.state_dict(), path + ".pt")
     if optimizer is not None:
-        extra = {"optimizer": optimizer.state_dict()}
+        extra = {"optimizer": optimizer.state_dict() if optimizer_state is None else optimizer_state}
         if scaler is not None:
             extra["scaler"] = scaler.state_dict()
         if masters is not None:

@@ -53,13 +53,19 @@ def check_optimizer(optimizer: Any) -> None:
 
     Raises:
         ValueError: a ``DistributedOptimizer(op=Adasum)``, which steps the network's own
-            parameters to combine their updates.
+            parameters to combine their updates, or a sharded one.
     """
     if optimizer is not None and is_distributed_optimizer(optimizer) and getattr(optimizer, "op", None) is None:
         raise ValueError(with_hint(
             f"amp_level O2 cannot use {type(optimizer).__name__} built with op=Adasum: Adasum "
             "combines the updates of the network's parameters, while O2 updates float32 masters",
             "use op=Average (the default) or op=Sum, or amp_level 'O1'"))
+    if getattr(optimizer, "shard_optimizer_state", False):
+        raise ValueError(with_hint(
+            "amp_level O2 cannot use a sharded DistributedOptimizer (shard_optimizer_state=True): "
+            "O2 swaps float32 masters into the optimizer's groups, a sharded optimizer keeps its "
+            "shards of the parameters it was built on",
+            "use amp_level 'O1', or shard_optimizer_state=False"))
 
 
 def _cast_network(network: nn.Module, dtype: torch.dtype) -> list[tuple[torch.Tensor, torch.dtype]]:

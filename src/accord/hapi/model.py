@@ -31,7 +31,7 @@ from accord.hapi.checkpoint import load_on_every_rank, save_checkpoint
 from accord.hapi.master_weights import MasterWeights, check_optimizer
 from accord.hapi.metrics import Metric
 from accord.hapi.precision import amp_settings
-from accord.hapi.state import ModelState
+from accord.hapi.state import ModelState, is_sharded_optimizer
 from accord.hapi.training import check_fit_args
 from accord.hapi.training import fit as run_fit
 from accord.hapi.world import World, resolve_world
@@ -325,15 +325,19 @@ class Model:
         """Write ``path.pt`` (the network's state_dict: half weights under AMP O2) and, when
         ``training``, ``path.opt.pt`` (optimizer and loss-scaler state, and under O2 the float32
         master weights). Only rank 0 writes; elsewhere this does nothing, so it may also be
-        called from code that runs on rank 0 alone.
+        called from code that runs on rank 0 alone, except with a sharded optimizer
+        (``shard_optimizer_state=True``) when ``training``: its state is consolidated from every
+        rank's shard, so every rank must call it (the callbacks do).
 
         Args:
             path: the files' path without extension (its folder must exist).
             training: also write the optimizer's state, to resume training.
         """
+        optimizer = self.optimizer if training else None
+        state = optimizer.state_dict() if is_sharded_optimizer(optimizer) else None
         if self.rank == 0:
-            save_checkpoint(path, self.network, self.optimizer if training else None,
-                            self._state.scaler, self._state.masters)
+            save_checkpoint(path, self.network, optimizer, self._state.scaler, self._state.masters,
+                            optimizer_state=state)
 
     def load(self, path: str, skip_mismatch: bool = False, reset_optimizer: bool = False) -> None:
         """Load what :meth:`save` wrote (``path`` or ``path.pt``) on every rank.

@@ -73,6 +73,12 @@ class ModelState:
         return logs
 
 
+def is_sharded_optimizer(optimizer: Any) -> bool:
+    """True for a ``DistributedOptimizer(shard_optimizer_state=True)``: its ``state_dict()`` is
+    a collective (every rank consolidates its shard)."""
+    return bool(getattr(optimizer, "shard_optimizer_state", False))
+
+
 def is_distributed_optimizer(optimizer: Any) -> bool:
     """True for an ``accord.torch.DistributedOptimizer`` (duck-typed: no torch frontend import)."""
     return hasattr(optimizer, "synchronize") and hasattr(optimizer, "skip_synchronize")

@@ -131,8 +131,12 @@ class World:
         if masters is not None:  # one broadcast_parameters call: the engine can fuse them all
             tensors.update((f"accord.hapi.masters.{k}", v) for k, v in masters.state_dict().items())
         hvd.broadcast_parameters(tensors, root_rank=root)
-        if optimizer is not None and self.agree(bool(optimizer.state_dict()["state"]),
-                                                "accord.hapi.optimizer_has_state", root):
+        if getattr(optimizer, "shard_optimizer_state", False):  # (see state.is_sharded_optimizer)
+            # Its state_dict() is a collective over shards that only root may have loaded; its
+            # broadcast sends root's loaded state, if any, and never creates zero-step state.
+            hvd.broadcast_optimizer_state(optimizer, root_rank=root)
+        elif optimizer is not None and self.agree(bool(optimizer.state_dict()["state"]),
+                                                  "accord.hapi.optimizer_has_state", root):
             hvd.broadcast_optimizer_state(optimizer, root_rank=root)
         if scaler is not None:  # a few floats: the object broadcast is simplest
             scaler.load_state_dict(self.broadcast_object(scaler.state_dict(), "accord.hapi.scaler", root))

@@ -62,16 +62,41 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     """
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
+    sharded = getattr(optimizer, "_accord_broadcast_state", None)
+    if sharded is not None:  # a sharded DistributedOptimizer: each rank holds part of the state
+        sharded(root_rank)
+        return
     if len(optimizer.state_dict()["state"]) == 0:
         _initialize_state(optimizer)
-    state_dict = optimizer.state_dict()
+    is_root = gateway.rank() == root_rank
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    state_dict = broadcast_state_dict(optimizer.state_dict(), root_rank, params, process_set)
+    if not is_root:
+        optimizer.load_state_dict(state_dict)
+
+
+def broadcast_state_dict(state_dict: dict[str, Any] | None, root_rank: int,
+                         params: list[torch.Tensor] | None = None,
+                         process_set: ProcessSet = global_process_set) -> dict[str, Any]:
+    """Root's optimizer state dict (``torch.optim``'s form) on every rank of the set.
+
+    Args:
+        state_dict: root's state dict (others may pass None, or their own: only its
+            ``param_groups`` structure is kept).
+        root_rank: global rank that sends.
+        params: the optimizer's parameters in state-dict order: CUDA state is received on its
+            parameter's device (else on root's kind of device).
+    Returns:
+        Root's state dict (on root, ``state_dict`` itself).
+    """
     is_root = gateway.rank() == root_rank
     # Root's layout decides: ranks whose state covers other parameters (e.g. root never saw a
     # gradient for some) still agree on every name, so nothing can stall.
     layout = None
     if is_root:
         layout = {"tensors": [], "scalars": {}, "options": [
-            {k: v for k, v in group.items() if k != "params"} for group in state_dict["param_groups"]]}
+            {k: v for k, v in group.items() if k != "params"} for group in state_dict["param_groups"]],
+            "params": [list(group["params"]) for group in state_dict["param_groups"]]}
         for pid in sorted(state_dict["state"], key=str):
             for key in sorted(state_dict["state"][pid], key=str):
                 value = state_dict["state"][pid][key]
@@ -82,7 +107,7 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
                     layout["scalars"][(pid, key)] = value
     layout = broadcast_object(layout, root_rank, process_set=process_set)
     received = []
-    params = [p for group in optimizer.param_groups for p in group["params"]]
+    params = params or []
     for pid, key, shape, dtype, device in layout["tensors"]:
         if is_root:
             buf = state_dict["state"][pid][key]
@@ -96,16 +121,14 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     broadcast_parameters([(f"optimizer_state.{pid}.{key}", buf) for pid, key, buf in received],
                          root_rank, process_set)
     if is_root:
-        return
+        return state_dict
     state: dict[Any, dict[str, Any]] = {}
     for pid, key, buf in received:
         state.setdefault(pid, {})[key] = buf
     for (pid, key), value in layout["scalars"].items():
         state.setdefault(pid, {})[key] = value
-    state_dict["state"] = state
-    for group, opts in zip(state_dict["param_groups"], layout["options"]):
-        group.update(opts)
-    optimizer.load_state_dict(state_dict)
+    groups = [{**opts, "params": ids} for opts, ids in zip(layout["options"], layout["params"])]
+    return {"state": state, "param_groups": groups}
 
 
 def _initialize_state(optimizer: torch.optim.Optimizer) -> None:

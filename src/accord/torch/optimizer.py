@@ -17,6 +17,7 @@ from accord.torch import gateway
 from accord.torch.adasum_optimizer import make_adasum_optimizer
 from accord.torch.grad_reduction import _DistributedMixin, wrap_optimizer
 from accord.torch.process_sets import ProcessSet, global_process_set
+from accord.torch.zero.optimizer import make_sharded_optimizer
 
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer,
@@ -25,7 +26,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          backward_passes_per_step: int = 1, op: ReduceOp = ReduceOp.AVERAGE,
                          gradient_predivide_factor: float = 1.0, num_groups: int = 0,
                          groups: Any = None, sparse_as_dense: bool = False,
-                         process_set: ProcessSet = global_process_set) -> torch.optim.Optimizer:
+                         process_set: ProcessSet = global_process_set,
+                         shard_optimizer_state: bool = False, shard_gradients: bool = False,
+                         bucket_cap_mb: float = 25.0) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that ``step()`` applies gradients averaged over the ranks.
 
     Arguments are Horovod's: ``named_parameters`` names the allreduces (use
@@ -34,6 +37,18 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     ``gradient_predivide_factor`` (Average split as 1/f before and f/size after the sum),
     ``groups`` (int: that many fused groups; list of lists of parameters: explicit groups;
     ``num_groups`` is its deprecated alias), ``sparse_as_dense`` and ``process_set``.
+
+    Beyond Horovod: ``shard_optimizer_state=True`` (ZeRO stage 1) keeps the optimizer state of
+    only this rank's shard of the parameters (about 1/size of it): gradients are reduce-scattered
+    in buckets of ``bucket_cap_mb`` while backward runs, each rank steps its shard with the
+    optimizer's class and options, and the updated shards are all-gathered into the parameters.
+    ``shard_gradients=True`` (ZeRO stage 2, needs ``shard_optimizer_state``) also keeps only the
+    shard of the reduced gradient. See docs/sharded-optimizer.md.
+
+    Raises:
+        ValueError: an argument is out of range or, when sharding, not supported (Adasum,
+            ``groups``, an optimizer that is not elementwise, parameters that differ between
+            ranks: raised on every rank).
 
     Example::
 
@@ -73,6 +88,11 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
             groups = num_groups
     if backward_passes_per_step <= 0:
         raise ValueError("backward_passes_per_step must be > 0")
+    if shard_optimizer_state or shard_gradients:
+        return make_sharded_optimizer(optimizer, named_parameters, compression,
+                                      backward_passes_per_step, ReduceOp(op),
+                                      gradient_predivide_factor, groups, process_set,
+                                      shard_optimizer_state, shard_gradients, bucket_cap_mb)
     if op == ReduceOp.ADASUM and gateway.size() > 1:
         if process_set is not global_process_set and process_set.process_set_id != 0:
             raise NotImplementedError("Adasum does not support non-global process sets yet.")

@@ -188,6 +188,12 @@ class _OptimizerHandler(_Handler):
     def sync(self) -> None:
         functions.broadcast_optimizer_state(self.value, root_rank=0)
 
+    def reset(self) -> None:
+        """A sharded optimizer cuts its shards anew for the new size, from the last commit."""
+        reshard = getattr(self.value, "_accord_reshard", None)
+        if reshard is not None:
+            reshard(self.saved)
+
 
 class _SchedulerHandler(_Handler):
     """A learning-rate scheduler (Horovod's LRSchedulerStateHandler): its ``state_dict`` is saved,
