@@ -215,3 +215,36 @@ def test_srun_variables_make_each_accordrun_a_node_agent(tmp_path):
         assert proc.returncode == 0, proc.stderr
         found.update(ag.results(proc.stdout))
     assert sorted(found) == [0, 1, 2, 3] and found[3]["w"] == pytest.approx(_expected_w(2, 4))
+
+
+def _resume_run(tmp_path, mode, name, *fails):
+    """Two agents x 1 worker of agent_resume.py (torch: each worker takes seconds to start) with
+    --max-restarts 2; rank 0's result."""
+    port, secret = ag.free_port(), ag.secret_file(tmp_path, f"secret-{name}")
+    folder = tmp_path / name
+    folder.mkdir()
+    script = [lib.PYTHON, lib.script("agent_resume.py"), "--mode", mode, "--dir", str(folder)]
+    script += [a for f in fails for a in ("--fail", f)]
+    done = ag.run_agents([ag.agent_args(2, r, 1, port, secret, "--max-restarts", "2", *script) for r in (0, 1)],
+                         timeout=240)
+    found = {}
+    for proc in done:
+        assert proc.returncode == 0, proc.stderr[-5000:]
+        found.update(ag.results(proc.stdout))
+    assert sorted(found) == [0, 1]
+    assert len({tuple(v["weights"]) for v in found.values()}) == 1  # every rank ends the same
+    return found[0], done
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("mode", ["fit", "state"])
+def test_restarts_resume_fit_and_torch_state_from_disk_to_the_uninterrupted_weights(tmp_path, mode):
+    plain, _ = _resume_run(tmp_path, mode, "plain")
+    # killed twice: rank 1 at epoch/step 1 of the first attempt, rank 0 at 3 of the second
+    resumed, done = _resume_run(tmp_path, mode, "restarted", "0:1:1", "1:3:0")
+    assert plain["attempt"] == 0 and resumed["attempt"] == 2
+    assert resumed["weights"] == pytest.approx(plain["weights"], abs=1e-5)
+    if mode == "state":
+        starts = ag.results(done[0].stdout, "RESUMED")
+        assert starts[0] == {"rank": 0, "resumed": True, "step": 3}
