@@ -152,7 +152,24 @@ def detect_from(names: LauncherVariables, env: Mapping[str, str]) -> JobEnvironm
                           **fields, **_common(env))
 
 
+def _check_not_a_bare_pet_worker(env: Mapping[str, str]) -> None:
+    """A PyTorchJob asked for several workers per node (``PET_NPROC_PER_NODE``), but no agent
+    started this process (torchrun and accordrun set ``LOCAL_RANK``): its ranks would wait for
+    workers nobody starts. Refuse at once rather than hang in the rendezvous."""
+    per_node = _int(env, "PET_NPROC_PER_NODE")
+    if per_node is None or per_node <= 1 or env.get("LOCAL_RANK") or env.get("TORCHELASTIC_RUN_ID"):
+        return
+    raise ConfigError(with_hint(
+        f"PET_NPROC_PER_NODE={per_node} asks for {per_node} workers on this node, but this process was "
+        f"started directly, not by an agent (no LOCAL_RANK; RANK={env.get('RANK')}, "
+        f"WORLD_SIZE={env.get('WORLD_SIZE')}): the job would wait for workers nobody starts",
+        "make the container's command `accordrun python train.py` (it reads PET_* and starts "
+        f"{per_node} workers per node; give it the job's secret, see docs/launcher.md) or "
+        "`torchrun ... train.py`, or set nprocPerNode to 1"))
+
+
 def _torchrun_extra(env: Mapping[str, str]) -> dict:
+    _check_not_a_bare_pet_worker(env)
     return {
         "node_rank": _int(env, "GROUP_RANK"),
         "restart_count": _int(env, "TORCHELASTIC_RESTART_COUNT") or 0,
