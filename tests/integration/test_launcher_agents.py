@@ -6,6 +6,7 @@ variables; whole-job restarts (--max-restarts) that resume from the checkpoint."
 import importlib.util
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -85,18 +86,22 @@ def test_failure_on_one_node_stops_every_node_with_the_root_cause(tmp_path):
 
 
 @pytest.mark.timeout(90)
-def test_killed_agent_stops_the_others_and_its_workers(tmp_path):
+@pytest.mark.parametrize("sig, said", [(signal.SIGKILL, "stopped answering"),  # the agent died
+                                       (signal.SIGTERM, "received SIGTERM")])  # Kubernetes deleting the pod
+def test_a_stopped_agent_stops_the_others_and_its_workers(tmp_path, sig, said):
     port, secret = ag.free_port(), ag.secret_file(tmp_path)
     procs = ag.start_agents([ag.agent_args(2, r, 1, port, secret, lib.PYTHON, FAIL, "--pid-dir", str(tmp_path))
                              for r in (0, 1)])
     pids = []
     try:
         pids = lib.wait_for_pids(tmp_path, 2, timeout=30)
-        os.killpg(procs[1].pid, signal.SIGKILL)  # the agent of node 1 (its workers have their own sessions)
+        os.kill(procs[1].pid, sig)  # the agent of node 1 (its workers have their own sessions)
         done = ag.finish(procs, 60)
         assert done[0].returncode == 1, done[0].stderr
-        assert "the agent of node 1" in done[0].stderr and "stopped answering" in done[0].stderr
-        assert lib.wait_dead(pids, 15) == []  # node 1's worker: its guardian stopped it
+        assert "the agent of node 1" in done[0].stderr and said in done[0].stderr
+        if sig == signal.SIGTERM:
+            assert done[1].returncode == 128 + signal.SIGTERM, done[1].stderr
+        assert lib.wait_dead(pids, 15) == []  # node 1's worker: stopped by its agent, or its guardian
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -248,3 +253,50 @@ def test_restarts_resume_fit_and_torch_state_from_disk_to_the_uninterrupted_weig
     if mode == "state":
         starts = ag.results(done[0].stdout, "RESUMED")
         assert starts[0] == {"rank": 0, "resumed": True, "step": 3}
+
+
+@pytest.mark.timeout(90)
+def test_nnodes_min_max_starts_with_the_agents_that_came(tmp_path):
+    port, secret = ag.free_port(), ag.secret_file(tmp_path)
+    done = ag.run_agents([ag.agent_args("1:3", None, 2, port, secret, lib.PYTHON, TRAIN, "--steps", "2")
+                          for _ in range(2)])
+    found = {}
+    for proc in done:
+        assert proc.returncode == 0, proc.stderr
+        found.update(ag.results(proc.stdout))
+    assert sorted(found) == [0, 1, 2, 3] and all(v["size"] == 4 for v in found.values())
+
+
+@pytest.mark.timeout(120)
+def test_an_agent_that_restarts_rejoins_and_the_job_restarts_with_it(tmp_path):
+    """A Kubernetes pod restarted: its new agent joins the running job, which restarts every
+    node's workers (--max-restarts) and finishes from the checkpoint."""
+    port, secret = ag.free_port(), ag.secret_file(tmp_path)
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    ckpt = str(tmp_path / "ckpt.json")
+
+    def agent(rank):
+        return ag.agent_args(2, rank, 1, port, secret, "--max-restarts", "1", lib.PYTHON, TRAIN, "--steps", "2",
+                             "--ckpt", ckpt, "--pid-dir", str(pid_dir), "--sleep", "60")
+
+    first = ag.start_agents([agent(0), agent(1)])
+    replacement = []
+    try:
+        deadline = time.monotonic() + 30
+        while len(list(pid_dir.glob("0.*.pid"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        os.killpg(first[1].pid, signal.SIGKILL)
+        first[1].communicate()
+        replacement = ag.start_agents([agent(1)])  # (the second attempt does not sleep)
+        done = ag.finish([first[0], *replacement], 90)
+    finally:
+        for proc in [*first, *replacement]:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        lib.kill_all([int(p.read_text()) for p in pid_dir.glob("*.pid")])
+    assert done[0].returncode == 0 and done[1].returncode == 0, done[0].stderr + done[1].stderr
+    assert "restart 1 of 1" in done[0].stderr
+    found = {**ag.results(done[0].stdout), **ag.results(done[1].stdout)}
+    assert sorted(found) == [0, 1] and all(v["attempt"] == 1 for v in found.values())

@@ -22,7 +22,7 @@ p.add_argument("--lr", type=float, default=0.5)
 p.add_argument("--ckpt", default=None)
 p.add_argument("--fail", action="append", default=[])
 p.add_argument("--pid-dir", default=None)
-p.add_argument("--sleep", type=float, default=0.0, help="seconds to sleep before the first step")
+p.add_argument("--sleep", type=float, default=0.0, help="seconds to sleep before the first step (attempt 0)")
 args = p.parse_args()
 
 rank, size = int(os.environ["ACCORD_RANK"]), int(os.environ["ACCORD_SIZE"])
@@ -39,7 +39,8 @@ if args.ckpt and os.path.exists(args.ckpt):
     start, w = saved["step"] + 1, saved["w"]
 print("ATTEMPT " + json.dumps({"rank": rank, "attempt": attempt, "start": start,
                                "torch_count": os.environ.get("TORCHELASTIC_RESTART_COUNT")}), flush=True)
-time.sleep(args.sleep)
+if attempt == 0:
+    time.sleep(args.sleep)
 fails = [f.split(":") for f in args.fail]
 for step in range(start, args.steps):
     for f in fails:

@@ -84,13 +84,11 @@ def _key(attempt: int, name: str) -> str:
 
 
 def bind_address(host: str, interface_ip: str | None) -> str:
-    """Where the serving agent binds: loopback when the endpoint is, else every interface
-    (or ``--network-interface``'s address)."""
-    try:
-        resolved = socket.gethostbyname(host)
-    except OSError:
-        resolved = host
-    if is_loopback(resolved):
+    """Where the serving agent binds: loopback when the endpoint is written as a loopback address
+    (``127.0.0.1``, ``localhost``), else every interface (or ``--network-interface``'s address).
+    A host name that resolves to loopback here (Debian maps its own name to 127.0.1.1) still
+    names this host to the others, so it binds every interface."""
+    if is_loopback(host) or host == "::1":
         return "127.0.0.1"
     return interface_ip or "0.0.0.0"
 
