@@ -130,6 +130,7 @@ class Meeting:
         self._deadline = 0.0
         self._beats = 0
         self._next_beat = 0.0
+        self._next_look = 0.0
         self._seen: dict[str, tuple[int, float]] = {}  # agent id -> (counter, when it last moved)
 
     # --- the endpoint ----------------------------------------------------------------------
@@ -212,8 +213,12 @@ class Meeting:
             self._call("sending the heartbeat", lambda: self._conn.add(f"agents/hb/{self.agent_id}", 1))
 
     def lost(self, world: World) -> list[NodeRecord]:
-        """The other nodes of ``world`` whose heartbeat stood still for :data:`LOST_AFTER_S`."""
+        """The other nodes of ``world`` whose heartbeat stood still for :data:`LOST_AFTER_S`
+        (read once per :data:`HEARTBEAT_S` at most: a store round trip per node)."""
         now = time.monotonic()
+        if now < self._next_look:
+            return []
+        self._next_look = now + HEARTBEAT_S
         found = []
         for node in world.nodes:
             if node.agent_id == self.agent_id:
@@ -295,10 +300,10 @@ class Meeting:
                              "give every node the same --nnodes, --nproc-per-node and --max-restarts, "
                              "and --node-rank to all of them or to none"), 2)
 
-    def join(self, attempt: int, wait: Callable[[], bool]) -> World:
+    def join(self, attempt: int, wait: Callable[[], int]) -> World:
         """Join ``attempt`` and return its world once every node is there.
 
-        ``wait()`` is called between polls; True means stop waiting (a signal).
+        ``wait()`` is called between polls; a signal number (not 0) means stop waiting.
 
         Raises:
             AgentError: the agents disagree, a node did not come within the start timeout, the
@@ -333,8 +338,10 @@ class Meeting:
                 return self._world(attempt, world, mine)
             if time.monotonic() >= self._deadline:
                 self._timeout(attempt, records)
-            if wait():
-                raise AgentError("stopped by a signal while waiting for the other nodes; nothing was started", 1)
+            signum = wait()
+            if signum:
+                raise AgentError(f"stopped by signal {signum} while waiting for the other nodes; nothing was "
+                                 "started", 128 + signum)
             time.sleep(_POLL)
 
     def _publish(self, attempt: int, records: dict[int, NodeRecord]) -> None:

@@ -122,7 +122,7 @@ class NodeAgent:
                           f"{self.spec.endpoint} can join or stop this job")
             attempt = meeting.current_attempt()
             while True:
-                world = meeting.join(attempt, lambda: bool(self._signals))
+                world = meeting.join(attempt, lambda: self._signals[0] if self._signals else 0)
                 self._node = next(n.node_rank for n in world.nodes if n.agent_id == meeting.agent_id)
                 if self.cfg.verbose:
                     self._say(f"attempt {attempt}: {len(world.nodes)} nodes x {world.nproc} workers; "
@@ -155,7 +155,13 @@ class NodeAgent:
         mux = OutputMux(self._out, self._err, prefix=cfg.prefix, timestamps=cfg.prefix_timestamp,
                         ranks_filter=self._ranks_filter, output_dir=cfg.output_dir, size=world.size)
         try:
-            self._start_workers(world, supervisor, mux, jobdir, environ)
+            try:
+                self._start_workers(world, supervisor, mux, jobdir, environ)
+            except AgentError as exc:  # the others stop too, with this as the cause
+                self._meeting.set_first(f"agents/a{world.attempt}/stop", {
+                    "reason": "start", "node": self._node, "text": f"node {self._node} could not start its "
+                                                                  f"workers: {exc}"})
+                raise
             mux.start()
             return self._watch(world, supervisor, mux)
         finally:
