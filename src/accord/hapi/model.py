@@ -27,7 +27,7 @@ from torch import nn
 from accord.errors import with_hint
 from accord.hapi import data, evaluation, steps
 from accord.hapi.callbacks import Callback, config_callbacks
-from accord.hapi.checkpoint import load_on_every_rank, save_checkpoint
+from accord.hapi.checkpoint import load_on_every_rank, resume_epoch, save_checkpoint
 from accord.hapi.master_weights import MasterWeights, check_optimizer
 from accord.hapi.metrics import Metric
 from accord.hapi.precision import amp_settings
@@ -258,8 +258,6 @@ class Model:
             return fit_elastic(self, train_data, eval_data, batch_size, epochs, eval_freq, log_freq,
                                save_dir, save_freq, verbose, drop_last, shuffle, num_workers,
                                callbacks, seed)
-        from accord.hapi.resume import resume_epoch
-
         first_epoch = resume_epoch(self, save_dir, resume)
         return run_fit(self._state, self, train_data, eval_data, batch_size, epochs, eval_freq,
                        log_freq, save_dir, save_freq, verbose, drop_last, shuffle, num_workers,
