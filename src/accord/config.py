@@ -102,6 +102,8 @@ VARIABLES: dict[str, Variable] = {
         _v("ACCORD_SECRET_FILE", str, None, "Path of a 0600 file holding the per-job secret (hex)."),
         _v("ACCORD_JOB_ID", str, None, "Identifier of the job, for logs and error files."),
         _v("ACCORD_ERROR_FILE", str, None, "Where a failing worker writes its traceback for the launcher."),
+        _v("ACCORD_JOB_SECRET_FILE", str, None, "One agent per node (accordrun --nnodes): the file holding the job's secret (hex, mode 0600) that every node's agent shares; --secret-file wins."),
+        _v("ACCORD_RESTART_COUNT", int, 0, "Whole-job restarts so far (accordrun --max-restarts, torchrun's TORCHELASTIC_RESTART_COUNT): 0 in the first attempt; Model.fit(save_dir=...) resumes from its last epoch checkpoint above 0.", "TORCHELASTIC_RESTART_COUNT"),
         # --- communication and engine tuning ---
         _v("ACCORD_CPU_BACKEND", str.strip, "auto", "Backend for CPU tensors: auto (shm when every rank is on one host, else gloo), gloo, shm, mpi, or a registered name.", "HOROVOD_CPU_OPERATIONS"),
         _v("ACCORD_GPU_BACKEND", str.strip, "auto", "Backend for CUDA tensors: auto (nccl, or host when NCCL cannot carry the job: ranks sharing a GPU, or torch without NCCL), nccl (an error at init in those cases), host (through host memory over the CPU backend), or a registered name."),

@@ -57,14 +57,18 @@ def cluster(cluster_session):
 
 @pytest.fixture
 def make_cluster():
-    """Build extra clusters: ``make_cluster(hosts=3, rate="1gbit")``; closed after the test."""
+    """Build extra clusters: ``make_cluster(hosts=3, rate="1gbit")`` (``names=[...]``: hosts named
+    so instead of h1, h2, ...; ``ssh_port``: sshd's port on every host); closed after the test."""
     reason = _skip_reason()
     if reason is not None:
         pytest.skip(f"simulated cluster not available: {reason}")
     made: list[Cluster] = []
 
-    def make(hosts: int = 2, rate: str | None = None) -> Cluster:
-        made.append(Cluster(hosts=hosts, rate=rate).start())
+    def make(hosts: int = 2, rate: str | None = None, names: list[str] | None = None,
+             ssh_port: int = 22) -> Cluster:
+        made.append(Cluster(hosts=0 if names else hosts, rate=rate, ssh_port=ssh_port).start())
+        for name in names or ():
+            made[-1].add_host(name)
         return made[-1]
 
     yield make

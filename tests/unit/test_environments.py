@@ -199,3 +199,15 @@ def test_register_detector_refuses_a_taken_name_unless_override():
         assert detect({**OMPI, "FAKE_RANK": "1"}).source == "fake"
     finally:
         envs.DETECTORS[:] = saved
+
+
+def test_pet_nproc_per_node_without_an_agent_fails_fast_with_a_hint():
+    from accord.errors import ConfigError
+
+    pod = {"MASTER_ADDR": "job-master-0", "MASTER_PORT": "23456", "WORLD_SIZE": "2", "RANK": "1",
+           "KUBERNETES_PORT": "tcp://10.0.0.1:443"}
+    assert detect(pod).source == "torchrun"  # one worker per pod: fine
+    with pytest.raises(ConfigError, match="PET_NPROC_PER_NODE=2 asks for 2 workers") as info:
+        detect({**pod, "PET_NPROC_PER_NODE": "2"})
+    assert "HINT:" in str(info.value) and "accordrun" in str(info.value)
+    assert detect({**pod, "PET_NPROC_PER_NODE": "2", "LOCAL_RANK": "0"}).source == "torchrun"  # under torchrun

@@ -19,7 +19,8 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 # by them). A module belongs to the longest prefix listed.
 # Packages on one line sit side by side: they may not import each other either.
 LAYERS: list[tuple[str, list[str]]] = [
-    ("base", ["accord.config", "accord.errors", "accord.group_teardown", "accord.logs", "accord.models",
+    ("base", ["accord.config", "accord.errors", "accord.group_teardown", "accord.host_lists", "accord.logs",
+              "accord.models",
               "accord.mpi_init", "accord.network_interfaces", "accord.owned_files", "accord.placement",
               "accord.registry",
               "accord.settings", "accord.version", "accord.worker_contract"]),

@@ -95,9 +95,10 @@ class Cluster:
     Args:
         hosts: how many hosts to start (more can be added with :meth:`add_host`).
         rate: every link's limit each way, e.g. ``"1gbit"``; None for unlimited.
+        ssh_port: the port every host's sshd listens on (clients then need ``ssh -p``).
     """
 
-    def __init__(self, hosts: int = 2, rate: str | None = None) -> None:
+    def __init__(self, hosts: int = 2, rate: str | None = None, ssh_port: int = 22) -> None:
         self.tag = naming.new_tag()
         self.run_dir = os.path.join(naming.RUN_ROOT, self.tag)
         self.keys = os.path.join(self.run_dir, "ssh")
@@ -106,6 +107,7 @@ class Cluster:
         self.hosts: dict[str, Host] = {}
         self._initial = hosts
         self._rate = network.parse_rate(rate)
+        self.ssh_port = ssh_port
         self._started = False
 
     # --- lifecycle -------------------------------------------------------------------------------
@@ -190,7 +192,7 @@ class Cluster:
             "mkdir -p /run/sshd",
             f"mount --bind {shlex.quote(self.keys)}/ssh_config /etc/ssh/ssh_config",
             f"exec {ssh_setup.SSHD} -D -e -f {shlex.quote(self.keys)}/sshd_config "
-            f"-o ListenAddress={host.address}",
+            f"-o ListenAddress={host.address}:{self.ssh_port}",
         ])
         log = open(os.path.join(self.run_dir, f"sshd-{host.name}.log"), "ab")
         with log:
@@ -199,7 +201,7 @@ class Cluster:
                  "private", "sh", "-c", script],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
         deadline = time.monotonic() + timeout
-        while not any(lis.port == 22 for lis in self.listening(name, owners=False)):
+        while not any(lis.port == self.ssh_port for lis in self.listening(name, owners=False)):
             if host.proc.poll() is not None or time.monotonic() > deadline:
                 with open(log.name, encoding="utf-8", errors="replace") as fh:
                     tail = fh.read()[-2000:]

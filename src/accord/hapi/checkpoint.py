@@ -6,20 +6,29 @@ network's parameter names, as Paddle's optimizer ``state_dict`` keeps them), so 
 exactly: the ``.pt`` file alone holds the half-precision weights. Files are written to a
 temporary name and renamed, so a reader never sees half a file, and read back with
 ``torch.load(weights_only=True)``: a checkpoint cannot run code.
+
+Resuming ``Model.fit`` after a whole-job restart (:func:`resume_epoch`): ``fit(save_dir=...)``
+writes ``save_dir/<epoch>.pt`` and ``.opt.pt`` (the optimizer's file last). When
+``ACCORD_RESTART_COUNT`` / ``TORCHELASTIC_RESTART_COUNT`` is above 0 (``accordrun
+--max-restarts``, torchrun), fit loads the latest complete epoch checkpoint on every rank and goes
+on with the next epoch, whose data order is the uninterrupted run's (shuffled by ``(seed, epoch)``).
 """
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 import torch
 from torch import nn
 
+from accord import config
 from accord.errors import with_hint
 from accord.hapi.master_weights import MasterWeights
 from accord.hapi.world import World
 
-__all__ = ["load_checkpoint", "load_on_every_rank", "save_checkpoint"]
+__all__ = ["latest_epoch", "load_checkpoint", "load_on_every_rank", "resume_epoch", "save_checkpoint",
+           "should_resume"]
 
 
 def _atomic_save(obj: Any, path: str) -> None:
@@ -104,3 +113,37 @@ def load_on_every_rank(world: World, path: str, network: nn.Module, device: torc
                                          "see rank 0's error; the files must exist where rank 0 runs"))
     if error is not None:
         raise error
+
+
+_EPOCH_FILE = re.compile(r"^(\d+)\.opt\.pt$")
+
+
+def latest_epoch(save_dir: str) -> int | None:
+    """The last epoch with a complete checkpoint in ``save_dir`` (its ``.opt.pt`` is written
+    after its ``.pt``), or None."""
+    try:
+        names = os.listdir(save_dir)
+    except OSError:
+        return None
+    epochs = [int(m.group(1)) for m in map(_EPOCH_FILE.match, names) if m]
+    epochs = [e for e in epochs if os.path.exists(os.path.join(save_dir, f"{e}.pt"))]
+    return max(epochs) if epochs else None
+
+
+def should_resume(resume: bool | None) -> bool:
+    """``resume`` as given, or (None) whether this is a restarted attempt of the job."""
+    return bool(config.get("ACCORD_RESTART_COUNT")) if resume is None else resume
+
+
+def resume_epoch(model: Any, save_dir: str | None, resume: bool | None) -> int:
+    """Load ``model``'s latest epoch checkpoint in ``save_dir`` when resuming (rank 0 looks, every
+    rank loads); return the epoch to start at (0 when there is nothing to resume from).
+    Call it on every rank."""
+    if not save_dir or not should_resume(resume):
+        return 0
+    epoch = model.world.broadcast_object(latest_epoch(save_dir) if model.rank == 0 else None,
+                                         "accord.hapi.resume.epoch")
+    if epoch is None:
+        return 0
+    model.load(os.path.join(save_dir, str(epoch)))
+    return int(epoch) + 1

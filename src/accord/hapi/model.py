@@ -27,7 +27,7 @@ from torch import nn
 from accord.errors import with_hint
 from accord.hapi import data, evaluation, steps
 from accord.hapi.callbacks import Callback, config_callbacks
-from accord.hapi.checkpoint import load_on_every_rank, save_checkpoint
+from accord.hapi.checkpoint import load_on_every_rank, resume_epoch, save_checkpoint
 from accord.hapi.master_weights import MasterWeights, check_optimizer
 from accord.hapi.metrics import Metric
 from accord.hapi.precision import amp_settings
@@ -199,7 +199,7 @@ class Model:
             save_freq: int = 1, verbose: int = 2, drop_last: bool = False, shuffle: bool = True,
             num_workers: int = 0, callbacks: Sequence[Callback] | None = None,
             seed: int = 0, work_load_list: Sequence[float] | None = None,
-            elastic: bool = False) -> dict[str, list[float]]:
+            elastic: bool = False, resume: bool | None = None) -> dict[str, list[float]]:
         """Train for ``epochs`` epochs, evaluating every ``eval_freq`` epochs.
 
         Differences from Paddle's ``Model.fit``: evaluation and checkpoints follow Keras's count,
@@ -240,6 +240,11 @@ class Model:
                 training goes on when workers fail, join or leave (:mod:`accord.hapi.elastic`;
                 ``self.elastic_state`` holds ``epoch``, ``batch`` and ``commits``). Needs a
                 Dataset or arrays; not with ``work_load_list``.
+            resume: with ``save_dir``, start after its latest epoch checkpoint (loaded on every
+                rank) instead of at epoch 0; None (the default): when this is a restarted attempt
+                (``accordrun --max-restarts``: ``ACCORD_RESTART_COUNT`` / ``TORCHELASTIC_RESTART_COUNT``
+                above 0). The history then holds the epochs run since. Not with ``elastic``
+                (which resumes in memory).
         Returns:
             Per-epoch history: ``loss`` and metric names (global means), ``epoch_time`` (s),
             ``samples_per_sec`` (global), and ``eval_<name>`` for each evaluation.
@@ -260,9 +265,10 @@ class Model:
             return fit_elastic(self, train_data, eval_data, batch_size, epochs, eval_freq, log_freq,
                                save_dir, save_freq, verbose, drop_last, shuffle, num_workers,
                                callbacks, seed)
+        first_epoch = resume_epoch(self, save_dir, resume)
         return run_fit(self._state, self, train_data, eval_data, batch_size, epochs, eval_freq,
                        log_freq, save_dir, save_freq, verbose, drop_last, shuffle, num_workers,
-                       callbacks, seed, work_load_list)
+                       callbacks, seed, work_load_list, first_epoch=first_epoch)
 
     def evaluate(self, eval_data: Any, batch_size: int = 1, log_freq: int = 10, verbose: int = 2,
                  num_workers: int = 0, callbacks: Sequence[Callback] | None = None) -> dict[str, Any]:

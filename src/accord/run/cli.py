@@ -12,6 +12,7 @@ from typing import NoReturn, Sequence
 
 from accord import config
 from accord.errors import ConfigError, LaunchError
+from accord.run.agent.cluster_vars import agent_mode, agent_spec
 from accord.run.config import config_file as horovod_config
 from accord.run.config import horovod_flags, timeline_path
 from accord.run.config.launch_config import DEFAULT_GRACE, LOG_LEVELS, config_from_args
@@ -19,6 +20,7 @@ from accord.run.elastic import config as elastic_config
 from accord.run.processes.ssh import STRICT_POLICIES
 from accord.run.spec import tuning
 from accord.run.spec.flag_values import whole_number
+from accord.run.spec.hosts import parse_rank_list
 from accord.version import __version__
 
 EXAMPLES = """\
@@ -32,6 +34,9 @@ examples:
                                                         MXNet's own scheduler, 2 servers, 2 workers
   accordrun -np 2 --min-np 2 --max-np 6 --host-discovery-script ./discover.sh python train.py
                                                         elastic: grows/shrinks with the script's hosts
+  accordrun --nnodes 2 --node-rank 0 --nproc-per-node 2 --rdzv-endpoint node0:29400 \\
+            --secret-file /etc/accord/secret python train.py
+                                                        one agent per node (run on each node)
   accordrun --check-build                               which frameworks and backends work here
 """
 
@@ -71,6 +76,20 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--nproc-per-node", type=whole_number, help="workers per host for --ips (alone: on this host)")
     g.add_argument("--gpus", "--devices", dest="devices",
                    help="devices for each host's workers, e.g. 0,1 (sets CUDA_VISIBLE_DEVICES per worker)")
+
+    g = p.add_argument_group(
+        "one agent per node (torchrun's flags; Kubernetes' PET_* and SLURM's variables fill in what is not given)")
+    g.add_argument("--nnodes", metavar="N|MIN:MAX", help="nodes in the job, each running this command once")
+    g.add_argument("--node-rank", type=int, metavar="R", help="this node's rank, 0..N-1 (default: join order)")
+    g.add_argument("--rdzv-endpoint", metavar="HOST:PORT",
+                   help="where the agents meet: node rank 0's host and a port it serves (default port 29400)")
+    g.add_argument("--secret-file", metavar="PATH",
+                   help="the job's shared secret (hex, mode 0600), the same file on every node "
+                        "(also ACCORD_JOB_SECRET_FILE, or the hex in ACCORD_JOB_SECRET)")
+    g.add_argument("--no-job-secret", action="store_true",
+                   help="run the agents unauthenticated (a trusted network only)")
+    g.add_argument("--max-restarts", type=int, metavar="N",
+                   help="restart every node's workers up to N times after a failure (default 0)")
 
     elastic_config.add_arguments(p.add_argument_group("elastic (hvd.elastic.run; Horovod's horovodrun flags)"))
 
@@ -135,6 +154,24 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _run_agent(ns: argparse.Namespace) -> int:
+    """One node's agent (:mod:`accord.run.agent`): validate, then run it."""
+    environ = config.snapshot()
+    try:
+        spec = agent_spec(ns, environ)
+        ranks_filter = ns.ranks_filter
+        ns.ranks_filter = None  # global ranks: checked against the world below
+        ns.nproc_per_node = spec.nproc  # this node's workers: what config_from_args validates
+        cfg = config_from_args(ns, environ)
+        chosen = parse_rank_list(ranks_filter, "--ranks-filter") if ranks_filter is not None else None
+    except (ConfigError, LaunchError) as exc:
+        sys.stderr.write(f"accordrun: error: {exc}\n")
+        return 2
+    from accord.run.agent.node_agent import run_agent
+
+    return run_agent(spec, cfg, chosen)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run accordrun with ``argv`` (default ``sys.argv[1:]``); return the exit code."""
     parser = build_parser()
@@ -147,6 +184,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if ns.help_env:
         print(config.describe())
         return 0
+    if agent_mode(ns, config.snapshot()):
+        return _run_agent(ns)
+    if ns.max_restarts is not None or ns.secret_file is not None or ns.no_job_secret:
+        sys.stderr.write("accordrun: error: --max-restarts, --secret-file and --no-job-secret are for one agent "
+                         "per node\nHINT: add --nnodes N --rdzv-endpoint HOST:PORT (on every node), or drop them\n")
+        return 2
     try:
         for warning in horovod_config.apply(ns) + horovod_flags.check(ns):
             sys.stderr.write(f"accordrun: warning: {warning}\n")

@@ -24,9 +24,9 @@ def secret_from_hex(text: str, where: str) -> bytes:
     return secret
 
 
-def read_secret_file(path: str) -> bytes:
-    """The secret in ``path``: a regular file, not a symlink, owned by this process's effective
-    user, that group and others cannot access.
+def read_secret_file(path: str, source: str = "ACCORD_SECRET_FILE") -> bytes:
+    """The secret in ``path`` (``source``, a variable or a flag, names it in errors): a regular
+    file, not a symlink, owned by this process's effective user, that group and others cannot access.
 
     The file is opened with O_NOFOLLOW (and O_NONBLOCK, so a FIFO cannot stall us), and the
     checks run with fstat on the open descriptor, so the file checked is the file read.
@@ -36,19 +36,20 @@ def read_secret_file(path: str) -> bytes:
             by another user, has a loose mode, or holds no valid hex.
     """
     def refuse(what: str, hint: str) -> ConfigError:
-        return ConfigError(with_hint(f"ACCORD_SECRET_FILE={path!r} {what}", hint))
+        sep = "=" if source.isupper() else " "
+        return ConfigError(with_hint(f"{source}{sep}{path!r} {what}", hint))
 
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise refuse("is a symbolic link, which is not followed for the job secret",
-                         "point ACCORD_SECRET_FILE at the file itself") from None
-        raise refuse(f"cannot be read: {exc}", "point ACCORD_SECRET_FILE at the job's secret file") from None
+                         f"point {source} at the file itself") from None
+        raise refuse(f"cannot be read: {exc}", f"point {source} at the job's secret file") from None
     with os.fdopen(fd, "rb") as fh:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise refuse("is not a regular file", "point ACCORD_SECRET_FILE at a plain file of hex")
+            raise refuse("is not a regular file", f"point {source} at a plain file of hex")
         if info.st_uid != os.geteuid():
             raise refuse(f"is owned by uid {info.st_uid}, not by this process's user "
                          f"(uid {os.geteuid()})",

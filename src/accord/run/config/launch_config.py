@@ -19,7 +19,7 @@ from accord.run.elastic import config as elastic_config
 from accord.run.processes import exit_release
 from accord.run.processes.ssh import SshOptions
 from accord.run.settings import LauncherSettings
-from accord.run.spec import flag_values, program
+from accord.run.spec import flag_values, mpi_operator, program
 from accord.run.spec import tuning as tuning_table
 from accord.run.spec.assignment import Slot, assign_slots
 from accord.run.spec.hosts import (
@@ -108,7 +108,7 @@ class LaunchConfig:
         return self.sync_dst_dir or self.cwd
 
 
-def _hosts(ns: argparse.Namespace) -> list[HostSlots] | None:
+def _hosts(ns: argparse.Namespace, environ: Mapping[str, str]) -> list[HostSlots] | None:
     given = [flag for flag, value in (("-H/--hosts", ns.hosts), ("--hostfile", ns.hostfile), ("--ips", ns.ips))
              if value is not None]
     if len(given) > 1:
@@ -124,6 +124,9 @@ def _hosts(ns: argparse.Namespace) -> list[HostSlots] | None:
         return parse_ips(ns.ips, ns.nproc_per_node)
     if ns.nproc_per_node is not None:  # alone: this host's slots, as --ips gives each address
         return [HostSlots("localhost", ns.nproc_per_node)]
+    operator = mpi_operator.default_hostfile(environ)
+    if operator is not None and ns.host_discovery_script is None:  # an MPIJob's launcher pod
+        return parse_hostfile(operator[1], operator[0])
     return None
 
 
@@ -236,12 +239,13 @@ def _ranks_filter(ns: argparse.Namespace, num_proc: int) -> frozenset[int] | Non
     return ranks_filter
 
 
-def _ssh(ns: argparse.Namespace) -> SshOptions:
+def _ssh(ns: argparse.Namespace, environ: Mapping[str, str]) -> SshOptions:
     if ns.ssh_identity_file is not None and not os.path.isfile(ns.ssh_identity_file):
         raise ConfigError(with_hint(f"-i/--ssh-identity-file {ns.ssh_identity_file!r} does not exist",
                                     "pass the path of your private key, e.g. ~/.ssh/id_ed25519"))
     return SshOptions(port=flag_values.port(ns.ssh_port, "-p/--ssh-port") or None, identity_file=ns.ssh_identity_file,
-                      strict_host_key_checking=ns.ssh_strict_host_key_checking)
+                      strict_host_key_checking=ns.ssh_strict_host_key_checking,
+                      rsh_agent=mpi_operator.rsh_agent(environ))
 
 
 def _interface(ns: argparse.Namespace, configured: str | None) -> tuple[str | None, str | None]:
@@ -312,7 +316,7 @@ def config_from_args(ns: argparse.Namespace, environ: Mapping[str, str], cwd: st
     """
     flag_values.no_empty_values(ns)
     workdir = cwd or os.getcwd()
-    given = _hosts(ns)
+    given = _hosts(ns, environ)
     elastic = elastic_config.elastic_from_args(ns, given)
     _no_servers_when_elastic(ns, elastic)  # before the discovery script's first run
     hosts, num_proc, slots = _workers(ns, given, elastic, cwd)
@@ -321,7 +325,7 @@ def config_from_args(ns: argparse.Namespace, environ: Mapping[str, str], cwd: st
     # an elastic job that waits for -np slots starts with that many workers at least
     ranks_filter = _ranks_filter(ns, max(num_proc, elastic.start_np or 0) if elastic else num_proc)
     flag_values.grace_period(ns.grace_period)
-    ssh = _ssh(ns)
+    ssh = _ssh(ns, environ)
     launcher = LauncherSettings.from_environ(environ)
     interface, interface_ip = _interface(ns, launcher.interface)
     tuning = _tuning(ns, launcher.verbose, interface)

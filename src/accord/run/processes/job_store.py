@@ -66,6 +66,11 @@ class JobStore:
         """The port the store listens on."""
         return self._server.port
 
+    @property
+    def refusals(self) -> int:
+        """Connections the store refused (a failed handshake: another secret, or not accord)."""
+        return int(self._server.refusal_count)
+
     def connection(self) -> Any:
         """The launcher's own authenticated connection to the store (made once)."""
         from accord.store.connection import StoreConnection

@@ -38,6 +38,8 @@ class SshOptions:
     strict_host_key_checking: str = "accept-new"
     connect_timeout: int = 10
     ssh_binary: str = "ssh"
+    # a program used instead of ssh (the MPI Operator's OMPI_MCA_plm_rsh_agent): argv + host + script
+    rsh_agent: tuple[str, ...] | None = None
 
 
 # A newline inside a forwarded value: the line that carries it names this variable instead, so
@@ -87,6 +89,8 @@ def ssh_argv(host: str, script: str, opts: SshOptions) -> list[str]:
     Raises:
         ConfigError: an unknown StrictHostKeyChecking policy.
     """
+    if opts.rsh_agent is not None:  # it takes the host and the command, as ssh does
+        return [*opts.rsh_agent, host, script]
     if opts.strict_host_key_checking not in STRICT_POLICIES:
         raise ConfigError(with_hint(
             f"unknown StrictHostKeyChecking policy {opts.strict_host_key_checking!r}",

@@ -227,9 +227,10 @@ def read_hostfile_text(path: str, flag: str = "--hostfile") -> str:
                                     hint)) from None
 
 
-def parse_hostfile(path: str) -> list[HostSlots]:
-    """Read and parse a hostfile (see :func:`read_hostfile_text`, :func:`parse_hostfile_text`)."""
-    return parse_hostfile_text(read_hostfile_text(path), source=path)
+def parse_hostfile(path: str, flag: str = "--hostfile") -> list[HostSlots]:
+    """Read and parse a hostfile (see :func:`read_hostfile_text`, :func:`parse_hostfile_text`);
+    ``flag`` names where its path came from in errors."""
+    return parse_hostfile_text(read_hostfile_text(path, flag), source=path)
 
 
 def parse_ips(ips: str, nproc_per_node: int) -> list[HostSlots]:

@@ -64,6 +64,14 @@ the running job gets as coordinates (``ACCORD_RANK``, ``HOROVOD_RANK``, ``RANK``
 the re-formation that admits it will give it, as horovodrun gives its planned rank
 (:mod:`accord.run.elastic.driver`); its ``init()`` then takes the place actually published.
 
+One agent per node (``accordrun --nnodes N --node-rank R --nproc-per-node P``,
+:mod:`accord.run.agent`): node R's workers are ranks ``R*P .. R*P+P-1`` with the coordinates
+above (``ACCORD_HOSTNAME`` = the agent's host name, made distinct as ``host-nodeR`` where several
+agents share a host), ``ACCORD_STORE_ADDR/PORT`` = a fresh store node 0's agent serves for each
+attempt, ``MASTER_ADDR`` = the endpoint's host; and every worker gets the restart counts:
+``TORCHELASTIC_RESTART_COUNT`` and ``ACCORD_RESTART_COUNT`` (0, then one more per whole-job
+restart, ``--max-restarts``) and ``TORCHELASTIC_MAX_RESTARTS``.
+
 Parameter-server jobs (``--num-servers N`` > 0) add MXNet's ``DMLC_ROLE=worker``,
 ``DMLC_NUM_WORKER``, ``DMLC_NUM_SERVER``, ``DMLC_PS_ROOT_URI``, ``DMLC_PS_ROOT_PORT`` and their
 ``ACCORD_*`` twins to every worker; :mod:`accord.run.spec.server_roles` documents them and the servers'

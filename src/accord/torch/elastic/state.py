@@ -9,6 +9,7 @@ as a keyword (epoch, batch, ...) is an attribute broadcast as an object.
 from __future__ import annotations
 
 import copy
+import os
 import queue
 from typing import Any, Callable
 
@@ -283,3 +284,56 @@ class TorchState(ObjectState):
     def reset(self) -> None:
         for handler in self._handlers.values():
             handler.reset()
+
+    def commit_to_disk(self, path: str) -> None:
+        """``commit()``, then write that commit to ``path`` (rank 0 writes; call it on every
+        rank), for a whole-job restart (``accordrun --max-restarts``) to resume from with
+        :meth:`restore_from_disk`. The file is replaced atomically (a kill mid-write keeps the
+        previous one). It holds every model's, optimizer's, scheduler's and sampler's
+        ``state_dict`` and the plain attributes (numbers, strings, lists, dicts); other
+        attributes are not written.
+        """
+        self.commit()
+        if rank() != 0:
+            return
+        data = {"handlers": {name: h.saved for name, h in self._handlers.items()},
+                "attrs": {k: _disk_value(v) for k, v in self._saved_state.items() if _is_snapshotted(v)}}
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        tmp = f"{path}.tmp.{os.getpid()}"
+        try:
+            torch.save(data, tmp)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+
+    def restore_from_disk(self, path: str) -> bool:
+        """Load what :meth:`commit_to_disk` wrote at ``path`` on rank 0 (``torch.load`` with
+        ``weights_only=True``), make it every rank's (the other ranks need not see the file),
+        and commit it. Call it on every rank, before training.
+
+        Returns:
+            True when rank 0 found the file and every rank now holds its state; False (nothing
+            changed) when there is none yet, the first attempt.
+        """
+        found = rank() == 0 and os.path.exists(path)
+        if found:
+            data = torch.load(path, map_location="cpu", weights_only=True)
+            for name, saved in data["handlers"].items():
+                if name in self._handlers:
+                    self._handlers[name].value.load_state_dict(saved)
+            for name, value in data["attrs"].items():
+                if name in self._saved_state:
+                    setattr(self, name, value)
+        if not bool(self._bcast_object(found)):
+            return False
+        self.save()
+        self.sync()
+        return True
+
+
+def _disk_value(value: Any) -> Any:
+    """Plain data as ``torch.load(weights_only=True)`` reads it back (sets become sorted lists)."""
+    if isinstance(value, (set, frozenset)):
+        return sorted(value)
+    return value
