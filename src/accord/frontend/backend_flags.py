@@ -15,18 +15,29 @@ def cpu_backend() -> str:
 
 
 def mpi_enabled() -> bool:
-    """True when CPU collectives run over MPI (ACCORD_CPU_BACKEND=mpi)."""
+    """Whether CPU collectives run over MPI.
+
+    Returns:
+        bool: True under ``ACCORD_CPU_BACKEND=mpi`` (configured, or in use after ``init()``).
+    """
     return cpu_backend() == "mpi"
 
 
 def gloo_enabled() -> bool:
-    """True when CPU collectives run over Gloo, or over shared memory that Gloo sets up (the
-    default on one host); False under ACCORD_CPU_BACKEND=mpi or another library."""
+    """Whether CPU collectives run over Gloo.
+
+    Returns:
+        bool: True over Gloo, or over shared memory that Gloo sets up (the default on one
+        host); False under ``ACCORD_CPU_BACKEND=mpi`` or another library.
+    """
     return cpu_backend() in ("gloo", "shm", "auto")
 
 
 def mpi_threads_supported() -> bool:
     """Whether MPI allows calls from several threads.
+
+    Returns:
+        bool: True when MPI was initialized with ``MPI_THREAD_MULTIPLE``.
 
     Raises:
         ValueError: MPI is not enabled, or accord is not initialized (Horovod's messages).

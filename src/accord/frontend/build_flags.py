@@ -11,17 +11,29 @@ import torch
 
 
 def mpi_built() -> bool:
-    """True when mpi4py is installed (accord's ``mpi`` backend can be used)."""
+    """Whether accord's ``mpi`` backend can be used.
+
+    Returns:
+        bool: True when mpi4py is installed.
+    """
     return importlib.util.find_spec("mpi4py") is not None
 
 
 def gloo_built() -> bool:
-    """True when torch.distributed has Gloo."""
+    """Whether Gloo is available.
+
+    Returns:
+        bool: True when torch.distributed has Gloo.
+    """
     return bool(torch.distributed.is_available() and torch.distributed.is_gloo_available())
 
 
 def nccl_built() -> int:
-    """NCCL's version code (e.g. 21803) when torch has NCCL and CUDA, else 0 (as in Horovod)."""
+    """Whether NCCL is available, as Horovod answers it.
+
+    Returns:
+        int: NCCL's version code (e.g. 21803) when torch has NCCL and CUDA, else 0.
+    """
     try:
         if not (torch.cuda.is_available() and torch.distributed.is_nccl_available()):
             return 0
@@ -35,20 +47,36 @@ def nccl_built() -> int:
 
 
 def cuda_built() -> bool:
-    """True when torch was built with CUDA."""
+    """Whether CUDA is available to accord.
+
+    Returns:
+        bool: True when torch was built with CUDA.
+    """
     return torch.version.cuda is not None
 
 
 def rocm_built() -> bool:
-    """True when torch was built with ROCm."""
+    """Whether ROCm is available to accord.
+
+    Returns:
+        bool: True when torch was built with ROCm (HIP).
+    """
     return getattr(torch.version, "hip", None) is not None
 
 
 def ddl_built() -> bool:
-    """False: IBM DDL is not supported."""
+    """IBM DDL: not supported by accord.
+
+    Returns:
+        bool: always False.
+    """
     return False
 
 
 def ccl_built() -> bool:
-    """False: oneCCL is not supported."""
+    """oneCCL: not supported by accord.
+
+    Returns:
+        bool: False, always.
+    """
     return False

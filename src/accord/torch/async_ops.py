@@ -95,7 +95,14 @@ def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str
     """Start averaging/summing ``tensor`` over the ranks of ``process_set``; the input is not
     modified. Returns a handle for ``poll()``/``synchronize()`` (which returns the result).
 
-    The arguments are those of ``hvd.allreduce``, its synchronous form.
+    Args:
+        tensor: the input, the same shape and dtype on every rank; CPU or CUDA.
+        average: Horovod's deprecated flag (True: ``op=Average``, False: ``op=Sum``).
+        name: the collective's name, the same on every rank (``None``: numbered by call order).
+        op: ``hvd.Average`` (default), ``Sum``, ``Min``, ``Max``, ``Product`` or ``Adasum``.
+        prescale_factor: multiplies the input before the reduction.
+        postscale_factor: multiplies the result after it.
+        process_set: the ranks taking part (default: all); every member must call.
 
     Returns:
         A handle for ``poll()`` and ``synchronize()``, which returns the result
@@ -112,7 +119,14 @@ def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: st
                      process_set: ProcessSet = global_process_set) -> int:
     """In-place :func:`allreduce_async`: ``synchronize()`` returns ``tensor``, now reduced.
 
-    The arguments are those of ``hvd.allreduce_``, its synchronous form.
+    Args:
+        tensor: reduced in place; same shape and dtype on every rank.
+        average: deprecated, as in Horovod: True means Average, False Sum.
+        name: a name every rank passes alike, or ``None`` to number the calls in order.
+        op: the reduction (default Average; Sum, Min, Max, Product, Adasum).
+        prescale_factor: factor applied to ``tensor`` before reducing.
+        postscale_factor: factor applied to the reduced values.
+        process_set: which ranks reduce (the global set by default).
 
     Returns:
         A handle for ``poll()`` and ``synchronize()``, which returns the result
@@ -129,7 +143,17 @@ def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | Non
                             process_set: ProcessSet = global_process_set) -> int:
     """Allreduce a list of tensors as one group; ``synchronize()`` returns a list of results.
 
-    The arguments are those of ``hvd.grouped_allreduce``, its synchronous form.
+    Args:
+        tensors: the inputs; each the same shape and dtype on every rank, left unmodified.
+        average: the old Horovod switch for ``op`` (True Average, False Sum).
+        name: the group's name, alike on every rank; ``None`` numbers it by call order.
+        op: how the values combine: Average (the default), Sum, Min, Max, Product or Adasum.
+        prescale_factor: each input is multiplied by it first.
+        postscale_factor: each result is multiplied by it last.
+        process_set: the participating ranks; all by default.
+
+    Raises:
+        ValueError: ``tensors`` is an empty list.
 
     Returns:
         A handle for ``poll()`` and ``synchronize()``, which returns the result
@@ -146,7 +170,17 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | No
                              process_set: ProcessSet = global_process_set) -> int:
     """In-place :func:`grouped_allreduce_async`.
 
-    The arguments are those of ``hvd.grouped_allreduce_``, its synchronous form.
+    Args:
+        tensors: each is overwritten with its reduction (``synchronize()`` returns them).
+        average: Horovod's deprecated alternative to ``op``.
+        name: one name for the group, identical across ranks (or ``None``).
+        op: Average unless given; also Sum, Min, Max, Product, Adasum.
+        prescale_factor: scales the inputs before the reduction.
+        postscale_factor: scales the outputs after the reduction.
+        process_set: the set whose members all make this call (default: every rank).
+
+    Raises:
+        ValueError: no tensors were given.
 
     Returns:
         A handle for ``poll()`` and ``synchronize()``, which returns the result
@@ -161,8 +195,8 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: ReduceOp,
                            process_set: ProcessSet = global_process_set):
     """Reduce a sparse COO tensor by allgathering its indices and values (Horovod's method).
 
-    Returns a function; calling it (or passing it to ``synchronize``) waits and returns the
-    aggregated sparse tensor (values divided by the set size for Average).
+    No ``average``/scale factors here: ``hvd.allreduce`` of a sparse tensor comes through this
+    path with those already resolved.
 
     Args:
         tensor: a sparse COO tensor (coalesced here if it is not); the same dense shape on
@@ -170,6 +204,10 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: ReduceOp,
         name: the base of the two allgathers' names (``name.indices``, ``name.values``).
         op: ``hvd.Average`` or ``hvd.Sum``.
         process_set: the ranks taking part (default: all).
+
+    Returns:
+        A function; calling it (or passing it to ``synchronize``) waits and returns the
+            aggregated sparse tensor (values divided by the set size for Average).
     """
     t = tensor.coalesce() if not tensor.is_coalesced() else tensor
     indices_handle = allgather_async(t._indices().transpose(0, 1).contiguous(),
@@ -209,7 +247,10 @@ def allgather_async(tensor: torch.Tensor, name: str | None = None,
                     process_set: ProcessSet = global_process_set) -> int:
     """Start concatenating every rank's ``tensor`` along dim 0 (first dims may differ).
 
-    The arguments are those of ``hvd.allgather``, its synchronous form.
+    Args:
+        tensor: this rank's rows; the same dtype and trailing dims on every rank.
+        name: the collective's name, the same on every rank (``None``: numbered by call order).
+        process_set: the ranks whose rows are gathered (default: all).
 
     Returns:
         A handle for ``poll()`` and ``synchronize()``, which returns the result
@@ -223,7 +264,13 @@ def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = 
                             process_set: ProcessSet = global_process_set) -> int:
     """Allgather a list of tensors as one group; ``synchronize()`` returns a list.
 
-    The arguments are those of ``hvd.grouped_allgather``, its synchronous form.
+    Args:
+        tensors: this rank's inputs, gathered each along dim 0 (a non-empty list).
+        name: the group's name, alike on every rank, or ``None``.
+        process_set: the participating ranks; all by default.
+
+    Raises:
+        ValueError: ``tensors`` is empty.
 
     Returns:
         A handle for ``poll()`` and ``synchronize()``, which returns the result
@@ -250,7 +297,11 @@ def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = Non
                     process_set: ProcessSet = global_process_set) -> int:
     """Start broadcasting ``tensor`` from global rank ``root_rank``; the input is not modified.
 
-    The arguments are those of ``hvd.broadcast``, its synchronous form.
+    Args:
+        tensor: root's data on ``root_rank``; on the others, a tensor of the same shape and dtype.
+        root_rank: the global rank whose value everyone receives (a member of the set).
+        name: a name every rank passes alike, or ``None`` to number the calls in order.
+        process_set: the ranks taking part (default: all).
 
     Returns:
         A handle for ``poll()`` and ``synchronize()``, which returns the result
@@ -263,7 +314,11 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = No
                      process_set: ProcessSet = global_process_set) -> int:
     """In-place :func:`broadcast_async`: ``tensor`` receives root's value.
 
-    The arguments are those of ``hvd.broadcast_``, its synchronous form.
+    Args:
+        tensor: overwritten with root's value on every other rank.
+        root_rank: the sending rank (global numbering).
+        name: the broadcast's name, identical across ranks (or ``None``).
+        process_set: which ranks receive (the global set by default).
 
     Returns:
         A handle for ``poll()`` and ``synchronize()``, which returns the result
@@ -303,7 +358,12 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = 
     the set, naming the ranks that passed them; so do splits that are not integers and a 0-d
     or non-contiguous tensor.
 
-    The arguments are those of ``hvd.alltoall``, its synchronous form.
+    Args:
+        tensor: the rows to send, in destination order along dim 0.
+        splits: rows per destination rank (a list or 1-D integer tensor, one entry per
+            member of the set), or ``None`` for an even split.
+        name: the collective's name, the same on every rank (``None``: numbered by call order).
+        process_set: the ranks exchanging rows (default: all).
 
     Returns:
         A handle for ``poll()`` and ``synchronize()``, which returns the result
@@ -360,7 +420,13 @@ def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: Reduc
                         prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> int:
     """Start reducing ``tensor`` over the set and scattering dim 0 (lower ranks get extra rows).
 
-    The arguments are those of ``hvd.reducescatter``, its synchronous form.
+    Args:
+        tensor: the input, the same shape and dtype on every rank (at least one dimension).
+        name: the collective's name, alike on every rank, or ``None``.
+        op: ``hvd.Average`` (default) or ``hvd.Sum``.
+        process_set: the ranks that reduce and share the result (default: all).
+        prescale_factor: multiplies the input before the reduction.
+        postscale_factor: multiplies this rank's share after it.
 
     Returns:
         A handle for ``poll()`` and ``synchronize()``, which returns the result
@@ -376,7 +442,16 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | Non
                                 prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> int:
     """Reducescatter a list of tensors as one group; ``synchronize()`` returns a list.
 
-    The arguments are those of ``hvd.grouped_reducescatter``, its synchronous form.
+    Args:
+        tensors: the inputs, each scattered along dim 0 (a non-empty list).
+        name: one name for the group, identical across ranks (or ``None``).
+        op: Average unless given, or Sum.
+        process_set: the participating ranks; all by default.
+        prescale_factor: scales each input first.
+        postscale_factor: scales each share last.
+
+    Raises:
+        ValueError: the list of tensors is empty.
 
     Returns:
         A handle for ``poll()`` and ``synchronize()``, which returns the result

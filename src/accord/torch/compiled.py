@@ -129,10 +129,21 @@ def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | No
                process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """In-place :func:`allreduce`; returns ``tensor`` (not differentiable, as in Horovod).
 
-    The arguments are :func:`allreduce`'s, without ``compression``; the errors too.
+    Args:
+        tensor: overwritten with the reduction; the same shape and dtype on every rank.
+        average: Horovod's deprecated flag (True: ``op=Average``, False: ``op=Sum``).
+        name: the collective's name, alike on every rank (``None``: numbered by call order).
+        op: ``hvd.Average`` (default), ``Sum``, ``Min``, ``Max``, ``Product`` or ``Adasum``.
+        prescale_factor: multiplies the input before the reduction.
+        postscale_factor: multiplies the result after it.
+        process_set: the ranks taking part (default: all); every member must call.
 
     Returns:
         ``tensor``, now holding the reduction.
+
+    Raises:
+        CollectiveError: not initialized, or the collective failed (as :func:`allreduce`).
+        InvalidArgumentError: arguments refused on this rank or on another of the set.
     """
     if not _compiling():
         return eager.allreduce_(tensor, average, name, op, prescale_factor, postscale_factor,
@@ -183,10 +194,21 @@ def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = N
                        process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
     """In-place :func:`grouped_allreduce`; returns the input tensors.
 
-    The arguments are :func:`grouped_allreduce`'s, without ``compression``; the errors too.
+    Args:
+        tensors: each overwritten with its reduction; the same list on every rank.
+        average: deprecated, as in Horovod: True means Average, False Sum.
+        name: one name for the group, identical across ranks (or ``None``).
+        op: the reduction, Average unless given.
+        prescale_factor: scales the inputs before the reduction.
+        postscale_factor: scales the outputs after it.
+        process_set: which ranks reduce (the global set by default).
 
     Returns:
         The input tensors, now holding their reductions.
+
+    Raises:
+        CollectiveError: the engine is not running, or the group failed.
+        InvalidArgumentError: a tensor or argument was refused (here or on a peer).
     """
     if not _compiling():
         return eager.grouped_allreduce_(tensors, average, name, op, prescale_factor,
@@ -248,10 +270,19 @@ def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """In-place :func:`broadcast`; returns ``tensor``.
 
-    The arguments and errors are :func:`broadcast`'s; ``tensor`` receives the root's value.
+    Args:
+        tensor: receives the root's value (on the root, it is sent); the same shape and dtype
+            on every rank.
+        root_rank: the global rank that sends.
+        name: a name every rank passes alike, or ``None`` to number the calls in order.
+        process_set: the ranks taking part (default: all).
 
     Returns:
         ``tensor``, now holding the root's value.
+
+    Raises:
+        CollectiveError: accord is not initialized, or the broadcast failed.
+        InvalidArgumentError: the tensor or the root was refused.
     """
     if not _compiling():
         return eager.broadcast_(tensor, root_rank, name, process_set)
@@ -274,6 +305,10 @@ def alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
             ``tensor.shape[0]``); ``None``: equal parts (dim 0 must divide by the set's size).
         name: as in :func:`allreduce`.
         process_set: as in :func:`allreduce`.
+
+    Returns:
+        The received rows (concatenated in rank order) when ``splits`` is None, else
+            ``(output, received_splits)``.
     """
     if not _compiling():
         return eager.alltoall(tensor, splits, name, process_set)
