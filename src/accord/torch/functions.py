@@ -25,6 +25,8 @@ def broadcast_parameters(params: Any, root_rank: int,
         params: ``model.state_dict()`` (a dict), or a list of tensors or of (name, tensor) pairs,
             e.g. ``list(model.named_parameters())``. A generator is rejected, as in Horovod.
         root_rank: global rank whose values everyone receives.
+        process_set: the ranks taking part (default: all); every member must call.
+
     Raises:
         ValueError: ``params`` is neither a dict nor a list.
     """

@@ -31,24 +31,12 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          bucket_cap_mb: float = 25.0) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that ``step()`` applies gradients averaged over the ranks.
 
-    Arguments are Horovod's: ``named_parameters`` names the allreduces (use
-    ``model.named_parameters()``), ``compression`` (``Compression.none/fp16/bf16``),
-    ``backward_passes_per_step`` (local accumulation), ``op`` (Average, Sum or Adasum),
-    ``gradient_predivide_factor`` (Average split as 1/f before and f/size after the sum),
-    ``groups`` (int: that many fused groups; list of lists of parameters: explicit groups;
-    ``num_groups`` is its deprecated alias), ``sparse_as_dense`` and ``process_set``.
-
-    Beyond Horovod: ``shard_optimizer_state=True`` (ZeRO stage 1) keeps the optimizer state of
+    The arguments up to ``process_set`` are Horovod's. Beyond Horovod: ``shard_optimizer_state=True`` (ZeRO stage 1) keeps the optimizer state of
     only this rank's shard of the parameters (about 1/size of it): gradients are reduce-scattered
     in buckets of ``bucket_cap_mb`` while backward runs, each rank steps its shard with the
     optimizer's class and options, and the updated shards are all-gathered into the parameters.
     ``shard_gradients=True`` (ZeRO stage 2, needs ``shard_optimizer_state``) also keeps only the
     shard of the reduced gradient. See docs/sharded-optimizer.md.
-
-    Raises:
-        ValueError: an argument is out of range or, when sharding, not supported (Adasum,
-            ``groups``, an optimizer that is not elementwise, parameters that differ between
-            ranks: raised on every rank).
 
     Example::
 
@@ -69,6 +57,12 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
         groups: an int: that many fused groups; a list of lists of parameters: those groups.
         sparse_as_dense: allreduce sparse gradients as dense tensors.
         process_set: the ranks whose gradients are averaged (default: all).
+        shard_optimizer_state: ZeRO stage 1: each rank keeps the optimizer state of its shard
+            of the parameters only.
+        shard_gradients: ZeRO stage 2 (needs ``shard_optimizer_state``): each rank also keeps
+            only its shard of the reduced gradient.
+        bucket_cap_mb: when sharding, the size of the buckets gradients are reduce-scattered
+            in while backward runs, in MB.
 
     Returns:
         The wrapped optimizer: ``step()`` first waits for the averaged gradients
@@ -76,7 +70,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
 
     Raises:
         ValueError: ``backward_passes_per_step <= 0``, ``gradient_predivide_factor`` with an
-            op other than Average, or bad or duplicate ``named_parameters`` or ``groups``.
+            op other than Average, or bad or duplicate ``named_parameters`` or ``groups``;
+            when sharding, an argument out of range or not supported (Adasum, ``groups``, an
+            optimizer that is not elementwise, parameters that differ between ranks: raised on
+            every rank).
         NotImplementedError: Adasum on a process set other than the global one.
     """
     if gradient_predivide_factor != 1.0 and op != ReduceOp.AVERAGE:

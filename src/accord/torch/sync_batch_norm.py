@@ -88,7 +88,22 @@ class SyncBatchNorm(_BatchNorm):
     """BatchNorm whose training statistics cover the batches of every rank in ``comm_scope``.
 
     Same arguments as ``torch.nn.BatchNorm*d`` (any input of shape ``(N, C, ...)``), plus
-    ``comm_scope='global'`` (every rank) or ``'local'`` (ranks on this host).
+    ``comm_scope``. In eval mode nothing is synchronized (the running statistics are used).
+
+    Args:
+        num_features: C, the number of channels.
+        eps: added to the variance for numerical stability.
+        momentum: the running statistics' update factor; ``None``: a cumulative average.
+        affine: learn a per-channel weight and bias.
+        track_running_stats: keep running mean and variance (else batch statistics in eval too,
+            this rank's only).
+        comm_scope: ``'global'`` or 1 (every rank, the default), ``'local'`` or 0 (the ranks
+            on this host).
+        device: where the parameters and buffers are created.
+        dtype: their dtype.
+
+    Raises:
+        ValueError: an unknown ``comm_scope``.
     """
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1,
@@ -110,6 +125,18 @@ class SyncBatchNorm(_BatchNorm):
         return self._process_set
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        """Normalize ``input``; in training, with the mean and variance of every rank's batch.
+
+        Args:
+            input: ``(N, C, ...)``; N may differ between ranks (and be 0 on some).
+
+        Returns:
+            The normalized tensor, differentiable (the backward pass reduces over the ranks too).
+
+        Raises:
+            ValueError: ``input`` has fewer than 2 dimensions, or, in training, the ranks hold
+                at most one value per channel in all.
+        """
         self._check_input_dim(input)
         factor = 0.0 if self.momentum is None else self.momentum
         if self.training and self.track_running_stats and self.num_batches_tracked is not None:
@@ -131,8 +158,16 @@ class SyncBatchNorm(_BatchNorm):
 
     @classmethod
     def convert_sync_batchnorm(cls, module: torch.nn.Module, comm_scope: Any = "global") -> torch.nn.Module:
-        """Return ``module`` with every BatchNorm layer replaced by a SyncBatchNorm (same
-        parameters and running statistics)."""
+        """Replace every BatchNorm layer of ``module`` by a SyncBatchNorm (same parameters and
+        running statistics); :func:`convert_sync_batchnorm` as a class method.
+
+        Args:
+            module: a model, or one BatchNorm layer.
+            comm_scope: ``"global"`` (default) or ``"local"``, as for the constructor.
+
+        Returns:
+            ``module``, converted, or the new layer when ``module`` was one.
+        """
         return convert_sync_batchnorm(module, comm_scope)
 
 

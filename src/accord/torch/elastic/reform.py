@@ -59,7 +59,11 @@ _EXIT_WAIT_S = 15.0  # how long a re-formation waits for accordrun to see a fail
 
 
 class MemberRemoved(SystemExit):
-    """This worker's host left the elastic job: it ends with status 0 (raised by regroup)."""
+    """This worker's host left the elastic job: it ends with status 0 (raised by regroup).
+
+    Args:
+        member_id: the worker's stable member id in the job (:class:`Membership`).
+    """
 
     def __init__(self, member_id: int) -> None:
         super().__init__(0)

@@ -28,6 +28,11 @@ class ElasticSampler(torch.utils.data.Sampler):
 
     Call ``state.commit()`` after ``sampler.record_batch(batch_idx, batch_size)`` so a restored
     state knows what was already processed; call ``set_epoch(epoch)`` at each epoch start.
+
+    Args:
+        dataset: the dataset to sample (only its length is used).
+        shuffle: shuffle each epoch, seeded by ``(seed, epoch)``, the same order on every rank.
+        seed: the shuffle's base seed; pass the same on every rank.
     """
 
     def __init__(self, dataset: Sized, shuffle: bool = True, seed: int = 0) -> None:
@@ -97,7 +102,12 @@ class ElasticSampler(torch.utils.data.Sampler):
         return len(self.processed_indices)
 
     def state_dict(self) -> dict[str, Any]:
-        """What to save: the epoch and the processed indices (and their number, Horovod's form)."""
+        """What to save for a commit.
+
+        Returns:
+            ``{"epoch", "processed_indices", "processed_num"}``: the epoch, a copy of the
+            processed indices and their number (Horovod's form).
+        """
         return {"epoch": self.epoch, "processed_indices": set(self.processed_indices),
                 "processed_num": self.processed_num}
 

@@ -25,6 +25,9 @@ class HostsUpdatedInterrupt(RuntimeError):
 
     ``skip_sync`` is True when hosts were only removed: the survivors hold the committed state
     already, so the reset need not sync it (added hosts must receive it: False).
+
+    Args:
+        skip_sync: True when the update only removed hosts.
     """
 
     def __init__(self, skip_sync: bool = False) -> None:
@@ -33,7 +36,13 @@ class HostsUpdatedInterrupt(RuntimeError):
 
 
 class State:
-    """Base class: commit/restore/sync plus reset callbacks (run after every reset)."""
+    """Base class: commit/restore/sync plus reset callbacks (run after every reset).
+
+    Args:
+        bcast_object: sends a picklable object from rank 0 to every rank and returns it
+            (``hvd.broadcast_object``); used to agree on host updates and to sync.
+        get_rank: returns this process's rank (``hvd.rank``).
+    """
 
     def __init__(self, bcast_object: Callable[[Any], Any], get_rank: Callable[[], int]) -> None:
         self._bcast_object = bcast_object
@@ -60,8 +69,14 @@ class State:
             callback()
 
     def on_hosts_updated(self, timestamp: float, update_res: Any = None) -> None:
-        """Record a host change (``update_res``: "added" or "removed"); the next ``commit()``
-        raises HostsUpdatedInterrupt."""
+        """Record a host change; the next ``commit()`` raises HostsUpdatedInterrupt.
+
+        Called by the elastic driver's notification, not by training scripts.
+
+        Args:
+            timestamp: when the driver saw the change (kept, not interpreted).
+            update_res: "added" or "removed" (any other value counts as added).
+        """
         self._host_messages.put((timestamp, update_res))
 
     def commit(self) -> None:
@@ -86,12 +101,27 @@ class State:
             raise HostsUpdatedInterrupt(all(k == "removed" for k in kinds))
 
     def save(self) -> None:
+        """Keep a copy of the state in memory (what ``restore()`` goes back to).
+
+        Raises:
+            NotImplementedError: in this base class; subclasses implement it.
+        """
         raise NotImplementedError
 
     def restore(self) -> None:
+        """Go back to the last saved copy (after a failed step, before the reset).
+
+        Raises:
+            NotImplementedError: the base class does not implement it.
+        """
         raise NotImplementedError
 
     def sync(self) -> None:
+        """Make every rank's state rank 0's (after a reset, for new or restarted ranks).
+
+        Raises:
+            NotImplementedError: unless a subclass overrides it.
+        """
         raise NotImplementedError
 
     def reset(self) -> None:
@@ -121,6 +151,11 @@ class ObjectState(State):
     attribute: the state's attribute stays the object the rest of the script holds (the one a
     DataLoader uses, say), ``restore()`` puts that same object back, and only ``sync()`` on
     ranks other than 0 replaces it with rank 0's copy.
+
+    Args:
+        bcast_object: broadcasts an object from rank 0 (as for :class:`State`).
+        get_rank: this process's rank, as a function.
+        **kwargs: the attributes, by name, with their initial values.
     """
 
     def __init__(self, bcast_object: Callable[[Any], Any], get_rank: Callable[[], int],
@@ -243,6 +278,11 @@ class TorchState(ObjectState):
     Models, optimizers, learning-rate schedulers and ElasticSamplers (given under any keyword)
     are saved with their ``state_dict``; other keywords become attributes (``state.epoch``; see
     :class:`ObjectState` for what a commit keeps of them).
+
+    Args:
+        model: a module whose ``state_dict`` is committed and broadcast (optional).
+        optimizer: an optimizer, a DistributedOptimizer included, kept the same way (optional).
+        **kwargs: more models, optimizers, schedulers and samplers, or plain attributes.
     """
 
     def __init__(self, model: torch.nn.Module | None = None,
@@ -292,6 +332,9 @@ class TorchState(ObjectState):
         previous one). It holds every model's, optimizer's, scheduler's and sampler's
         ``state_dict`` and the plain attributes (numbers, strings, lists, dicts); other
         attributes are not written.
+
+        Args:
+            path: the file to write (its folder is created); the same on every rank.
         """
         self.commit()
         if rank() != 0:
@@ -311,6 +354,9 @@ class TorchState(ObjectState):
         """Load what :meth:`commit_to_disk` wrote at ``path`` on rank 0 (``torch.load`` with
         ``weights_only=True``), make it every rank's (the other ranks need not see the file),
         and commit it. Call it on every rank, before training.
+
+        Args:
+            path: the file :meth:`commit_to_disk` wrote; read on rank 0 only.
 
         Returns:
             True when rank 0 found the file and every rank now holds its state; False (nothing
