@@ -31,10 +31,11 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          bucket_cap_mb: float = 25.0) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that ``step()`` applies gradients averaged over the ranks.
 
-    The arguments up to ``process_set`` are Horovod's. Beyond Horovod: ``shard_optimizer_state=True`` (ZeRO stage 1) keeps the optimizer state of
-    only this rank's shard of the parameters (about 1/size of it): gradients are reduce-scattered
-    in buckets of ``bucket_cap_mb`` while backward runs, each rank steps its shard with the
-    optimizer's class and options, and the updated shards are all-gathered into the parameters.
+    The arguments up to ``process_set`` are Horovod's. Beyond Horovod:
+    ``shard_optimizer_state=True`` (ZeRO stage 1) keeps the optimizer state of only this rank's
+    shard of the parameters (about 1/size of it): gradients are reduce-scattered in buckets of
+    ``bucket_cap_mb`` while backward runs, each rank steps its shard with the optimizer's class
+    and options, and the updated shards are all-gathered into the parameters.
     ``shard_gradients=True`` (ZeRO stage 2, needs ``shard_optimizer_state``) also keeps only the
     shard of the reduced gradient. See docs/sharded-optimizer.md.
 
