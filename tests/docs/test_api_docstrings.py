@@ -12,7 +12,9 @@ method or class whose docstring
   ``**kwargs`` may be documented as a group, e.g. ``**kwargs: passed to ...``; a class documents
   its constructor's parameters in the class docstring or in ``__init__``'s),
 - has no ``Returns:`` (or, for a generator, ``Yields:``) section while the function returns
-  something: its return annotation is not ``None``, or, unannotated, it has a ``return value``.
+  something: its return annotation is not ``None``, or, unannotated, it has a ``return value``,
+- or has a section title right after a non-blank line (the parser reads it as the text of the
+  section above: the section is lost from the page).
 
 Properties need a docstring only (they render as attributes). Dunder methods are not rendered
 (the ``!^_`` filter) and are not checked. Static: nothing is imported or started, a few seconds.
@@ -46,55 +48,6 @@ ALLOWED: set[str] = {
     "accord.frontend.process_sets.ProcessSet.included",
     "accord.frontend.process_sets.ProcessSet.rank",
     "accord.frontend.process_sets.ProcessSet.size",
-    "accord.hapi.callbacks.Callback.on_epoch_begin",
-    "accord.hapi.callbacks.Callback.on_epoch_end",
-    "accord.hapi.callbacks.Callback.on_eval_batch_begin",
-    "accord.hapi.callbacks.Callback.on_eval_batch_end",
-    "accord.hapi.callbacks.Callback.on_eval_begin",
-    "accord.hapi.callbacks.Callback.on_eval_end",
-    "accord.hapi.callbacks.Callback.on_predict_batch_begin",
-    "accord.hapi.callbacks.Callback.on_predict_batch_end",
-    "accord.hapi.callbacks.Callback.on_predict_begin",
-    "accord.hapi.callbacks.Callback.on_predict_end",
-    "accord.hapi.callbacks.Callback.on_train_batch_begin",
-    "accord.hapi.callbacks.Callback.on_train_batch_end",
-    "accord.hapi.callbacks.Callback.on_train_begin",
-    "accord.hapi.callbacks.Callback.on_train_end",
-    "accord.hapi.callbacks.Callback.set_model",
-    "accord.hapi.callbacks.Callback.set_params",
-    "accord.hapi.callbacks.EarlyStopping.on_epoch_end",
-    "accord.hapi.callbacks.EarlyStopping.on_eval_end",
-    "accord.hapi.callbacks.EarlyStopping.on_train_begin",
-    "accord.hapi.callbacks.LRScheduler",
-    "accord.hapi.callbacks.LRScheduler.on_epoch_end",
-    "accord.hapi.callbacks.LRScheduler.on_train_batch_end",
-    "accord.hapi.callbacks.ModelCheckpoint",
-    "accord.hapi.callbacks.ModelCheckpoint.on_epoch_end",
-    "accord.hapi.callbacks.ModelCheckpoint.on_train_end",
-    "accord.hapi.callbacks.ProgBarLogger.on_epoch_begin",
-    "accord.hapi.callbacks.ProgBarLogger.on_epoch_end",
-    "accord.hapi.callbacks.ProgBarLogger.on_eval_batch_end",
-    "accord.hapi.callbacks.ProgBarLogger.on_eval_begin",
-    "accord.hapi.callbacks.ProgBarLogger.on_eval_end",
-    "accord.hapi.callbacks.ProgBarLogger.on_predict_begin",
-    "accord.hapi.callbacks.ProgBarLogger.on_predict_end",
-    "accord.hapi.callbacks.ProgBarLogger.on_train_batch_end",
-    "accord.hapi.metrics.Accuracy.compute",
-    "accord.hapi.metrics.Accuracy.update",
-    "accord.hapi.metrics.Mean",
-    "accord.hapi.metrics.Mean.update",
-    "accord.hapi.metrics.Metric.accumulate",
-    "accord.hapi.metrics.Metric.compute",
-    "accord.hapi.metrics.Metric.name",
-    "accord.hapi.metrics.Metric.result",
-    "accord.hapi.metrics.Metric.state",
-    "accord.hapi.metrics.Metric.update",
-    "accord.hapi.model.Model.eval_batch",
-    "accord.hapi.model.Model.fit",
-    "accord.hapi.model.Model.metrics_names",
-    "accord.hapi.model.Model.parameters",
-    "accord.hapi.model.Model.predict_batch",
-    "accord.hapi.model.Model.train_batch",
     "accord.kvstore.base.KVStoreBase",
     "accord.kvstore.base.KVStoreBase.is_capable",
     "accord.kvstore.base.KVStoreBase.load_optimizer_states",
@@ -216,6 +169,16 @@ def _children(obj, filters, members):
         yield child
 
 
+_TITLE = re.compile(r"^\s*(Args|Arguments|Parameters|Returns|Yields|Raises|Examples?|Notes?|Attributes):\s*$")
+
+
+def _glued_titles(docstring) -> list[str]:
+    """Section titles right after a non-blank line: Google-style parsers (griffe's included)
+    read them as text of the section above, so the section silently disappears."""
+    lines = docstring.value.splitlines() if docstring is not None else []
+    return [line.strip() for before, line in zip(lines, lines[1:]) if _TITLE.match(line) and before.strip()]
+
+
 def _documented(docstring) -> tuple[set[str], set[str]]:
     names, kinds = set(), set()
     if docstring is None:
@@ -295,13 +258,13 @@ def _check_function(path, function, problems, *, is_method):
         return
     names, kinds = _documented(function.docstring)
     missing = _undocumented(_parameters(function, is_method and "staticmethod" not in function.labels), names)
-    issues = []
+    issues = [f"no blank line before {title!r}" for title in _glued_titles(function.docstring)]
     if missing:
-        issues.append("Args: " + ", ".join(missing))
+        issues.append("missing Args: " + ", ".join(missing))
     if _returns_something(function) and not kinds & {"returns", "yields"}:
-        issues.append("Returns")
+        issues.append("missing Returns")
     if issues:
-        problems[path] = "missing " + "; ".join(issues)
+        problems[path] = "; ".join(issues)
 
 
 def _check_class(path, cls, problems, filters):
@@ -314,8 +277,11 @@ def _check_class(path, cls, problems, filters):
             names, _ = _documented(cls.docstring)
             names |= _documented(init.docstring)[0]
             missing = _undocumented(_parameters(init, True), names)
+            issues = [f"no blank line before {title!r}" for title in _glued_titles(cls.docstring)]
             if missing:
-                problems[path] = "missing Args (constructor): " + ", ".join(missing)
+                issues.append("missing Args (constructor): " + ", ".join(missing))
+            if issues:
+                problems[path] = "; ".join(issues)
     for child in _children(cls, filters, None):
         _walk(f"{path}.{child.name}", child, problems, filters, None, parent_is_class=True)
 

@@ -58,6 +58,7 @@ class DistributedSampler(Sampler[int]):
             whose shares always cover the dataset exactly.
         work_load_list: one positive weight per rank; rank i gets about ``w_i / sum(w)`` of the data.
         world: callable returning ``(num_replicas, rank)``, for tests or custom launchers.
+
     Raises:
         ValueError: bad rank/size, a weight list of the wrong length, or more ranks than samples
             in weighted mode.

@@ -40,6 +40,7 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         process_sets: None, ``"dynamic"`` (accepted for compatibility: sets may always be
             added later), or a list of :class:`~accord.frontend.process_sets.ProcessSet` to
             register now.
+
     Raises:
         ValueError: a duplicate process set (accord stays initialized, as Horovod does), or
             ``comm`` is neither a list of ranks nor an mpi4py communicator.

@@ -30,25 +30,132 @@ class Callback:
         self.params: dict[str, Any] = {}
 
     def set_params(self, params: dict[str, Any]) -> None:
+        """Called by ``fit``/``evaluate``/``predict`` before any hook.
+
+        Args:
+            params: the run's settings: ``epochs``, ``steps`` (per epoch, ``None`` when
+                unknown), ``metrics`` (the names in the logs), ``verbose``, ``save_dir``,
+                ``log_freq``.
+        """
         self.params = params
 
     def set_model(self, model: Any) -> None:
+        """Called with the :class:`~accord.hapi.Model` being run, before any hook.
+
+        Args:
+            model: the Model (``model.stop_training = True`` ends ``fit`` after the epoch).
+        """
         self.model = model
 
-    def on_train_begin(self, logs: Logs | None = None) -> None: ...
-    def on_train_end(self, logs: Logs | None = None) -> None: ...
-    def on_eval_begin(self, logs: Logs | None = None) -> None: ...
-    def on_eval_end(self, logs: Logs | None = None) -> None: ...
-    def on_predict_begin(self, logs: Logs | None = None) -> None: ...
-    def on_predict_end(self, logs: Logs | None = None) -> None: ...
-    def on_epoch_begin(self, epoch: int, logs: Logs | None = None) -> None: ...
-    def on_epoch_end(self, epoch: int, logs: Logs | None = None) -> None: ...
-    def on_train_batch_begin(self, step: int, logs: Logs | None = None) -> None: ...
-    def on_train_batch_end(self, step: int, logs: Logs | None = None) -> None: ...
-    def on_eval_batch_begin(self, step: int, logs: Logs | None = None) -> None: ...
-    def on_eval_batch_end(self, step: int, logs: Logs | None = None) -> None: ...
-    def on_predict_batch_begin(self, step: int, logs: Logs | None = None) -> None: ...
-    def on_predict_batch_end(self, step: int, logs: Logs | None = None) -> None: ...
+    def on_train_begin(self, logs: Logs | None = None) -> None:
+        """Called once when ``fit`` starts, before the first epoch.
+
+        Args:
+            logs: an empty dict.
+        """
+
+    def on_train_end(self, logs: Logs | None = None) -> None:
+        """Called once when ``fit`` ends (after the last epoch, or an early stop).
+
+        Args:
+            logs: the last epoch's logs (as for :meth:`on_epoch_end`).
+        """
+
+    def on_eval_begin(self, logs: Logs | None = None) -> None:
+        """Called when an evaluation starts (``evaluate``, or within ``fit``).
+
+        Args:
+            logs: ``steps`` (this rank's batches) and ``metrics`` (the names to be reported).
+        """
+
+    def on_eval_end(self, logs: Logs | None = None) -> None:
+        """Called when an evaluation ends, with its results summed over the ranks.
+
+        Args:
+            logs: ``loss`` and each metric's value, ``samples`` (over every rank), ``steps``.
+        """
+
+    def on_predict_begin(self, logs: Logs | None = None) -> None:
+        """Called when ``predict`` starts.
+
+        Args:
+            logs: ``steps``, the number of batches of this rank.
+        """
+
+    def on_predict_end(self, logs: Logs | None = None) -> None:
+        """Called when ``predict`` has gathered its outputs.
+
+        Args:
+            logs: ``samples``, how many predictions were gathered.
+        """
+
+    def on_epoch_begin(self, epoch: int, logs: Logs | None = None) -> None:
+        """Called at the start of each training epoch (after ``params["steps"]`` was updated
+        when the loader's length changed).
+
+        Args:
+            epoch: the epoch's number, from 0.
+            logs: ``{}``.
+        """
+
+    def on_epoch_end(self, epoch: int, logs: Logs | None = None) -> None:
+        """Called at the end of each training epoch, before its evaluation.
+
+        Args:
+            epoch: the number of the epoch just trained, from 0.
+            logs: the epoch's ``loss`` and metrics (over every rank), ``samples``, ``step``,
+                ``epoch_time`` (seconds) and ``samples_per_sec``.
+        """
+
+    def on_train_batch_begin(self, step: int, logs: Logs | None = None) -> None:
+        """Called before each training batch.
+
+        Args:
+            step: the batch's index in the epoch, from 0.
+            logs: an empty dict.
+        """
+
+    def on_train_batch_end(self, step: int, logs: Logs | None = None) -> None:
+        """Called after each training batch.
+
+        Args:
+            step: the index of the batch just trained, from 0.
+            logs: ``step`` (``step + 1``); every ``log_freq`` steps and at the last, also the
+                loss and metrics so far, summed over the ranks.
+        """
+
+    def on_eval_batch_begin(self, step: int, logs: Logs | None = None) -> None:
+        """Called before each evaluation batch.
+
+        Args:
+            step: the batch's index in this evaluation, from 0.
+            logs: nothing yet: an empty dict.
+        """
+
+    def on_eval_batch_end(self, step: int, logs: Logs | None = None) -> None:
+        """Called after each evaluation batch.
+
+        Args:
+            step: the index of the batch just evaluated.
+            logs: ``step``; on one process, every ``log_freq`` steps, the values so far (with
+                several ranks, the values come only at :meth:`on_eval_end`).
+        """
+
+    def on_predict_batch_begin(self, step: int, logs: Logs | None = None) -> None:
+        """Called before each prediction batch; ``logs`` is empty (Paddle's signature).
+
+        Args:
+            step: the batch's index, from 0.
+            logs: ``{}`` here.
+        """
+
+    def on_predict_batch_end(self, step: int, logs: Logs | None = None) -> None:
+        """Called after each prediction batch.
+
+        Args:
+            step: the index of the batch just predicted.
+            logs: ``step`` (``step + 1``).
+        """
 
 
 class CallbackList:
@@ -172,7 +279,12 @@ class ProgBarLogger(Callback):
 
 class ModelCheckpoint(Callback):
     """Save ``save_dir/<epoch>`` every ``save_freq`` epochs and ``save_dir/final`` at the end
-    (rank 0 writes; see ``Model.save``)."""
+    (rank 0 writes; see ``Model.save``).
+
+    Args:
+        save_freq: save after every this many epochs (at least 1).
+        save_dir: the folder; ``None``: the callback does nothing.
+    """
 
     def __init__(self, save_freq: int = 1, save_dir: str | None = None) -> None:
         super().__init__()
@@ -204,6 +316,9 @@ class EarlyStopping(Callback):
         min_delta: smallest change that counts as an improvement.
         baseline: a value to beat before anything counts as an improvement.
         save_best_model: save ``save_dir/best_model`` at each improvement (when fit has a save_dir).
+
+    Raises:
+        ValueError: ``mode`` is not one of the three.
     """
 
     def __init__(self, monitor: str = "loss", mode: str = "auto", patience: int = 0,
@@ -249,7 +364,16 @@ class EarlyStopping(Callback):
 
 
 class LRScheduler(Callback):
-    """Step a ``torch.optim.lr_scheduler`` scheduler after every epoch and/or every step."""
+    """Step a ``torch.optim.lr_scheduler`` scheduler after every epoch or after every step.
+
+    Args:
+        scheduler: the scheduler (its ``step()`` is called without arguments).
+        by_step: step it after every training batch.
+        by_epoch: step it after every epoch (the default).
+
+    Raises:
+        ValueError: ``by_step`` and ``by_epoch`` are both True or both False.
+    """
 
     def __init__(self, scheduler: Any, by_step: bool = False, by_epoch: bool = True) -> None:
         super().__init__()

@@ -27,26 +27,58 @@ class Metric(abc.ABC):
 
     @abc.abstractmethod
     def update(self, *args: Any) -> None:
-        """Accumulate one batch (the outputs of :meth:`compute`)."""
+        """Accumulate one batch.
+
+        Args:
+            *args: the outputs of :meth:`compute` (a tuple is spread, anything else passed
+                as one argument).
+        """
 
     @abc.abstractmethod
     def state(self) -> torch.Tensor:
-        """The additive state: a 1-D float64 CPU tensor that ranks can sum elementwise."""
+        """The additive state, what ``Model`` sums over the ranks.
+
+        Returns:
+            torch.Tensor: a 1-D float64 CPU tensor (a copy) that ranks can sum elementwise.
+        """
 
     @abc.abstractmethod
     def result(self, state: torch.Tensor) -> float | list[float]:
-        """The metric's value(s) for a (possibly summed over ranks) ``state``."""
+        """The metric's value(s) for a ``state``.
+
+        Args:
+            state: what :meth:`state` returned, possibly summed over ranks.
+
+        Returns:
+            One float, or a list with one per name of :meth:`name`.
+        """
 
     @abc.abstractmethod
     def name(self) -> list[str]:
-        """One name per value of :meth:`result`."""
+        """The keys the metric's values get in logs and in ``fit``'s history.
+
+        Returns:
+            list[str]: one name per value of :meth:`result`.
+        """
 
     def compute(self, pred: torch.Tensor, label: torch.Tensor) -> Any:
-        """Turn a batch's outputs and labels into :meth:`update`'s arguments (default: as is)."""
+        """Turn a batch's outputs and labels into :meth:`update`'s arguments.
+
+        Args:
+            pred: the network's output for the batch.
+            label: the batch's labels.
+
+        Returns:
+            :meth:`update`'s arguments: a tuple is spread; by default ``(pred, label)``.
+        """
         return pred, label
 
     def accumulate(self) -> float | list[float]:
-        """The value over what this process has seen (no communication)."""
+        """The value over what this process has seen (no communication).
+
+        Returns:
+            ``result(state())``: one float, or a list of them.
+        """
         return self.result(self.state())
 
 
@@ -95,7 +127,20 @@ class Accuracy(Metric):
         self._state = torch.zeros(len(self.topk) + 1, dtype=torch.float64)
 
     def compute(self, pred: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
-        """A (N, maxk) 0/1 matrix: column j says whether the j-th best class is the label."""
+        """Which of each row's best ``maxk`` classes is the label.
+
+        Args:
+            pred: ``(N, classes)`` scores, with at least ``max(topk)`` classes.
+            label: class indices, of shape ``(N,)`` or ``(N, 1)``.
+
+        Returns:
+            torch.Tensor: a float64 ``(N, maxk)`` 0/1 matrix: column j says whether the j-th
+            best class is the label.
+
+        Raises:
+            ValueError: ``pred`` is not 2-D or has too few classes, or the labels do not match
+                its rows.
+        """
         pred = pred.detach()
         if pred.dim() != 2:
             raise ValueError(with_hint(f"Accuracy needs (N, classes) predictions, got shape {tuple(pred.shape)}",
@@ -109,7 +154,11 @@ class Accuracy(Metric):
         return (best == label.unsqueeze(1)).to(torch.float64)
 
     def update(self, correct: torch.Tensor) -> None:
-        """Add a batch's correct matrix (from :meth:`compute`)."""
+        """Add a batch's correct matrix.
+
+        Args:
+            correct: the ``(N, maxk)`` matrix :meth:`compute` returned.
+        """
         counts = [correct[:, :k].sum() for k in self.topk]
         batch = torch.stack([*counts, correct.new_tensor(float(correct.shape[0]))])
         self._state = _add(self._state, batch)
@@ -129,7 +178,11 @@ class Accuracy(Metric):
 
 
 class Mean(Metric):
-    """Sample-weighted mean of a per-batch value (the loss): state ``[sum(value * n), sum(n)]``."""
+    """Sample-weighted mean of a per-batch value (the loss): state ``[sum(value * n), sum(n)]``.
+
+    Args:
+        name: the value's name in logs.
+    """
 
     def __init__(self, name: str = "loss") -> None:
         self._name = name
@@ -139,7 +192,12 @@ class Mean(Metric):
         self._state = torch.zeros(2, dtype=torch.float64)
 
     def update(self, value: torch.Tensor | float, count: int = 1) -> None:
-        """Add a batch whose mean is ``value`` over ``count`` samples."""
+        """Add a batch whose mean is ``value`` over ``count`` samples.
+
+        Args:
+            value: the batch's mean (a 0-d or one-element tensor, or a number).
+            count: the batch's number of samples, its weight.
+        """
         v = value.detach().double() if torch.is_tensor(value) else torch.tensor(float(value), dtype=torch.float64)
         self._state = _add(self._state, torch.stack([v.reshape(()) * count, v.new_tensor(float(count))]))
 

@@ -47,6 +47,7 @@ class Model:
         network: the module to train; moved to ``device``.
         device: default ``cuda:<local_rank>`` when a GPU is visible, else the CPU; a bare
             ``"cuda"`` means this rank's GPU (``cuda:<local_rank>``).
+
     Raises:
         RendezvousError: the launcher started other ranks but they could not be reached.
     """
@@ -102,7 +103,11 @@ class Model:
         return self._state.optimizer
 
     def parameters(self) -> Any:
-        """The network's parameters (to build the optimizer with)."""
+        """The network's parameters, to build the optimizer with.
+
+        Returns:
+            ``self.network.parameters()``, an iterator of tensors.
+        """
         return self.network.parameters()
 
     # --- setup ----------------------------------------------------------------------------------
@@ -126,6 +131,7 @@ class Model:
                 "bfloat16" | "float16"}``. Preparing again undoes O2 first: the network takes
                 back its dtype with the master weights' values.
             compile: True (or ``torch.compile`` keyword arguments) to compile the forward pass.
+
         Raises:
             ValueError: an unknown amp level, a dtype other than bfloat16/float16, or O2 with a
                 ``DistributedOptimizer(op=Adasum)``.
@@ -175,21 +181,54 @@ class Model:
     # --- one batch (see accord.hapi.steps) -----------------------------------------------------
 
     def train_batch(self, inputs: Sequence[Any], label: Any) -> float:
-        """One optimization step on ``inputs``/``label``; returns this rank's batch loss."""
+        """One optimization step on one batch, with this rank's data only (the gradients are
+        averaged over the ranks by the DistributedOptimizer); loss and metrics accumulate.
+
+        Args:
+            inputs: the network's inputs, one element per ``forward`` argument.
+            label: the batch's labels, passed to the loss and the metrics.
+
+        Returns:
+            float: this rank's batch loss.
+
+        Raises:
+            RuntimeError: ``prepare`` was not given an optimizer and a loss.
+            ValueError: ``label`` is None.
+        """
         return steps.train_step(self._state, inputs, label)
 
     def eval_batch(self, inputs: Sequence[Any], label: Any) -> float | None:
-        """Forward ``inputs`` without gradients and accumulate loss/metrics; returns the batch loss."""
+        """Forward one batch without gradients, in eval mode, and accumulate loss and metrics.
+
+        Args:
+            inputs: the network's inputs, one element per ``forward`` argument.
+            label: the labels, or None (nothing is accumulated then).
+
+        Returns:
+            This rank's batch loss; None without a loss or a label.
+        """
         return steps.eval_step(self._state, inputs, label)
 
     def predict_batch(self, inputs: Sequence[Any]) -> list[torch.Tensor]:
-        """The network's outputs for ``inputs`` (a list, one tensor per output)."""
+        """The network's outputs for one batch, in eval mode and without gradients (no
+        communication).
+
+        Args:
+            inputs: the network's inputs, one element per ``forward`` argument.
+
+        Returns:
+            list[torch.Tensor]: one tensor per output of the network.
+        """
         return steps.predict_step(self._state, inputs)
 
     # --- metrics over the job -------------------------------------------------------------------
 
     def metrics_names(self) -> list[str]:
-        """Names of the logged values: ``loss`` then each metric's names."""
+        """Names of the logged values.
+
+        Returns:
+            list[str]: ``loss`` (when there is a loss), then each metric's names.
+        """
         return self._state.metrics_names()
 
     # --- loops (see accord.hapi.training and accord.hapi.evaluation) ---------------------------
@@ -245,9 +284,11 @@ class Model:
                 (``accordrun --max-restarts``: ``ACCORD_RESTART_COUNT`` / ``TORCHELASTIC_RESTART_COUNT``
                 above 0). The history then holds the epochs run since. Not with ``elastic``
                 (which resumes in memory).
+
         Returns:
             Per-epoch history: ``loss`` and metric names (global means), ``epoch_time`` (s),
             ``samples_per_sec`` (global), and ``eval_<name>`` for each evaluation.
+
         Raises:
             ValueError: ``work_load_list`` does not fit the job (one weight per rank, a
                 non-empty share each) or the optimizer; a count that is not a positive int
@@ -284,6 +325,7 @@ class Model:
 
         Returns:
             ``{"loss": ..., <metric names>: ..., "samples": N}``, the same on every rank.
+
         Raises:
             ValueError: ``eval_data`` gives no labelled sample on any rank (a mean over no
                 samples is undefined; Paddle raises too), on every rank alike. A rank whose
@@ -358,6 +400,7 @@ class Model:
             path: what was given to :meth:`save` (with or without ``.pt``).
             skip_mismatch: skip parameters missing from the file or of another shape.
             reset_optimizer: keep the optimizer's current state even if ``path.opt.pt`` exists.
+
         Raises:
             FileNotFoundError: ``path.pt`` does not exist (on rank 0; other ranks raise
                 RuntimeError naming rank 0's error).
