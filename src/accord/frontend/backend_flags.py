@@ -18,7 +18,7 @@ def mpi_enabled() -> bool:
     """Whether CPU collectives run over MPI.
 
     Returns:
-        bool: True under ``ACCORD_CPU_BACKEND=mpi`` (configured, or in use after ``init()``).
+        True under ``ACCORD_CPU_BACKEND=mpi`` (configured, or in use after ``init()``).
     """
     return cpu_backend() == "mpi"
 
@@ -27,7 +27,7 @@ def gloo_enabled() -> bool:
     """Whether CPU collectives run over Gloo.
 
     Returns:
-        bool: True over Gloo, or over shared memory that Gloo sets up (the default on one
+        True over Gloo, or over shared memory that Gloo sets up (the default on one
         host); False under ``ACCORD_CPU_BACKEND=mpi`` or another library.
     """
     return cpu_backend() in ("gloo", "shm", "auto")
@@ -37,7 +37,7 @@ def mpi_threads_supported() -> bool:
     """Whether MPI allows calls from several threads.
 
     Returns:
-        bool: True when MPI was initialized with ``MPI_THREAD_MULTIPLE``.
+        True when MPI was initialized with ``MPI_THREAD_MULTIPLE``.
 
     Raises:
         ValueError: MPI is not enabled, or accord is not initialized (Horovod's messages).

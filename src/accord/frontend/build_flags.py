@@ -14,7 +14,7 @@ def mpi_built() -> bool:
     """Whether accord's ``mpi`` backend can be used.
 
     Returns:
-        bool: True when mpi4py is installed.
+        True when mpi4py is installed.
     """
     return importlib.util.find_spec("mpi4py") is not None
 
@@ -23,7 +23,7 @@ def gloo_built() -> bool:
     """Whether Gloo is available.
 
     Returns:
-        bool: True when torch.distributed has Gloo.
+        True when torch.distributed has Gloo.
     """
     return bool(torch.distributed.is_available() and torch.distributed.is_gloo_available())
 
@@ -32,7 +32,7 @@ def nccl_built() -> int:
     """Whether NCCL is available, as Horovod answers it.
 
     Returns:
-        int: NCCL's version code (e.g. 21803) when torch has NCCL and CUDA, else 0.
+        NCCL's version code (e.g. 21803) when torch has NCCL and CUDA, else 0.
     """
     try:
         if not (torch.cuda.is_available() and torch.distributed.is_nccl_available()):
@@ -50,7 +50,7 @@ def cuda_built() -> bool:
     """Whether CUDA is available to accord.
 
     Returns:
-        bool: True when torch was built with CUDA.
+        True when torch was built with CUDA.
     """
     return torch.version.cuda is not None
 
@@ -59,7 +59,7 @@ def rocm_built() -> bool:
     """Whether ROCm is available to accord.
 
     Returns:
-        bool: True when torch was built with ROCm (HIP).
+        True when torch was built with ROCm (HIP).
     """
     return getattr(torch.version, "hip", None) is not None
 
@@ -68,7 +68,7 @@ def ddl_built() -> bool:
     """IBM DDL: not supported by accord.
 
     Returns:
-        bool: always False.
+        Always False.
     """
     return False
 
@@ -77,6 +77,6 @@ def ccl_built() -> bool:
     """oneCCL: not supported by accord.
 
     Returns:
-        bool: False, always.
+        False, always.
     """
     return False

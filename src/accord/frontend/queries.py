@@ -24,7 +24,7 @@ def is_initialized() -> bool:
     """Whether accord's engine is running in this process.
 
     Returns:
-        bool: True between ``init()`` and ``shutdown()``, False before and after.
+        True between ``init()`` and ``shutdown()``, False before and after.
     """
     return engine.is_initialized()
 
@@ -33,7 +33,7 @@ def size() -> int:
     """Number of ranks in the job.
 
     Returns:
-        int: the job's size (after an elastic reset, the current one).
+        The job's size (after an elastic reset, the current one).
 
     Raises:
         ValueError: ``init()`` has not been called (Horovod's message).
@@ -45,7 +45,7 @@ def rank() -> int:
     """This process's global rank.
 
     Returns:
-        int: 0 to ``size() - 1``.
+        0 to ``size() - 1``.
 
     Raises:
         ValueError: before ``init()``.
@@ -57,7 +57,7 @@ def local_size() -> int:
     """Number of ranks on this host.
 
     Returns:
-        int: how many of the job's ranks share this host.
+        How many of the job's ranks share this host.
 
     Raises:
         ValueError: the engine is not initialized.
@@ -69,7 +69,7 @@ def local_rank() -> int:
     """This process's rank among the ranks on its host.
 
     Returns:
-        int: 0 to ``local_size() - 1`` (the GPU index to pin, by convention).
+        0 to ``local_size() - 1`` (the GPU index to pin, by convention).
 
     Raises:
         ValueError: when called before ``hvd.init()``.
@@ -81,7 +81,7 @@ def cross_size() -> int:
     """Number of hosts that run a rank with this rank's local rank.
 
     Returns:
-        int: the size of this rank's cross communicator (hosts, when the job is homogeneous).
+        The size of this rank's cross communicator (hosts, when the job is homogeneous).
 
     Raises:
         ValueError: accord has not been started with ``init()``.
@@ -93,7 +93,7 @@ def cross_rank() -> int:
     """Index of this host among the hosts with this local rank.
 
     Returns:
-        int: 0 to ``cross_size() - 1``.
+        0 to ``cross_size() - 1``.
 
     Raises:
         ValueError: no ``init()`` yet (Horovod's error).
@@ -105,7 +105,7 @@ def is_homogeneous() -> bool:
     """Whether the job is homogeneous.
 
     Returns:
-        bool: True when every host runs the same number of ranks.
+        True when every host runs the same number of ranks.
 
     Raises:
         ValueError: accord is not running yet.
@@ -120,7 +120,7 @@ def process_set_members(set_id: int) -> tuple[int, ...]:
         set_id: the set's id, as ``add_process_set`` returned it (0 is the global set).
 
     Returns:
-        tuple[int, ...]: the members' global ranks, ascending.
+        The members' global ranks, ascending.
 
     Raises:
         ValueError: accord is not initialized, or no set has that id (Horovod's messages).

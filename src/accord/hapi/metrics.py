@@ -39,7 +39,7 @@ class Metric(abc.ABC):
         """The additive state, what ``Model`` sums over the ranks.
 
         Returns:
-            torch.Tensor: a 1-D float64 CPU tensor (a copy) that ranks can sum elementwise.
+            A 1-D float64 CPU tensor (a copy) that ranks can sum elementwise.
         """
 
     @abc.abstractmethod
@@ -58,7 +58,7 @@ class Metric(abc.ABC):
         """The keys the metric's values get in logs and in ``fit``'s history.
 
         Returns:
-            list[str]: one name per value of :meth:`result`.
+            One name per value of :meth:`result`.
         """
 
     def compute(self, pred: torch.Tensor, label: torch.Tensor) -> Any:
@@ -134,7 +134,7 @@ class Accuracy(Metric):
             label: class indices, of shape ``(N,)`` or ``(N, 1)``.
 
         Returns:
-            torch.Tensor: a float64 ``(N, maxk)`` 0/1 matrix: column j says whether the j-th
+            A float64 ``(N, maxk)`` 0/1 matrix: column j says whether the j-th
             best class is the label.
 
         Raises:

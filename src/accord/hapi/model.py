@@ -189,7 +189,7 @@ class Model:
             label: the batch's labels, passed to the loss and the metrics.
 
         Returns:
-            float: this rank's batch loss.
+            This rank's batch loss.
 
         Raises:
             RuntimeError: ``prepare`` was not given an optimizer and a loss.
@@ -227,7 +227,7 @@ class Model:
         """Names of the logged values.
 
         Returns:
-            list[str]: ``loss`` (when there is a loss), then each metric's names.
+            ``loss`` (when there is a loss), then each metric's names.
         """
         return self._state.metrics_names()
 

@@ -83,7 +83,14 @@ def _pairs(key: Any, value: Any, what: str) -> list[tuple[int | str, list[Any]]]
 
 
 class KVStoreBase:
-    """A key-value store for data-parallel training (MXNet's KVStore API)."""
+    """A key-value store for data-parallel training (MXNet's KVStore API).
+
+    Made by :func:`accord.kvstore.create`, not directly.
+
+    Args:
+        name: the store type, as :attr:`type` reports it (``'local'``, ``'device'``,
+            ``'dist_sync'``, ...).
+    """
 
     OPTIMIZER = "optimizer"
 
@@ -115,6 +122,12 @@ class KVStoreBase:
 
     def is_capable(self, capability: str) -> bool:
         """Whether the store supports ``capability`` (only ``'optimizer'`` is known).
+
+        Args:
+            capability: a capability name, case-insensitive (``KVStoreBase.OPTIMIZER``).
+
+        Returns:
+            True for ``'optimizer'``: every store type can run an optimizer on pushes.
 
         Raises:
             ValueError: an unknown capability.
@@ -248,7 +261,20 @@ class KVStoreBase:
         """Pull only the rows ``row_ids`` (dense equivalent of MXNet's row_sparse pull).
 
         ``out`` receives the stored rows listed in ``row_ids`` (any order, repeats allowed) and
-        zeros elsewhere. ``row_ids`` is one index array for every output, or one per output.
+        zeros elsewhere.
+
+        Args:
+            key: one key or a list of keys, initialised before.
+            out: the output(s), shaped like the stored value(s), as for :meth:`pull`.
+            priority: accepted for MXNet's signature; unused.
+            row_ids: one index array (numpy, torch or a list) for every output, or one per output.
+
+        Returns:
+            ``out``, written.
+
+        Raises:
+            ValueError: ``out`` or ``row_ids`` is missing, or the counts of ``row_ids`` and
+                outputs do not match.
         """
         if out is None or row_ids is None:
             raise ValueError(with_hint("row_sparse_pull needs both out and row_ids",
@@ -281,21 +307,53 @@ class KVStoreBase:
     _barrier = barrier  # MXNet's name
 
     def set_optimizer(self, optimizer: Any) -> None:
-        """Apply ``optimizer`` on every later push (``optimizers.create(...)``)."""
+        """Apply ``optimizer`` on every later push: the store then holds weights, and a push
+        of gradients updates them.
+
+        Args:
+            optimizer: from ``accord.kvstore.optimizers.create(...)`` (or an MXNet optimizer,
+                for the MXNet plug-in).
+
+        Raises:
+            NotImplementedError: in this base class; each store type implements it.
+        """
         raise NotImplementedError
 
     def set_gradient_compression(self, compression_params: dict[str, Any]) -> None:
-        """Enable 2-bit compression: ``{'type': '2bit', 'threshold': t}`` (device and dist types)."""
+        """Enable MXNet's 2-bit gradient compression for later pushes.
+
+        Args:
+            compression_params: ``{'type': '2bit', 'threshold': t}`` with ``t > 0``.
+
+        Raises:
+            ValueError: the store type has no compression (``'local'``, as in MXNet), or the
+                parameters are not valid.
+        """
         raise ValueError(with_hint(
             f"gradient compression is not supported for kvstore type {self.type!r}",
             "use a 'device' or 'dist_*' store (MXNet raises for 'local' too)"))
 
     def save_optimizer_states(self, fname: str, dump_optimizer: bool = False) -> None:
-        """Write the optimizer's per-key state (and with ``dump_optimizer`` its configuration)."""
+        """Write the optimizer's per-key state to a file.
+
+        Args:
+            fname: the file to write.
+            dump_optimizer: also write the optimizer's configuration, so that loading restores it.
+
+        Raises:
+            NotImplementedError: the base class has no optimizer to save.
+        """
         raise NotImplementedError
 
     def load_optimizer_states(self, fname: str) -> None:
-        """Load states written by :meth:`save_optimizer_states`."""
+        """Load states written by :meth:`save_optimizer_states`.
+
+        Args:
+            fname: the file :meth:`save_optimizer_states` wrote.
+
+        Raises:
+            NotImplementedError: unless a store type overrides it.
+        """
         raise NotImplementedError
 
     def close(self) -> None:

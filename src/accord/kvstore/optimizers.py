@@ -67,6 +67,13 @@ class Optimizer:
 
     Subclasses set ``name`` and ``defaults`` (every hyperparameter they accept, with MXNet's
     default) and implement :meth:`create_state` and :meth:`update`.
+
+    Args:
+        **params: hyperparameters by MXNet's names, each one of ``defaults``; the others keep
+            their default. Values become floats (``clip_gradient`` may be None: no clipping).
+
+    Raises:
+        ValueError: an unknown hyperparameter, or a value that is not a finite number.
     """
 
     name: ClassVar[str] = ""
@@ -104,7 +111,11 @@ class Optimizer:
         return f"{type(self).__name__}({shown})"
 
     def config(self) -> dict[str, Any]:
-        """What ``set_optimizer`` ships: ``{"name": ..., "params": {...}}`` (JSON-safe)."""
+        """What ``set_optimizer`` ships to the servers.
+
+        Returns:
+            ``{"name": ..., "params": {...}}``, JSON-safe; :func:`from_config` rebuilds it.
+        """
         return {"name": self.name, "params": dict(self.params)}
 
     def _grad(self, grad: Any, weight: Any, with_wd: bool) -> Any:
@@ -118,11 +129,31 @@ class Optimizer:
         return g
 
     def create_state(self, weight: Any) -> list[Any]:
-        """The per-key state arrays (like ``weight``)."""
+        """The state a key starts with (e.g. momentum buffers).
+
+        Args:
+            weight: the key's stored value (numpy or torch); the state is of its kind and shape.
+
+        Returns:
+            The state arrays (may be empty).
+
+        Raises:
+            NotImplementedError: in the base class.
+        """
         raise NotImplementedError
 
     def update(self, weight: Any, grad: Any, state: list[Any], count: int) -> None:
-        """Update ``weight`` (and ``state``) in place; ``grad`` is never modified."""
+        """Update ``weight`` (and ``state``) in place; ``grad`` is never modified.
+
+        Args:
+            weight: the stored value, updated in place.
+            grad: the pushed (summed) gradient, the same kind and shape.
+            state: what :meth:`create_state` returned, updated in place.
+            count: this key's update number, from 1 (Adam's bias correction uses it).
+
+        Raises:
+            NotImplementedError: subclasses implement it.
+        """
         raise NotImplementedError
 
 
@@ -131,6 +162,13 @@ def register_optimizer(cls: type[Optimizer] | None = None, *, override: bool = F
 
     Use as ``@register_optimizer``, or ``@register_optimizer(override=True)`` to replace the
     optimizer registered under the same name.
+
+    Args:
+        cls: the subclass (``None`` when called as ``@register_optimizer(override=True)``).
+        override: replace an optimizer registered under the same name.
+
+    Returns:
+        ``cls``, or, without it, a decorator that registers its class.
 
     Raises:
         TypeError: ``cls`` is not an Optimizer subclass with a name.
@@ -146,7 +184,11 @@ def register_optimizer(cls: type[Optimizer] | None = None, *, override: bool = F
 
 
 def known_optimizers() -> list[str]:
-    """Registered optimizer names."""
+    """The names :func:`create` accepts.
+
+    Returns:
+        The registered optimizer names (``"adam"``, ``"sgd"`` and any added).
+    """
     return _REGISTRY.names()
 
 
@@ -172,7 +214,17 @@ def create(name: str, **params: Any) -> Optimizer:
 
 
 def from_config(config: Mapping[str, Any]) -> Optimizer:
-    """Inverse of :meth:`Optimizer.config` (what a server does with ``set_optimizer``)."""
+    """Inverse of :meth:`Optimizer.config` (what a server does with ``set_optimizer``).
+
+    Args:
+        config: ``{"name": ..., "params": {...}}``.
+
+    Returns:
+        A new optimizer of that name and hyperparameters.
+
+    Raises:
+        ValueError: ``config`` has not that form, or :func:`create` refuses it.
+    """
     if not isinstance(config, Mapping) or not isinstance(config.get("name"), str) \
             or not isinstance(config.get("params", {}), Mapping):
         raise ValueError(with_hint(f"not an optimizer configuration: {config!r}",
@@ -235,6 +287,10 @@ class Updater:
     """Applies an optimizer per key, keeping each key's state and update count (MXNet's updater).
 
     ``updater(key, grad, weight)`` updates ``weight`` in place.
+
+    Args:
+        optimizer: the optimizer to apply (its :meth:`Optimizer.create_state` is called on a
+            key's first update).
     """
 
     def __init__(self, optimizer: Optimizer) -> None:
@@ -254,14 +310,25 @@ class Updater:
         self.counts[key] = count
 
     def export(self, start: int = 0, stop: int | None = None) -> list[tuple[Hashable, int, list[np.ndarray]]]:
-        """``(key, count, states as numpy)`` for every key updated so far, in the order of their
-        first update (``[start:stop]`` of them)."""
+        """The keys' states, to save or ship.
+
+        Args:
+            start: the first key to include, counting keys in the order of their first update.
+            stop: where to stop, in the same order (None: at the end).
+
+        Returns:
+            ``(key, count, states as numpy)`` per key, ``[start:stop]`` of them.
+        """
         keys = list(self.states)[start:stop]
         return [(key, self.counts.get(key, 0), [np.array(_as_numpy(s)) for s in self.states[key]])
                 for key in keys]
 
     def load(self, entries: Sequence[tuple[Hashable, int, Sequence[np.ndarray]]]) -> None:
-        """Replace the state of the given keys (converted to the weights' kind on next use)."""
+        """Replace the state of the given keys (converted to the weights' kind on next use).
+
+        Args:
+            entries: ``(key, update count, state arrays)`` per key, as :meth:`export` gives.
+        """
         for key, count, states in entries:
             self.states[key] = [np.asarray(s) for s in states]
             self.counts[key] = int(count)
@@ -280,8 +347,12 @@ def save_states(fname: str, entries: Sequence[tuple[Hashable, int, Sequence[np.n
     """Write optimizer states to ``fname`` (a numpy ``.npz`` with a JSON index; no pickle).
 
     Args:
+        fname: the file to write (replaced if it exists).
         entries: ``(key, update count, state arrays)`` per key.
         optimizer: also record the optimizer's configuration (``dump_optimizer=True``).
+
+    Raises:
+        TypeError: a key is neither an int nor a str.
     """
     arrays: dict[str, np.ndarray] = {}
     index = []
@@ -299,7 +370,14 @@ def save_states(fname: str, entries: Sequence[tuple[Hashable, int, Sequence[np.n
 
 
 def load_states(fname: str) -> tuple[list[tuple[Hashable, int, list[np.ndarray]]], Optimizer | None]:
-    """Read a file written by :func:`save_states`: ``(entries, optimizer or None)``.
+    """Read a file written by :func:`save_states`.
+
+    Args:
+        fname: the file's path.
+
+    Returns:
+        ``(entries, optimizer)``: ``(key, count, states)`` per key, and the optimizer when
+        the file recorded one (else None).
 
     Raises:
         ValueError: the file is not an accord optimizer-state file.

@@ -102,6 +102,15 @@ def register(klass: Any = None, *, override: bool = False) -> Any:
             ...
         kv = accord.kvstore.create("mystore")
 
+    Args:
+        klass: the class to register (``@register``), a name for it (``@register("name")``),
+            or None (``@register(override=True)``).
+        override: replace a type already registered under that name.
+
+    Returns:
+        The class itself when given one; otherwise a decorator that registers its class and
+        returns it.
+
     Raises:
         ConfigError: the name is taken and ``override`` is False.
         TypeError: ``klass`` is neither a class nor a name.
@@ -125,7 +134,11 @@ def _add(name: str, factory: Any, override: bool) -> None:
 
 
 def known_types() -> list[str]:
-    """Every name ``create`` accepts (registered types and aliases)."""
+    """The store types ``create`` accepts.
+
+    Returns:
+        Every registered type and alias, sorted.
+    """
     return sorted(set(_REGISTRY.names()) | set(_ALIASES))
 
 

@@ -206,8 +206,9 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: ReduceOp,
         process_set: the ranks taking part (default: all).
 
     Returns:
-        A function; calling it (or passing it to ``synchronize``) waits and returns the
-            aggregated sparse tensor (values divided by the set size for Average).
+        (Callable[[], torch.Tensor]): a function; calling it (or passing it to ``synchronize``)
+            waits and returns the aggregated sparse tensor (values divided by the set size for
+            Average).
     """
     t = tensor.coalesce() if not tensor.is_coalesced() else tensor
     indices_handle = allgather_async(t._indices().transpose(0, 1).contiguous(),

@@ -307,8 +307,8 @@ def alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
         process_set: as in :func:`allreduce`.
 
     Returns:
-        The received rows (concatenated in rank order) when ``splits`` is None, else
-            ``(output, received_splits)``.
+        (torch.Tensor | tuple[torch.Tensor, torch.Tensor]): the received rows (concatenated in
+            rank order) when ``splits`` is None, else ``(output, received_splits)``.
     """
     if not _compiling():
         return eager.alltoall(tensor, splits, name, process_set)
