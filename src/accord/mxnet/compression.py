@@ -28,12 +28,34 @@ class Compressor:
 
     @staticmethod
     def compress(tensor: Any) -> tuple[Any, Any]:
-        """Return the NDArray to allreduce and whatever ``decompress`` needs."""
+        """Turn a gradient into what is allreduced.
+
+        Args:
+            tensor: the gradient NDArray.
+
+        Returns:
+            ``(compressed, ctx)``: the NDArray to allreduce, and whatever :meth:`decompress`
+            needs (e.g. the original dtype).
+
+        Raises:
+            NotImplementedError: the interface itself compresses nothing.
+        """
         raise NotImplementedError
 
     @staticmethod
     def decompress(tensor: Any, ctx: Any) -> Any:
-        """Undo ``compress`` on the allreduced NDArray."""
+        """Undo :meth:`compress` on the allreduced NDArray.
+
+        Args:
+            tensor: the allreduced NDArray.
+            ctx: what :meth:`compress` returned with it.
+
+        Returns:
+            The gradient, back in its own dtype.
+
+        Raises:
+            NotImplementedError: in this interface class.
+        """
         raise NotImplementedError
 
 

@@ -27,9 +27,12 @@ def broadcast_parameters(params: Any, root_rank: int = 0, prefix: str | None = N
             ``ParameterDict`` (``net.collect_params()``). Parameters whose initialization is
             deferred (shape unknown until the first forward) are broadcast right after they
             are initialized.
+        root_rank: the global rank whose values everyone receives.
         prefix: prepended to the names (two calls in one program need different prefixes).
+
     Raises:
-        ValueError: ``params`` is neither a dict nor a ParameterDict.
+        ValueError: ``params`` is neither a dict nor a ParameterDict, or ``prefix`` is not a
+            str or None.
     """
     if not isinstance(prefix, (str, type(None))):
         raise ValueError(f"prefix must be a str or None, got {type(prefix).__name__}")
@@ -92,6 +95,19 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
     with root -1, which no peer passes (a MismatchError there, naming the roots) and no set
     holds, and raises InvalidArgumentError itself. (Raised before taking part, its peers would
     wait for it forever; passed on as it is, the engine cannot encode it.)
+
+    Args:
+        obj: any picklable object (used on the root; the others may pass None).
+        root_rank: the global rank that sends it.
+        name: the collective's name, the same on every rank (``None``: numbered by call order).
+        process_set: the ranks taking part (default: all).
+
+    Returns:
+        The root's object (the root gets its own ``obj`` back).
+
+    Raises:
+        CollectiveError: not initialized, or the broadcast failed (also an MXNetError).
+        InvalidArgumentError: ``root_rank`` is not an int.
     """
     if not engine.is_initialized():
         raise mxnet_error(CollectiveError(with_hint(queries.NOT_INITIALIZED, "call hvd.init() first")))
@@ -106,7 +122,19 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
 
 def allgather_object(obj: Any, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> list[Any]:
-    """Return every rank's ``obj`` in rank order (pickled; see the module note)."""
+    """Return every rank's ``obj`` in rank order (pickled; see the module note).
+
+    Args:
+        obj: this rank's picklable object.
+        name: a name every rank passes alike, or ``None``.
+        process_set: the ranks whose objects are gathered (default: all).
+
+    Returns:
+        One object per rank of the set, in rank order.
+
+    Raises:
+        CollectiveError: accord is not initialized, or the allgather failed (an MXNetError too).
+    """
     if not engine.is_initialized():
         raise mxnet_error(CollectiveError(with_hint(queries.NOT_INITIALIZED, "call hvd.init() first")))
     try:

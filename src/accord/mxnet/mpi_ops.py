@@ -150,7 +150,24 @@ def allreduce(tensor: Any, average: bool | None = None, name: str | None = None,
               process_set: ProcessSet = global_process_set, op: Any = None) -> Any:
     """Average (default) or sum ``tensor`` over the ranks; return a new NDArray.
 
-    ``op`` (accord: Sum, Average, Min, Max, Product) may replace ``average``.
+    Args:
+        tensor: a dense NDArray, the same shape and dtype on every rank.
+        average: Horovod's switch: True or None averages, False sums.
+        name: the collective's name, the same on every rank (``None``: numbered by call order).
+        priority: accepted for Horovod's signature; ignored.
+        prescale_factor: multiplies the input before the reduction.
+        postscale_factor: multiplies the result after it.
+        process_set: the ranks taking part (default: all); every member must call.
+        op: accord's alternative to ``average``: ``hvd.Sum``, ``Average``, ``Min``, ``Max``
+            or ``Product``.
+
+    Returns:
+        A new NDArray with the reduction, on ``tensor``'s context; ``tensor`` is unchanged.
+
+    Raises:
+        ValueError: both ``op`` and ``average`` were given.
+        CollectiveError: not initialized, or the collective failed (also an MXNetError).
+        InvalidArgumentError: an argument refused on this rank or on another rank of the set.
     """
     return _allreduce([tensor], False, "allreduce", average, op, name, prescale_factor,
                       postscale_factor, process_set, grouped=False)[0]
@@ -159,7 +176,26 @@ def allreduce(tensor: Any, average: bool | None = None, name: str | None = None,
 def allreduce_(tensor: Any, average: bool | None = None, name: str | None = None, priority: int = 0,
                prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                process_set: ProcessSet = global_process_set, op: Any = None) -> Any:
-    """In-place :func:`allreduce`; returns ``tensor``."""
+    """In-place :func:`allreduce`.
+
+    Args:
+        tensor: a dense NDArray, overwritten with the reduction.
+        average: True or None: average; False: sum (Horovod's flag).
+        name: a name every rank passes alike, or ``None`` to number the calls in order.
+        priority: ignored (Horovod's argument).
+        prescale_factor: factor applied to the input before reducing.
+        postscale_factor: factor applied to the reduced values.
+        process_set: which ranks reduce (the global set by default).
+        op: the reduce op, instead of ``average`` (Sum, Average, Min, Max, Product).
+
+    Returns:
+        ``tensor``, now holding the reduction.
+
+    Raises:
+        ValueError: ``op`` given together with ``average``.
+        CollectiveError: the engine is not running, or the reduction failed (an MXNetError too).
+        InvalidArgumentError: ``tensor`` or ``op`` refused, here or on a peer.
+    """
     _allreduce([tensor], True, "allreduce_", average, op, name, prescale_factor, postscale_factor,
                process_set, grouped=False)
     return tensor
@@ -168,7 +204,27 @@ def allreduce_(tensor: Any, average: bool | None = None, name: str | None = None
 def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None, name: str | None = None,
                       priority: int = 0, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                       process_set: ProcessSet = global_process_set, op: Any = None) -> list[Any]:
-    """Allreduce a list of NDArrays as one group (fused); return new NDArrays."""
+    """Allreduce a list of NDArrays as one group (fused); return new NDArrays.
+
+    Args:
+        tensors: the NDArrays, the same list (shapes, dtypes, order) on every rank; an empty
+            list is returned as is.
+        average: Horovod's flag (True/None average, False sums).
+        name: the group's name, alike on every rank; ``None`` numbers it by call order.
+        priority: not used.
+        prescale_factor: each input is multiplied by it first.
+        postscale_factor: each result is multiplied by it last.
+        process_set: the participating ranks; all by default.
+        op: how the values combine, in place of ``average``.
+
+    Returns:
+        One new NDArray per input, in order.
+
+    Raises:
+        ValueError: ``op`` and ``average`` both set.
+        CollectiveError: accord is not initialized, or the group failed (as an MXNetError too).
+        InvalidArgumentError: a refused array or op, on any rank of the set.
+    """
     tensors = list(tensors)
     if not tensors:  # as Horovod (no request could carry an error to the peers)
         return tensors
@@ -179,7 +235,26 @@ def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None, name:
 def grouped_allreduce_(tensors: Sequence[Any], average: bool | None = None, name: str | None = None,
                        priority: int = 0, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                        process_set: ProcessSet = global_process_set, op: Any = None) -> list[Any]:
-    """In-place :func:`grouped_allreduce`; returns ``tensors``."""
+    """In-place :func:`grouped_allreduce`.
+
+    Args:
+        tensors: NDArrays, each overwritten with its reduction.
+        average: Horovod's deprecated choice between average (True, None) and sum (False).
+        name: one name for the group, identical across ranks (or ``None``).
+        priority: kept for compatibility; no effect.
+        prescale_factor: scales the inputs before the reduction.
+        postscale_factor: scales the outputs after it.
+        process_set: the set whose members all make this call (default: every rank).
+        op: a ReduceOp, exclusive with ``average``.
+
+    Returns:
+        ``tensors`` itself, reduced.
+
+    Raises:
+        ValueError: ``op`` is given with ``average``.
+        CollectiveError: no ``init()``, or the collective failed (an MXNetError as well).
+        InvalidArgumentError: arguments refused on this rank or a peer.
+    """
     arrays = list(tensors)
     if arrays:
         _allreduce(arrays, True, "grouped_allreduce_", average, op, name, prescale_factor,
@@ -199,13 +274,42 @@ def _allgather(tensors: list[Any], name: str | None, process_set: ProcessSet, gr
 
 def allgather(tensor: Any, name: str | None = None, priority: int = 0,
               process_set: ProcessSet = global_process_set) -> Any:
-    """Concatenate every rank's ``tensor`` along dimension 0 (first dimensions may differ)."""
+    """Concatenate every rank's ``tensor`` along dimension 0 (first dimensions may differ).
+
+    Args:
+        tensor: this rank's rows (at least one dimension; the same dtype and trailing dims on
+            every rank).
+        name: the collective's name, the same on every rank, or ``None``.
+        priority: accepted and ignored.
+        process_set: the ranks whose rows are gathered (default: all).
+
+    Returns:
+        A new NDArray: the ranks' rows in rank order.
+
+    Raises:
+        CollectiveError: not initialized, or the allgather failed (also an MXNetError).
+        InvalidArgumentError: ``tensor`` refused (not a dense NDArray, 0-d, or mismatched).
+    """
     return _allgather([tensor], name, process_set, False, "allgather")[0]
 
 
 def grouped_allgather(tensors: Sequence[Any], name: str | None = None, priority: int = 0,
                       process_set: ProcessSet = global_process_set) -> list[Any]:
-    """:func:`allgather` of a list of NDArrays as one group."""
+    """:func:`allgather` of a list of NDArrays as one group.
+
+    Args:
+        tensors: this rank's arrays, each gathered along dim 0 (an empty list is returned).
+        name: the group's name, alike on every rank.
+        priority: Horovod's; unused.
+        process_set: the participating ranks; all by default.
+
+    Returns:
+        One new NDArray per input.
+
+    Raises:
+        CollectiveError: accord is not running, or the group failed.
+        InvalidArgumentError: an array refused here or on another rank.
+    """
     tensors = list(tensors)
     if not tensors:
         return tensors
@@ -221,14 +325,44 @@ def _broadcast(tensor: Any, root_rank: Any, name: str | None, process_set: Proce
 
 def broadcast_(tensor: Any, root_rank: int, name: str | None = None, priority: int = 0,
                process_set: ProcessSet = global_process_set) -> Any:
-    """Overwrite ``tensor`` with ``root_rank``'s value (in place); returns ``tensor``."""
+    """Overwrite ``tensor`` with ``root_rank``'s value (in place).
+
+    Args:
+        tensor: a dense NDArray of the same shape and dtype on every rank.
+        root_rank: the global rank that sends.
+        name: a name every rank passes alike, or ``None``.
+        priority: ignored.
+        process_set: the ranks taking part (default: all).
+
+    Returns:
+        ``tensor``, holding the root's value.
+
+    Raises:
+        CollectiveError: not initialized, or the broadcast failed (an MXNetError too).
+        InvalidArgumentError: ``tensor`` or ``root_rank`` refused, on every rank of the set.
+    """
     _broadcast(tensor, root_rank, name, process_set, "broadcast_")
     return tensor
 
 
 def broadcast(tensor: Any, root_rank: int, name: str | None = None, priority: int = 0,
               process_set: ProcessSet = global_process_set) -> Any:
-    """Return ``root_rank``'s ``tensor`` on every rank as a new NDArray (input unchanged)."""
+    """Return ``root_rank``'s ``tensor`` on every rank as a new NDArray (input unchanged).
+
+    Args:
+        tensor: root's data on the root; elsewhere an array of the same shape and dtype.
+        root_rank: the global rank whose value everyone receives.
+        name: the broadcast's name, identical across ranks (or ``None``).
+        priority: not used.
+        process_set: which ranks receive (the global set by default).
+
+    Returns:
+        A new NDArray with the root's value.
+
+    Raises:
+        CollectiveError: the engine is not initialized, or the collective failed.
+        InvalidArgumentError: a refused array or root (raised on every rank).
+    """
     copy = tensor.copy() if not ndarray_problem(tensor, "broadcast") else tensor
     _broadcast(copy, root_rank, name, process_set, "broadcast")
     return copy
@@ -242,7 +376,23 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None, priority:
     ``splits``, a list of ints or a 1-D int32 NDArray) and return the rows received; with
     ``splits`` also the received splits (an int32 NDArray), as Horovod does. Splits with the
     wrong count, a negative entry or a sum other than dim 0 fail on every rank of the set (the
-    ranks exchange them before any data moves), and so do splits refused here."""
+    ranks exchange them before any data moves), and so do splits refused here.
+
+    Args:
+        tensor: the rows to send, in destination order along dim 0.
+        splits: rows per destination rank, or ``None`` for equal parts.
+        name: the collective's name, the same on every rank (``None``: numbered by call order).
+        priority: accepted for Horovod's signature.
+        process_set: the ranks exchanging rows (default: all).
+
+    Returns:
+        The received rows (a new NDArray), or ``(rows, received_splits)`` when ``splits``
+        was given.
+
+    Raises:
+        CollectiveError: not initialized, or the exchange failed (also an MXNetError).
+        InvalidArgumentError: bad splits or a refused array, on every rank of the set.
+    """
     counts, split_problem = split_counts(splits)
     problem = _ragged_problem(tensor, "alltoall") or split_problem
     view = _stand_in() if problem else read_view(tensor)
@@ -300,7 +450,24 @@ def reducescatter(tensor: Any, op: Any = Average, name: str | None = None, prior
                   process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                   postscale_factor: float = 1.0) -> Any:
     """Reduce ``tensor`` over the ranks (Average or Sum) and return this rank's part of dim 0
-    (the first ``dim0 % size`` ranks get one row more)."""
+    (the first ``dim0 % size`` ranks get one row more).
+
+    Args:
+        tensor: the same shape and dtype on every rank, at least one dimension.
+        op: ``hvd.Average`` (default) or ``hvd.Sum``.
+        name: the collective's name, alike on every rank, or ``None``.
+        priority: ignored, as every priority.
+        process_set: the ranks that reduce and share the result (default: all).
+        prescale_factor: multiplies the input before the reduction.
+        postscale_factor: multiplies this rank's part after it.
+
+    Returns:
+        A new NDArray: this rank's rows of the reduction.
+
+    Raises:
+        CollectiveError: accord is not initialized, or the reduction failed.
+        InvalidArgumentError: another op, or an array refused here or on a peer.
+    """
     return _reducescatter([tensor], op, name, process_set, prescale_factor, postscale_factor,
                           False, "reducescatter")[0]
 
@@ -308,7 +475,24 @@ def reducescatter(tensor: Any, op: Any = Average, name: str | None = None, prior
 def grouped_reducescatter(tensors: Sequence[Any], op: Any = Average, name: str | None = None,
                           priority: int = 0, process_set: ProcessSet = global_process_set,
                           prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> list[Any]:
-    """:func:`reducescatter` of a list of NDArrays as one group."""
+    """:func:`reducescatter` of a list of NDArrays as one group.
+
+    Args:
+        tensors: the arrays, each scattered along dim 0 (an empty list is returned as is).
+        op: Average unless given, or Sum.
+        name: one name for the group, identical across ranks (or ``None``).
+        priority: no effect.
+        process_set: the participating ranks; all by default.
+        prescale_factor: scales each input first.
+        postscale_factor: scales each part last.
+
+    Returns:
+        This rank's part of each reduction, one new NDArray per input.
+
+    Raises:
+        CollectiveError: no ``init()`` yet, or the group failed.
+        InvalidArgumentError: a refused op or array, on any rank of the set.
+    """
     tensors = list(tensors)
     if not tensors:
         return tensors
