@@ -50,27 +50,6 @@ ALLOWED: set[str] = {
     "accord.frontend.process_sets.ProcessSet.included",
     "accord.frontend.process_sets.ProcessSet.rank",
     "accord.frontend.process_sets.ProcessSet.size",
-    "accord.mxnet.kvstore.AccordKVStore.broadcast",
-    "accord.mxnet.kvstore.AccordKVStore.init",
-    "accord.mxnet.kvstore.AccordKVStore.is_capable",
-    "accord.mxnet.kvstore.AccordKVStore.load_optimizer_states",
-    "accord.mxnet.kvstore.AccordKVStore.pull",
-    "accord.mxnet.kvstore.AccordKVStore.push",
-    "accord.mxnet.kvstore.AccordKVStore.pushpull",
-    "accord.mxnet.kvstore.AccordKVStore.row_sparse_pull",
-    "accord.mxnet.kvstore.AccordKVStore.save_optimizer_states",
-    "accord.mxnet.kvstore.AccordKVStore.set_gradient_compression",
-    "accord.mxnet.kvstore.AccordKVStore.set_optimizer",
-    "accord.mxnet.kvstore.create",
-    "accord.mxnet.optimizer.DistributedOptimizer.create_state",
-    "accord.mxnet.optimizer.DistributedOptimizer.create_state_multi_precision",
-    "accord.mxnet.optimizer.DistributedOptimizer.set_learning_rate",
-    "accord.mxnet.optimizer.DistributedOptimizer.set_lr_mult",
-    "accord.mxnet.optimizer.DistributedOptimizer.set_wd_mult",
-    "accord.mxnet.optimizer.DistributedOptimizer.update",
-    "accord.mxnet.optimizer.DistributedOptimizer.update_multi_precision",
-    "accord.mxnet.sync_batch_norm.SyncBatchNorm",
-    "accord.mxnet.sync_batch_norm.SyncBatchNorm.hybrid_forward",
     "accord.run.functions.horovod_run.run",
     "accord.run.functions.spawn.SpawnContext",
     "accord.run.functions.spawn.SpawnContext.join",
@@ -291,6 +270,9 @@ def _walk(path, obj, problems, filters, members, *, parent_is_class=False, seen=
         _check_class(path, target, problems, filters)
     elif target.is_function:
         _check_function(path, target, problems, is_method=parent_is_class)
+    elif target.is_attribute and "property" in target.labels:  # griffe makes properties attributes
+        if not target.docstring and not _documented_in_a_base(target):
+            problems[path] = "no docstring"
 
 
 def offenders() -> dict[str, str]:

@@ -93,14 +93,17 @@ class AccordKVStore(mx.kvstore.KVStoreBase):
     # --- properties ---------------------------------------------------------------------------
     @property
     def type(self) -> str:
+        """The type MXNet knows the store by (``'accord'`` or one of Perseus's names)."""
         return TYPES[self.type_name]
 
     @property
     def rank(self) -> int:
+        """This worker's rank, in ``[0, num_workers)``."""
         return int(self._kv.rank)
 
     @property
     def num_workers(self) -> int:
+        """Number of workers in the job."""
         return int(self._kv.num_workers)
 
     @property
@@ -109,19 +112,43 @@ class AccordKVStore(mx.kvstore.KVStoreBase):
         return int(self._kv.local_rank)
 
     def is_capable(self, capability: str) -> bool:
+        """Whether the store can do ``capability`` (MXNet asks for ``'optimizer'``).
+
+        Args:
+            capability: the capability's name, e.g. ``mx.kvstore.KVStoreBase.OPTIMIZER``.
+
+        Returns:
+            True for ``'optimizer'``: updates can run in the store.
+
+        Raises:
+            ValueError: a capability accord does not know.
+        """
         return bool(self._kv.is_capable(capability))
 
     # --- classic and Perseus API --------------------------------------------------------------
     def init(self, key: Any, value: Any, param_only: bool = False) -> None:
         """Initialise keys with rank 0's values; ``param_only`` keys average their pushes and
-        never go through the optimizer (Perseus)."""
+        never go through the optimizer (Perseus).
+
+        Args:
+            key: an int or str key, or a list of them.
+            value: an NDArray per key (sparse ones are stored dense).
+            param_only: Perseus's flag: the keys hold parameters that pushes average.
+        """
         self._kv.init(key, _views(_dense(value), read_view), param_only=param_only)
 
     def push(self, key: Any, value: Any, priority: int = 0, op: str = "sum") -> None:
         """Sum (or ``op='max'|'min'``) the values over devices and workers into the store
         (row_sparse values count as their dense form). With an MXNet optimizer, a row_sparse
         push reaches it as MXNet's stores give it: a row_sparse sum holding every row that some
-        worker's push held, so a lazy update touches exactly those rows."""
+        worker's push held, so a lazy update touches exactly those rows.
+
+        Args:
+            key: one key or a list of keys, initialised before.
+            value: per key, an NDArray or a list of them (one per device), summed first.
+            priority: accepted for MXNet's signature; pushes run in call order.
+            op: ``'sum'`` (the default: the optimizer, if any, runs), ``'max'`` or ``'min'``.
+        """
         if self._mx_updater is not None and op == "sum":
             self._merged_rows.update(self._union_of_rows(key, value))
         try:
@@ -150,7 +177,17 @@ class AccordKVStore(mx.kvstore.KVStoreBase):
 
     def pull(self, key: Any, out: Any = None, priority: int = 0, ignore_sparse: bool = True) -> Any:
         """Copy the stored values into ``out`` (new NDArrays when ``out`` is None); row_sparse
-        NDArrays in ``out`` are left as they are unless ``ignore_sparse`` is False (MXNet)."""
+        NDArrays in ``out`` are left as they are unless ``ignore_sparse`` is False (MXNet).
+
+        Args:
+            key: one key or a list of keys.
+            out: per key, an NDArray or a list of them to write into, or None.
+            priority: MXNet's argument, not used.
+            ignore_sparse: skip row_sparse outputs (MXNet's default).
+
+        Returns:
+            ``out``, written, or the new NDArrays (one per key) when it was None.
+        """
         if out is None:
             fresh = self._kv.pull(key)
             return [to_ndarray(v) for v in fresh] if isinstance(fresh, list) else to_ndarray(fresh)
@@ -158,7 +195,20 @@ class AccordKVStore(mx.kvstore.KVStoreBase):
         return out
 
     def row_sparse_pull(self, key: Any, out: Any = None, priority: int = 0, row_ids: Any = None) -> Any:
-        """Pull only the rows ``row_ids`` (zeros elsewhere) into ``out``, dense or row_sparse."""
+        """Pull only the rows ``row_ids`` (zeros elsewhere) into ``out``, dense or row_sparse.
+
+        Args:
+            key: one key or a list of keys.
+            out: the NDArray(s) to write into; without it nothing is written.
+            priority: ignored.
+            row_ids: an NDArray of row indices, or one per output.
+
+        Returns:
+            ``out``.
+
+        Raises:
+            ValueError: ``out`` or ``row_ids`` is missing, or they do not pair up.
+        """
         ids = _views(_dense(row_ids), read_view) if row_ids is not None else None
         if out is None:
             self._kv.row_sparse_pull(key, None, priority, row_ids=ids)
@@ -174,17 +224,41 @@ class AccordKVStore(mx.kvstore.KVStoreBase):
 
     # --- MXNet's KVStoreBase ------------------------------------------------------------------
     def broadcast(self, key: Any, value: Any, out: Any, priority: int = 0) -> None:
-        """Initialise ``key`` with rank 0's ``value`` and write it into ``out`` everywhere."""
+        """Initialise ``key`` with rank 0's ``value`` and write it into ``out`` everywhere.
+
+        Args:
+            key: a key or a list of keys, not initialised yet.
+            value: the initial value(s); rank 0's win.
+            out: the NDArray(s) that receive rank 0's value on every worker.
+            priority: unused (MXNet's).
+        """
         self.init(key, value)
         self.pull(key, out, priority)
 
     def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0) -> None:
-        """Push ``value``, then pull into ``out`` (into ``value`` when ``out`` is None)."""
+        """Push ``value``, then pull into ``out`` (into ``value`` when ``out`` is None).
+
+        Args:
+            key: a key or a list of keys.
+            value: what to push (summed over devices and workers).
+            out: where the result goes; None: back into ``value``.
+            priority: kept for MXNet's signature.
+        """
         self.push(key, value, priority)
         self.pull(key, value if out is None else out, priority)
 
     def set_optimizer(self, optimizer: Any) -> None:
-        """Apply an MXNet optimizer (or an accord.kvstore one) to every later sum push."""
+        """Apply an optimizer to every later sum push.
+
+        Args:
+            optimizer: an ``mx.optimizer.Optimizer`` (run on every worker, on the same summed
+                gradient) or one from ``accord.kvstore.optimizers`` (run where the values are
+                stored, on the servers too).
+
+        Raises:
+            ValueError: an MXNet optimizer in a job with parameter servers (they run accord's
+                optimizers only).
+        """
         if not isinstance(optimizer, mx.optimizer.Optimizer):
             self._kv.set_optimizer(optimizer)
             self._mx_updater = None
@@ -229,7 +303,15 @@ class AccordKVStore(mx.kvstore.KVStoreBase):
         return self._mx_updater
 
     def save_optimizer_states(self, fname: str, dump_optimizer: bool = False) -> None:
-        """Write the optimizer state (MXNet's updater format for MXNet optimizers)."""
+        """Write the optimizer state (MXNet's updater format for MXNet optimizers).
+
+        Args:
+            fname: the file to write.
+            dump_optimizer: also write the optimizer itself, so that loading restores it.
+
+        Raises:
+            ValueError: the store runs a Python updater (``_set_updater``), which has no state.
+        """
         if self._mx_updater is None:
             self._kv.save_optimizer_states(fname, dump_optimizer)
             return
@@ -238,7 +320,14 @@ class AccordKVStore(mx.kvstore.KVStoreBase):
             f.write(states)
 
     def load_optimizer_states(self, fname: str) -> None:
-        """Load a state written by :meth:`save_optimizer_states`."""
+        """Load a state written by :meth:`save_optimizer_states`.
+
+        Args:
+            fname: the file :meth:`save_optimizer_states` wrote.
+
+        Raises:
+            ValueError: the store runs a stateless Python updater.
+        """
         if self._mx_updater is None:
             self._kv.load_optimizer_states(fname)
             return
@@ -256,7 +345,14 @@ class AccordKVStore(mx.kvstore.KVStoreBase):
         return self._mx_updater
 
     def set_gradient_compression(self, compression_params: dict) -> None:
-        """2-bit compression of pushes: ``{'type': '2bit', 'threshold': t}``."""
+        """Compress later pushes with MXNet's 2-bit scheme.
+
+        Args:
+            compression_params: ``{'type': '2bit', 'threshold': t}``, ``t > 0``.
+
+        Raises:
+            ValueError: parameters accord's store does not accept.
+        """
         self._kv.set_gradient_compression(compression_params)
 
     def __getstate__(self) -> Any:
@@ -295,6 +391,12 @@ def _route_create_kvstore() -> None:
 def create(name: str = "dist_sync_perseus") -> Any:
     """Perseus's ``perseus_kv.create(name)``: accord's store for ``'accord'``, the
     ``'dist_sync*'`` and ``'dist_sync_perseus'`` types; MXNet's own for ``'local'`` / ``'device'``.
+
+    Args:
+        name: the store type, case-insensitive (Perseus's default ``'dist_sync_perseus'``).
+
+    Returns:
+        An ``mx.kvstore`` store, made by ``mx.kv.create``.
 
     Raises:
         ValueError: a type neither accord nor MXNet knows.

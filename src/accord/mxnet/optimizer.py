@@ -70,9 +70,27 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
             setattr(self._optimizer, item, value)
 
     def create_state(self, index: Any, weight: Any) -> Any:
+        """The wrapped optimizer's ``create_state`` (no communication).
+
+        Args:
+            index: the weight's index (or name), as MXNet passes it.
+            weight: the weight NDArray.
+
+        Returns:
+            The wrapped optimizer's state for that weight.
+        """
         return self._optimizer.create_state(index, weight)
 
     def create_state_multi_precision(self, index: Any, weight: Any) -> Any:
+        """The wrapped optimizer's ``create_state_multi_precision``, unchanged.
+
+        Args:
+            index: which weight, as in :meth:`create_state`.
+            weight: the (possibly float16) weight.
+
+        Returns:
+            The state, float32 master weights included where the wrapped optimizer keeps them.
+        """
         return self._optimizer.create_state_multi_precision(index, weight)
 
     def _do_allreduce(self, index: Any, grad: Any) -> None:
@@ -83,19 +101,60 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
         sum_gradients(indices, grads, self._gradient_predivide_factor, self._process_set)
 
     def update(self, index: Any, weight: Any, grad: Any, state: Any) -> None:
+        """Sum ``grad`` over the process set (in place), then run the wrapped optimizer's update.
+
+        Nothing is communicated on one rank, or on a rank outside the set.
+
+        Args:
+            index: the weight's index, or a list of them (one allreduce per gradient).
+            weight: the weight(s), updated in place.
+            grad: the gradient(s), overwritten with the sum over the ranks (scaled by
+                ``rescale_grad``, which already holds ``predivide / size``).
+            state: what :meth:`create_state` returned.
+
+        Raises:
+            CollectiveError: the allreduce failed (also an MXNetError).
+        """
         self._do_allreduce(index, grad)
         self._optimizer.update(index, weight, grad, state)
 
     def update_multi_precision(self, index: Any, weight: Any, grad: Any, state: Any) -> None:
+        """:meth:`update` for mixed precision: the same allreduce, then the wrapped optimizer's
+        ``update_multi_precision``.
+
+        Args:
+            index: the weight's index or indices.
+            weight: float16 or float32 weight(s), updated in place.
+            grad: the gradient(s), summed over the ranks in place first.
+            state: from :meth:`create_state_multi_precision`.
+
+        Raises:
+            CollectiveError: the gradients' allreduce failed.
+        """
         self._do_allreduce(index, grad)
         self._optimizer.update_multi_precision(index, weight, grad, state)
 
     def set_learning_rate(self, lr: float) -> None:
+        """Set the wrapped optimizer's learning rate.
+
+        Args:
+            lr: the new learning rate.
+        """
         self._optimizer.set_learning_rate(lr)
 
     def set_lr_mult(self, args_lr_mult: dict) -> None:
+        """Set per-parameter learning-rate multipliers on the wrapped optimizer.
+
+        Args:
+            args_lr_mult: parameter name to multiplier.
+        """
         self._optimizer.set_lr_mult(args_lr_mult)
 
     def set_wd_mult(self, args_wd_mult: dict) -> None:
+        """Set per-parameter weight-decay multipliers on the wrapped optimizer.
+
+        Args:
+            args_wd_mult: a dict from parameter name to weight-decay multiplier.
+        """
         self._optimizer.set_wd_mult(args_wd_mult)
 

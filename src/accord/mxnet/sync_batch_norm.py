@@ -92,7 +92,22 @@ class _SyncBatchNormFunction(mx.autograd.Function):
 class SyncBatchNorm(mx.gluon.nn.BatchNorm):
     """``gluon.nn.BatchNorm`` whose training statistics cover the batches of every rank in
     ``comm_scope`` (0 = this host, Perseus's default; 1 = every rank). Same arguments as
-    BatchNorm otherwise."""
+    BatchNorm otherwise.
+
+    Args:
+        axis: the channel axis.
+        momentum: the running statistics' decay (MXNet's convention: the weight of the old value).
+        epsilon: added to the variance for numerical stability.
+        center: learn a per-channel shift (beta).
+        scale: learn a per-channel scale (gamma).
+        use_global_stats: normalize with the running statistics, also in training (then nothing
+            is synchronized).
+        comm_scope: 0 or ``'local'`` (the ranks of this host), 1 or ``'global'`` (every rank).
+        **kwargs: passed to ``gluon.nn.BatchNorm`` (e.g. ``in_channels``, initializers).
+
+    Raises:
+        ValueError: another ``comm_scope``.
+    """
 
     def __init__(self, axis: int = 1, momentum: float = 0.9, epsilon: float = 1e-5,
                  center: bool = True, scale: bool = True, use_global_stats: bool = False,
@@ -115,6 +130,22 @@ class SyncBatchNorm(mx.gluon.nn.BatchNorm):
 
     def hybrid_forward(self, F: Any, x: Any, gamma: Any, beta: Any, running_mean: Any,
                        running_var: Any) -> Any:
+        """Gluon's forward: in training, normalize with the statistics of every rank's batch.
+
+        BatchNorm's own forward runs when hybridized (``F`` is not ``mx.nd``), with
+        ``use_global_stats``, outside training, before ``init()`` or on a set of one rank.
+
+        Args:
+            F: ``mx.nd`` or ``mx.sym``, as Gluon passes it.
+            x: the input batch.
+            gamma: the per-channel scale.
+            beta: the per-channel shift.
+            running_mean: the running mean, updated in training.
+            running_var: the running variance, updated in training.
+
+        Returns:
+            The normalized batch.
+        """
         if (F is not mx.nd or self.use_global_stats or not mx.autograd.is_training()
                 or not queries.is_initialized() or self.process_set.size() == 1):
             return super().hybrid_forward(F, x, gamma, beta, running_mean, running_var)
