@@ -135,7 +135,13 @@ class DistributedSampler(Sampler[int]):
         return torch.randperm(self.dataset_len, generator=gen).tolist()
 
     def shard(self) -> list[int]:
-        """Every index this rank reads in the current epoch, in order (ignores the resume point)."""
+        """This rank's indices for the current epoch.
+
+        Returns:
+            Every index this rank reads in the epoch, in order (the resume point is ignored):
+            a strided share of the (shuffled, padded) permutation, or, with a work-load list,
+            this rank's consecutive slice of it.
+        """
         perm = self._permutation()
         if self.work_load_list is not None:
             begin, end = self._bounds[self.rank]
@@ -159,7 +165,14 @@ class DistributedSampler(Sampler[int]):
         return self.num_samples - (self._pending_start or 0)
 
     def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch (re-seeds the shuffle). A new epoch drops any pending resume point."""
+        """Choose the epoch (re-seeds the shuffle). A new epoch drops any pending resume point.
+
+        Args:
+            epoch: the epoch number, the same on every rank.
+
+        Raises:
+            ValueError: ``epoch`` is not an int >= 0.
+        """
         if not _is_int(epoch) or epoch < 0:
             raise ValueError(f"epoch must be an int >= 0; got {epoch!r}.\nHINT: pass the loop counter.")
         if epoch != self.epoch:
@@ -173,6 +186,11 @@ class DistributedSampler(Sampler[int]):
 
         A DataLoader with worker processes reads ahead of the training loop; when that matters,
         overwrite ``start_index`` with the number of samples this rank actually consumed.
+
+        Returns:
+            ``epoch``, ``start_index``, and what the shard depends on (``seed``, ``shuffle``,
+            ``drop_last``, ``num_replicas``, ``rank``, ``dataset_len``, ``work_load_list``),
+            which :meth:`load_state_dict` checks.
         """
         return {
             "epoch": self.epoch,
@@ -191,6 +209,9 @@ class DistributedSampler(Sampler[int]):
 
         Equal shards advance in lock-step, so every rank may load rank 0's state; weighted shards
         differ per rank, so each rank must load its own.
+
+        Args:
+            state: what :meth:`state_dict` returned (on this rank, or rank 0 for equal shards).
 
         Raises:
             ValueError: the state was made with a different dataset size, world size, seed,

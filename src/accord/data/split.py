@@ -49,10 +49,14 @@ def slice_bounds(batch_size: int, work_load_list: Sequence[float]) -> list[tuple
     Args:
         batch_size: number of rows (samples) in the batch, >= 0.
         work_load_list: one positive weight per share.
+
     Returns:
         One ``(begin, end)`` per weight; consecutive, non-empty, covering ``[0, batch_size)``.
+
     Raises:
-        ValueError: a bad weight list, or more shares than rows so that one would be empty.
+        ValueError: a bad ``batch_size`` or weight list, or more shares than rows so that one
+            would be empty.
+
     Example:
         >>> slice_bounds(10, [1, 1, 1])
         [(0, 3), (3, 6), (6, 10)]
@@ -106,8 +110,17 @@ def split_batch(batch: Any, work_load_list: Sequence[float]) -> list[Any]:
     samples (shares of the same type), or a mapping of such (every value split the same way,
     e.g. ``{"data": x, "label": y}``; the values must agree on the batch size).
 
+    Args:
+        batch: a tensor, numpy array, list, tuple, or a mapping of those.
+        work_load_list: one positive weight per share (MXNet's rule, see :func:`slice_bounds`).
+
+    Returns:
+        One share per weight, in order: the same type as ``batch`` (dicts for a mapping).
+
     Raises:
-        ValueError: bad weights, empty shares, or mapping values of different batch sizes.
+        ValueError: bad weights, empty shares, a batch with no first dimension, or mapping
+            values of different batch sizes.
+
     Example:
         >>> split_batch(list(range(6)), [2, 1])
         [[0, 1, 2, 3], [4, 5]]

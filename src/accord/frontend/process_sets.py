@@ -28,6 +28,12 @@ class ProcessSet:
 
     Build it from a list of ranks (or an mpi4py communicator when running under MPI), then pass
     it to ``hvd.init(process_sets=[...])`` or ``hvd.add_process_set``.
+
+    Args:
+        ranks_or_comm: global ranks, in any order (kept sorted), or an mpi4py communicator.
+
+    Raises:
+        ValueError: neither a list of int ranks nor an mpi4py communicator (Horovod's message).
     """
 
     process_set_id: int | None = None
@@ -54,16 +60,27 @@ class ProcessSet:
         self.process_set_id = None
 
     def size(self) -> int | None:
-        """Number of ranks in the set, or None while it is not registered."""
+        """Number of ranks in the set.
+
+        Returns:
+            The member count, or None while the set is not registered.
+
+        Raises:
+            ValueError: accord is not initialized.
+        """
         if self.process_set_id is None:
             return None
         return len(queries.process_set_members(self.process_set_id))
 
     def rank(self) -> int | None:
-        """This process's rank within the set, or None while it is not registered.
+        """This process's rank within the set.
+
+        Returns:
+            Its index among the set's members (ascending global ranks), or None while the set
+            is not registered.
 
         Raises:
-            ValueError: this process is not in the set.
+            ValueError: this process is not in the set, or accord is not initialized.
         """
         if self.process_set_id is None:
             return None
@@ -74,8 +91,15 @@ class ProcessSet:
         return members.index(me)
 
     def included(self) -> bool | None:
-        """Whether this process belongs to the set; None while the set is not registered
-        (as in Horovod: an unregistered set has no members yet, whatever ranks it names)."""
+        """Whether this process belongs to the set.
+
+        Returns:
+            True or False; None while the set is not registered (as in Horovod: an unregistered
+            set has no members yet, whatever ranks it names).
+
+        Raises:
+            ValueError: the engine is not initialized.
+        """
         if self.process_set_id is None:
             return None
         return queries.rank() in queries.process_set_members(self.process_set_id)
