@@ -60,7 +60,44 @@ def run(
     max_np: int | None = None,
 ) -> list[Any]:
     """Run ``func(*args, **kwargs)`` on ``num_proc`` workers of this host; return their results
-    in rank order (see the module doc for what each argument does here).
+    in rank order.
+
+    The signature is horovod.run's (Horovod 0.28). What concerns other hosts, elastic jobs or
+    MPI is refused with a ConfigError and a HINT to start a script with accordrun; the ssh,
+    cache, timeout and interface settings concern remote starts and change nothing here.
+
+    Args:
+        func: the function each worker runs (one it cannot import, a lambda or a notebook's,
+            is sent by value with cloudpickle).
+        args: its positional arguments.
+        kwargs: its keyword arguments.
+        num_proc: how many workers (ranks), at least 1.
+        min_num_proc: elastic: refused (ConfigError).
+        max_num_proc: elastic: refused as well.
+        slots: accepted; ``hosts``/``hostfile`` give this host's slots.
+        reset_limit: elastic, refused.
+        cooldown_range: elastic, refused too.
+        hosts: ``"localhost:4"``-style list; it may name this host only, and bounds the
+            workers to its slots.
+        hostfile: a hostfile with the same meaning (not together with ``hosts``).
+        start_timeout: accepted; no effect on this host.
+        ssh_port: accepted; nothing is started over ssh.
+        ssh_identity_file: accepted, unused (no ssh).
+        disable_cache: accepted; no effect.
+        output_filename: also write each worker's output to ``<output_filename>/rank.N/stdout``
+            and ``stderr``, as accordrun's flag does.
+        verbose: accepted; no effect.
+        use_gloo: accepted (accord picks its own transport); not with ``use_mpi``.
+        use_mpi: True is refused (accord starts its own workers).
+        mpi_args: refused when given (no mpirun here).
+        network_interface: accepted; no effect on one host.
+        executable: must be this Python (``sys.executable``) when given; another is refused.
+        np: deprecated spelling of ``num_proc`` (DeprecationWarning).
+        min_np: deprecated spelling of ``min_num_proc``.
+        max_np: deprecated spelling of ``max_num_proc``.
+
+    Returns:
+        Each worker's return value, in rank order.
 
     Raises:
         ValueError: both ``hosts`` and ``hostfile``, or both ``use_gloo`` and ``use_mpi``.

@@ -143,6 +143,14 @@ class SpawnContext:
     ``join()`` waits (True when every worker finished, False on timeout) and raises
     :class:`WorkerFailedError` on the first failure; ``results`` holds the return values in
     rank order once ``join()`` returned True.
+
+    Made by ``spawn(..., join=False)``; its arguments are spawn's internals.
+
+    Args:
+        processes: the worker processes, in rank order.
+        conns: per worker, the pipe its result or error comes back on.
+        store: the job's rendezvous store, closed with the context (None when there is none).
+        supervisor: what stops the remaining workers after a failure.
     """
 
     def __init__(self, processes: Sequence[Any], conns: Sequence[Any],
@@ -155,11 +163,25 @@ class SpawnContext:
         self.results: list[Any] | None = None
 
     def pids(self) -> list[int]:
-        """Process ids of the workers, in rank order."""
+        """The workers' process ids.
+
+        Returns:
+            One pid per worker, in rank order.
+        """
         return [p.pid for p in self.processes]
 
     def join(self, timeout: float | None = None) -> bool:
-        """Wait for the workers; see the class docstring."""
+        """Wait for the workers.
+
+        Args:
+            timeout: seconds to wait at most; None: until every worker finished.
+
+        Returns:
+            True when every worker finished (``results`` is then set), False on timeout.
+
+        Raises:
+            WorkerFailedError: a worker raised or died (the others are stopped first).
+        """
         if self.results is not None:
             return True
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -258,6 +280,10 @@ def spawn(
             ``rank.N/stdout`` and ``rank.N/stderr`` there, as accordrun's flag), ``prefix_output``
             (True: each worker's console lines start ``[rank]<stdout>:``), and the tuning
             flags of accordrun with underscores (``fusion_threshold_mb``, ...).
+
+    Returns:
+        With ``join=True``, the workers' return values in rank order; with ``join=False``, the
+        :class:`SpawnContext` of the running workers.
 
     Raises:
         WorkerFailedError: a worker raised or died (first failure; the others are stopped).
