@@ -186,7 +186,7 @@ class AccordKVStore(mx.kvstore.KVStoreBase):
             ignore_sparse: skip row_sparse outputs (MXNet's default).
 
         Returns:
-            ``out``, written, or the new NDArrays (one per key) when it was None.
+            ``out``, written; when it was None, a new NDArray (a list of them for a list of keys).
         """
         if out is None:
             fresh = self._kv.pull(key)
@@ -199,7 +199,7 @@ class AccordKVStore(mx.kvstore.KVStoreBase):
 
         Args:
             key: one key or a list of keys.
-            out: the NDArray(s) to write into; without it nothing is written.
+            out: the NDArray(s) to write into (required: None is refused).
             priority: ignored.
             row_ids: an NDArray of row indices, or one per output.
 

@@ -108,8 +108,9 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
         Args:
             index: the weight's index, or a list of them (one allreduce per gradient).
             weight: the weight(s), updated in place.
-            grad: the gradient(s), overwritten with the sum over the ranks (scaled by
-                ``rescale_grad``, which already holds ``predivide / size``).
+            grad: the gradient(s), overwritten with their sum over the ranks (each divided by
+                ``gradient_predivide_factor`` first; the wrapped optimizer's ``rescale_grad``,
+                multiplied by ``predivide / size`` at construction, makes it an average).
             state: what :meth:`create_state` returned.
 
         Raises:
