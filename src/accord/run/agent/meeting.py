@@ -39,7 +39,7 @@ LOST_AFTER_S = 5.0  # an agent whose heartbeat stood still this long is lost
 _POLL = 0.1
 
 
-class AgentError(Exception):
+class AgentError(LaunchError):
     """An agent cannot go on; ``code`` is its exit status (2: the agents disagree on the job)."""
 
     def __init__(self, message: str, code: int = 1) -> None:
