@@ -140,6 +140,9 @@ def test_accord_launcher_store_gets_a_check_in(clean_env):
           "ACCORD_STORE_PORT": "1"}, "no job secret"),
         ({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "localhost",
           "MASTER_PORT": "1"}, "ACCORD_JOB_SECRET"),
+        # no MASTER_PORT: the step's own port; the HINT says how to give srun's tasks a secret
+        ({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_JOB_ID": "7",
+          "SLURM_STEP_ID": "1"}, r"(?s)under srun .* at n1:20071 .*HINT: export ACCORD_JOB_SECRET=.* before srun"),
         ({"RANK": "0", "WORLD_SIZE": "2"}, "MASTER_ADDR"),
     ],
 )
