@@ -152,3 +152,18 @@ def test_missing_secret_or_address_fails_clearly(clean_env, environ, text):
     with pytest.raises(RendezvousError, match=text) as info:
         bootstrap(timeout=1)
     assert "HINT:" in str(info.value)
+
+
+def test_a_taken_store_port_under_slurm_says_to_set_master_port(clean_env):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        for key, value in {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "localhost",
+                           "MASTER_PORT": str(port), "ACCORD_JOB_SECRET": "ab" * 32}.items():
+            clean_env.setenv(key, value)
+        with pytest.raises(RendezvousError, match=rf"(?s)rank 0 \(under slurm\) could not start the job's "
+                                                  rf"store: .*127.0.0.1:{port}.*HINT: set MASTER_PORT"):
+            bootstrap(timeout=1)

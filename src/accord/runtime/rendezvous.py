@@ -237,7 +237,14 @@ def _rank0_via_master(env: envs.JobEnvironment, secret: bytes | None,
         addr = "127.0.0.1"
     if env.rank == 0:
         bind = "127.0.0.1" if single else _bind_host(reach.interface)
-        server = StoreServer(bind, port, secret).start()
+        try:
+            server = StoreServer(bind, port, secret).start()
+        except RendezvousError as exc:
+            reason = str(exc).splitlines()[0]  # the server's own hint is about ports in general
+            raise RendezvousError(with_hint(
+                f"rank 0 (under {env.source}) could not start the job's store: {reason}",
+                f"set MASTER_PORT to a free port on {addr} for every rank (under srun: export it "
+                "before srun), or launch with accordrun")) from None
     try:
         client = reach.client(addr, port, secret)
     except BaseException:
