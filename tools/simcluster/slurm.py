@@ -33,7 +33,7 @@ from typing import Any, Mapping
 
 from .cluster import Cluster, terminate
 
-PROGRAMS = ("munged", "slurmctld", "slurmd", "srun", "sinfo", "scontrol")
+PROGRAMS = ("munged", "slurmctld", "slurmd", "srun", "sinfo", "squeue")
 # slurmd 22.05 loads its cgroup plugin whatever the proctrack and task plugins; "autodetect"
 # fails in a host, whose /sys is the fresh sysfs of `ip netns exec` (an empty /sys/fs/cgroup).
 # Named explicitly, cgroup/v1 loads, and with proctrack/linuxproc and task/none nothing asks
