@@ -15,6 +15,9 @@ command -v mpirun >/dev/null 2>&1 || need+=(openmpi-bin libopenmpi-dev)
 command -v ssh >/dev/null 2>&1 || need+=(openssh-client)
 command -v tc >/dev/null 2>&1 && command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v rsync >/dev/null 2>&1 || need+=(rsync)
+# - slurm-wlm and munge for tests/cluster/test_cluster_slurm.py, which runs its own munged,
+#   slurmctld and one slurmd per simulated host (the packages' services are not started)
+[ -x /usr/sbin/slurmd ] && [ -x /usr/sbin/munged ] || need+=(slurm-wlm munge)
 # - Chromium, headless, for tests/docs/test_docs_site.py: it opens the built docs site as a reader would
 command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || need+=(chromium)
 if [ ${#need[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1; then

@@ -162,13 +162,7 @@ def test_mpijob_over_ssh_on_port_2222_from_a_launcher_outside_the_hostfile(make_
 def _rsh_agent(cluster, folder: Path) -> str:
     """A stand-in for the operator's kubexec.sh: ``agent HOST SCRIPT`` runs SCRIPT inside HOST's
     namespaces (nsenter, no ssh), stdin passed through."""
-    cases = "".join(f"  {name}) pid={cluster.hosts[name].pid} ;;\n" for name in WORKERS)
-    agent = folder / "kubexec.sh"
-    agent.write_text("#!/bin/sh\nhost=$1; shift\ncase $host in\n" + cases +
-                     "  *) echo \"kubexec: no pod $host\" >&2; exit 1 ;;\nesac\n"
-                     "exec nsenter --target=$pid --net --uts --mount -- sh -c \"$1\"\n")
-    agent.chmod(0o755)
-    return str(agent)
+    return cluster.write_rsh_agent(str(folder / "kubexec.sh"), WORKERS)
 
 
 def test_mpijob_through_a_stand_in_rsh_agent_runs_and_reports_a_killed_worker(make_cluster):

@@ -140,6 +140,9 @@ def test_accord_launcher_store_gets_a_check_in(clean_env):
           "ACCORD_STORE_PORT": "1"}, "no job secret"),
         ({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "localhost",
           "MASTER_PORT": "1"}, "ACCORD_JOB_SECRET"),
+        # no MASTER_PORT: the step's own port; the HINT says how to give srun's tasks a secret
+        ({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_JOB_ID": "7",
+          "SLURM_STEP_ID": "1"}, r"(?s)under srun .* at n1:20071 .*HINT: export ACCORD_JOB_SECRET=.* before srun"),
         ({"RANK": "0", "WORLD_SIZE": "2"}, "MASTER_ADDR"),
     ],
 )
@@ -149,3 +152,18 @@ def test_missing_secret_or_address_fails_clearly(clean_env, environ, text):
     with pytest.raises(RendezvousError, match=text) as info:
         bootstrap(timeout=1)
     assert "HINT:" in str(info.value)
+
+
+def test_a_taken_store_port_under_slurm_says_to_set_master_port(clean_env):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        for key, value in {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "localhost",
+                           "MASTER_PORT": str(port), "ACCORD_JOB_SECRET": "ab" * 32}.items():
+            clean_env.setenv(key, value)
+        with pytest.raises(RendezvousError, match=rf"(?s)rank 0 \(under slurm\) could not start the job's "
+                                                  rf"store: .*127.0.0.1:{port}.*HINT: set MASTER_PORT"):
+            bootstrap(timeout=1)

@@ -87,6 +87,18 @@ def test_slurm_with_compressed_lists():
     assert detect(job_only).nodes == ("a", "b")
 
 
+def test_slurm_step_without_master_port_gets_the_steps_own_port():
+    step = {**SLURM, "SLURM_JOB_ID": "123456", "SLURM_STEP_ID": "3"}
+    assert detect(step).store_port == 20000 + 10 * 456 + 3  # the same on every task of the step
+    other_step = detect({**step, "SLURM_STEP_ID": "4"}).store_port
+    other_job = detect({**step, "SLURM_JOB_ID": "123457"}).store_port
+    assert len({detect(step).store_port, other_step, other_job}) == 3
+    assert detect({**step, "SLURM_STEP_ID": ""}).store_port == 20000 + 10 * 456  # a batch script
+    assert detect({**step, "MASTER_PORT": "1234"}).store_port == 1234  # MASTER_PORT wins
+    with pytest.raises(ConfigError, match=r"(?s)SLURM_JOB_ID='x1' is not an integer.*HINT"):
+        detect({**step, "SLURM_JOB_ID": "x1"})
+
+
 @pytest.mark.parametrize(
     "layers, expected",
     [

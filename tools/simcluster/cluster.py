@@ -257,6 +257,20 @@ class Cluster:
         return subprocess.run(self.command(name, argv, cwd), env=dict(env or self.env()), input=input,
                               capture_output=True, text=True, timeout=timeout, check=False)
 
+    def write_rsh_agent(self, path: str, names: Sequence[str] | None = None) -> str:
+        """Write a stand-in for the MPI Operator's ``kubexec.sh`` at ``path``: ``agent HOST ARGS...``
+        runs ARGS, joined into one command (``sh -c "$*"``, as kubexec.sh), inside HOST's namespaces
+        through nsenter (no ssh), stdin passed through; a host not in ``names`` (default all) is
+        refused. Returns ``path``. The pids it names are the hosts' of now: write it again after
+        :meth:`start_host`."""
+        cases = "".join(f"  {shlex.quote(name)}) pid={self.hosts[name].pid} ;;\n" for name in names or self.hosts)
+        with open(path, "w", encoding="ascii") as fh:
+            fh.write("#!/bin/sh\nhost=$1; shift\ncase $host in\n" + cases +
+                     "  *) echo \"kubexec: no pod $host\" >&2; exit 1 ;;\nesac\n"
+                     "exec nsenter --target=$pid --net --uts --mount -- sh -c \"$*\"\n")
+        os.chmod(path, 0o755)
+        return path
+
     # --- inspection ------------------------------------------------------------------------------
     def processes(self, name: str) -> list[tuple[int, str]]:
         """``(pid, command line)`` of every process on host ``name`` except its sshd."""

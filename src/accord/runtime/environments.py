@@ -11,7 +11,8 @@ order; the first that recognises its variables wins:
 3. ``openmpi``  - OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE.
 4. ``mpich``    - MPICH / Intel MPI (Hydra): PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS.
 5. ``slurm``    - SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID, SLURM_TASKS_PER_NODE,
-   SLURM_STEP_NODELIST / SLURM_JOB_NODELIST (compressed lists such as ``node[01-03],x``).
+   SLURM_STEP_NODELIST / SLURM_JOB_NODELIST (compressed lists such as ``node[01-03],x``);
+   rank 0's store is on the step's first node, at MASTER_PORT or :func:`slurm_step_port`.
    After the MPI detectors: ``mpirun`` inside an allocation sees SLURM_* of the allocation.
 6. ``single``   - nothing set: one process, rank 0 of 1.
 
@@ -142,12 +143,13 @@ def detect_from(names: LauncherVariables, env: Mapping[str, str]) -> JobEnvironm
     local_rank, local_size = (_int(env, name) if name else None for name in names.local)
     fields = {"local_rank": local_rank, "local_size": local_size}
     extra = names.extra(env) if names.extra else {}
-    # MASTER_ADDR/PORT win when set; an extra "store_addr" is the launcher's fallback address.
-    fallback = extra.pop("store_addr", None)
+    # MASTER_ADDR/PORT win when set; an extra "store_addr"/"store_port" is the launcher's fallback.
+    fallback = {key: extra.pop(key, None) for key in ("store_addr", "store_port")}
     fields.update(extra)
     fields.update(_master(env))
-    if fields["store_addr"] is None:
-        fields["store_addr"] = fallback
+    for key, value in fallback.items():
+        if fields[key] is None:
+            fields[key] = value
     return JobEnvironment(source=names.source, rank=rank, size=size, rendezvous=names.rendezvous,
                           **fields, **_common(env))
 
@@ -189,9 +191,33 @@ def _slurm_extra(env: Mapping[str, str]) -> dict:
         counts = expand_tasks_per_node(per_node)
         if node_rank < len(counts):
             local_size = counts[node_rank]
-    # Without MASTER_ADDR, rank 0's store runs on the first node of the step.
+    # Without MASTER_ADDR/MASTER_PORT, rank 0's store runs on the first node of the step, on the
+    # step's own port (every task computes the same one; steps running at once differ).
     return {"nodes": nodes, "node_rank": node_rank, "local_size": local_size,
-            "store_addr": nodes[0] if nodes else None}
+            "store_addr": nodes[0] if nodes else None, "store_port": slurm_step_port(env)}
+
+
+SLURM_PORT_BASE = 20000  # below Linux's ephemeral range (32768-60999)
+
+
+def slurm_step_port(env: Mapping[str, str]) -> int | None:
+    """The store port of an ``srun`` step without MASTER_PORT: ``20000 + 10 * (job id mod 1000) +
+    (step id mod 10)``, the same on every task of the step; None outside a SLURM job.
+
+    Args:
+        env: the environment (``SLURM_JOB_ID``, ``SLURM_STEP_ID``; a batch script's step counts as 0).
+
+    Returns:
+        A port in 20000..29999, or None when ``SLURM_JOB_ID`` is not set.
+
+    Raises:
+        ConfigError: ``SLURM_JOB_ID`` or ``SLURM_STEP_ID`` is set but not an integer.
+    """
+    job = _int(env, "SLURM_JOB_ID")
+    if job is None:
+        return None
+    step = _int(env, "SLURM_STEP_ID") or 0
+    return SLURM_PORT_BASE + 10 * (job % 1000) + step % 10
 
 
 # torchrun / torch.distributed.launch, or any env:// job that sets RANK and WORLD_SIZE.

@@ -215,6 +215,14 @@ def _agreed_secret(store: dist.Store, prefix: str) -> bytes:
 def _rank0_via_master(env: envs.JobEnvironment, secret: bytes | None,
                       reach: _Reach) -> Rendezvous:
     addr, port = _need_master(env)
+    if secret is None and env.source == "slurm":
+        raise RendezvousError(with_hint(
+            f"rank {env.rank}: under srun without accordrun, rank 0 hosts the store at {addr}:{port} "
+            "(the step's first node) and every rank needs the job secret, but none is set",
+            "export ACCORD_JOB_SECRET=$(python -c 'import secrets; print(secrets.token_hex(32))') "
+            "before srun (srun passes the environment to every task), or ACCORD_SECRET_FILE=PATH of a "
+            "0600 file on the shared file system; or run one agent per node: srun --ntasks-per-node 1 "
+            "accordrun --nproc-per-node P ..."))
     if secret is None:
         raise RendezvousError(with_hint(
             f"rank {env.rank}: under {env.source} without accordrun and without mpi4py, rank 0 "
@@ -229,7 +237,14 @@ def _rank0_via_master(env: envs.JobEnvironment, secret: bytes | None,
         addr = "127.0.0.1"
     if env.rank == 0:
         bind = "127.0.0.1" if single else _bind_host(reach.interface)
-        server = StoreServer(bind, port, secret).start()
+        try:
+            server = StoreServer(bind, port, secret).start()
+        except RendezvousError as exc:
+            reason = str(exc).splitlines()[0]  # the server's own hint is about ports in general
+            raise RendezvousError(with_hint(
+                f"rank 0 (under {env.source}) could not start the job's store: {reason}",
+                f"set MASTER_PORT to a free port on {addr} for every rank (under srun: export it "
+                "before srun), or launch with accordrun")) from None
     try:
         client = reach.client(addr, port, secret)
     except BaseException:

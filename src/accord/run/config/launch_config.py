@@ -245,7 +245,7 @@ def _ssh(ns: argparse.Namespace, environ: Mapping[str, str]) -> SshOptions:
                                     "pass the path of your private key, e.g. ~/.ssh/id_ed25519"))
     return SshOptions(port=flag_values.port(ns.ssh_port, "-p/--ssh-port") or None, identity_file=ns.ssh_identity_file,
                       strict_host_key_checking=ns.ssh_strict_host_key_checking,
-                      rsh_agent=mpi_operator.rsh_agent(environ))
+                      rsh_agent=mpi_operator.rsh_agent(environ), extra_args=mpi_operator.rsh_args(environ))
 
 
 def _interface(ns: argparse.Namespace, configured: str | None) -> tuple[str | None, str | None]:

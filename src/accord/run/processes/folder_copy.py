@@ -1,7 +1,8 @@
 """``accordrun --sync-dst-dir DIR``: copy the working directory to every host before the job.
 
 As MXNet's ``tools/launch.py --sync-dst-dir``: the launcher's working directory is copied with
-``rsync`` over the same ssh (port, identity, host-key policy) to ``DIR`` on every remote host of
+``rsync`` over the same ssh (port, identity, host-key policy, ``OMPI_MCA_plm_rsh_args``; or the
+MPI Operator's rsh agent, as ``rsync -e AGENT``) to ``DIR`` on every remote host of
 the job, and to ``DIR`` on this host when it runs workers and ``DIR`` is elsewhere; then every
 worker and parameter server runs from ``DIR``. Files already in ``DIR`` that the source lacks
 are kept (rsync without ``--delete``). The copies run side by side, one per host. An elastic
@@ -109,9 +110,17 @@ class FolderCopy:
 
     def error(self, failed: Sequence[str]) -> LaunchError:
         """The error for the copies that failed (each as :meth:`Copy.failure` says it)."""
+        what = f"--sync-dst-dir: could not copy {self.source} to {self.dest} on {'; '.join(failed)}"
+        if self.ssh.rsh_agent is not None:
+            agent = shlex.join([*self.ssh.rsh_agent, *self.ssh.extra_args])
+            return LaunchError(with_hint(
+                f"{what}; rsync ran through the rsh agent (OMPI_MCA_plm_rsh_agent): {agent}",
+                f"rsync calls `{agent} HOST rsync --server ...`: the agent must run every argument after "
+                "the host as one command (the MPI Operator's kubexec.sh does: sh -c \"$*\") and pass "
+                "stdin and stdout through; check `" + agent + " HOST rsync --version`, that rsync is "
+                "installed on every host, and that the folder can be created there"))
         return LaunchError(with_hint(
-            f"--sync-dst-dir: could not copy {self.source} to {self.dest} on {'; '.join(failed)}",
-            "check that rsync is installed on every host, that ssh to it works "
+            what, "check that rsync is installed on every host, that ssh to it works "
             "(ssh -o BatchMode=yes HOST true), and that the folder can be created there"))
 
     def run(self, hosts: Sequence[str | None], stop_when: Callable[[], bool] = lambda: False) -> bool:

@@ -40,6 +40,9 @@ class SshOptions:
     ssh_binary: str = "ssh"
     # a program used instead of ssh (the MPI Operator's OMPI_MCA_plm_rsh_agent): argv + host + script
     rsh_agent: tuple[str, ...] | None = None
+    # OMPI_MCA_plm_rsh_args: right after the program, so that their -o options win (ssh keeps the
+    # first value of each) and an explicit -p given to accordrun, later, wins over theirs
+    extra_args: tuple[str, ...] = ()
 
 
 # A newline inside a forwarded value: the line that carries it names this variable instead, so
@@ -84,13 +87,14 @@ def remote_script(command: Sequence[str], cwd: str, grace: float) -> str:
 
 
 def ssh_argv(host: str, script: str, opts: SshOptions) -> list[str]:
-    """The ssh client's argv: batch mode (never prompt), host key policy, port, identity.
+    """The ssh client's argv: the extra arguments, batch mode (never prompt), host key policy,
+    port, identity; or the rsh agent's (its argv, the extra arguments, host, script).
 
     Raises:
         ConfigError: an unknown StrictHostKeyChecking policy.
     """
     if opts.rsh_agent is not None:  # it takes the host and the command, as ssh does
-        return [*opts.rsh_agent, host, script]
+        return [*opts.rsh_agent, *opts.extra_args, host, script]
     if opts.strict_host_key_checking not in STRICT_POLICIES:
         raise ConfigError(with_hint(
             f"unknown StrictHostKeyChecking policy {opts.strict_host_key_checking!r}",
@@ -98,6 +102,7 @@ def ssh_argv(host: str, script: str, opts: SshOptions) -> list[str]:
         ))
     argv = [
         opts.ssh_binary,
+        *opts.extra_args,
         "-T",  # no pseudo-terminal: output stays a clean byte stream
         "-o", "BatchMode=yes",
         "-o", f"StrictHostKeyChecking={opts.strict_host_key_checking}",

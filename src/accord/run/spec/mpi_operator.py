@@ -7,7 +7,8 @@ worker pod, and (MPI Operator v1) ``OMPI_MCA_plm_rsh_agent`` to a program used i
 exec``). ``accordrun -np 4 python train.py`` with no ``-H``, ``--hostfile`` or ``--ips`` takes
 the hosts from that hostfile, and starts remote workers through that program: its argv is the
 program, then the host, then the remote script (as ssh's), and it must pass stdin through (the
-job secret travels there, never in an argv). Pure.
+job secret travels there, never in an argv). ``OMPI_MCA_plm_rsh_args`` are added right after
+the program (ssh or the agent), as Open MPI's mpirun adds them. Pure.
 """
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ from accord.errors import ConfigError, with_hint
 
 HOSTFILE_VARS = ("OMPI_MCA_orte_default_hostfile", "OMPI_MCA_prte_default_hostfile")
 RSH_AGENT_VARS = ("OMPI_MCA_plm_rsh_agent", "OMPI_MCA_orte_rsh_agent")
+# Open MPI's extra arguments for ssh (or the rsh agent): the MPI Operator sets e.g.
+# "-o ConnectionAttempts=10"; Open MPI 5's PRRTE names it plm_ssh_args.
+RSH_ARGS_VARS = ("OMPI_MCA_plm_rsh_args", "PRTE_MCA_plm_ssh_args")
 _SSH_NAMES = ("ssh", "rsh")  # Open MPI's default, "ssh : rsh": accordrun's own ssh does
 
 
@@ -54,3 +58,29 @@ def rsh_agent(environ: Mapping[str, str]) -> tuple[str, ...] | None:
                 "/etc/mpi/kubexec.sh), or unset it to use ssh"))
         return (found, *argv[1:])
     return None
+
+
+def rsh_args(environ: Mapping[str, str]) -> tuple[str, ...]:
+    """The arguments ``OMPI_MCA_plm_rsh_args`` (or PRRTE's ``PRTE_MCA_plm_ssh_args``) adds to ssh
+    or to the rsh agent, split as a shell splits them; () when unset.
+
+    Args:
+        environ: the launcher's environment.
+
+    Returns:
+        The arguments, e.g. ``("-o", "ConnectionAttempts=10")``.
+
+    Raises:
+        ConfigError: the value cannot be split (an unclosed quote).
+    """
+    for name in RSH_ARGS_VARS:
+        text = environ.get(name, "").strip()
+        if not text:
+            continue
+        try:
+            return tuple(shlex.split(text))
+        except ValueError as exc:
+            raise ConfigError(with_hint(f"{name}={text!r} cannot be split into arguments: {exc}",
+                                        f"close the quote in {name}, e.g. {name}='-o ConnectionAttempts=10 "
+                                        "-p 2222'")) from None
+    return ()
