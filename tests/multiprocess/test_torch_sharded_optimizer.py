@@ -191,6 +191,12 @@ def _refusals(rank, size):
                                        named_parameters=model.named_parameters(), shard_optimizer_state=True)
         model(torch.ones(2, 3)).sum().backward()
         opt.step()
+        from accord.errors import BackendError
+
+        try:  # (these ranks have no torch.distributed group: DTensors need one)
+            opt.sharded_state_dict()
+        except BackendError as exc:
+            seen["dcp without a torch group"] = str(exc)
         return seen
     finally:
         hvd.shutdown()
@@ -207,6 +213,7 @@ def test_bad_input_is_refused_on_every_rank_naming_what_differs():
     assert "cannot shard LBFGS" in seen["lbfgs"]
     assert "op=Average and op=Sum, got ADASUM" in seen["adasum"]
     assert "shard_gradients=True needs shard_optimizer_state=True" in seen["stage2 alone"]
+    assert "need a torch.distributed default process group" in seen["dcp without a torch group"]
     assert all("HINT:" in message for message in seen.values())
 
 
@@ -629,3 +636,120 @@ def test_parameters_without_gradient_on_some_ranks(stage2, passes):
     for rank, (sharded, plain) in enumerate(run_ranks(_unused_branches, 2, stage2, passes, init="accord",
                                                       timeout=90)):
         _assert_weights(sharded, plain, 1e-6, f"rank {rank}")
+
+
+# --- torch.distributed.checkpoint: the per-rank sharded form --------------------------------------
+
+def _dcp_save(rank, size, path):
+    """10 sharded Adam steps on the accord torch.distributed backend, then ``dcp.save`` of the
+    model and of the optimizer's sharded form; returns the consolidated state (numpy) and the
+    type of one saved state value."""
+    import torch.distributed.checkpoint as dcp
+
+    import accord.torch as hvd
+
+    hvd.init()
+    try:
+        model = _mlp()
+        opt = hvd.DistributedOptimizer(_make("adam", model.parameters()), named_parameters=model.named_parameters(),
+                                       shard_optimizer_state=True, bucket_cap_mb=TINY_BUCKETS)
+        _train(model, opt, rank, steps=10)
+        sharded = opt.sharded_state_dict()
+        dcp.save({"model": model.state_dict(), "optim": sharded}, checkpoint_id=path)
+        return _numpy_state(opt.state_dict()), type(sharded["state"]["0.weight"]["exp_avg"]).__name__
+    finally:
+        hvd.shutdown()
+
+
+def _dcp_resume(rank, size, path):
+    """``dcp.load`` into a fresh model and a sharded optimizer at this world size (other buckets
+    than the saving run's), one step; returns the weights after it and the consolidated state
+    before it. At 1 rank the same checkpoint also goes into plain torch.optim.Adam through
+    torch's own get/set_optimizer_state_dict, and a state dict naming another parameter is
+    refused."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    import accord.torch as hvd
+    from accord.errors import ConfigError
+
+    hvd.init()
+    try:
+        model = _mlp(seed=1 + rank)  # every rank starts elsewhere: the checkpoint must set it all
+        opt = hvd.DistributedOptimizer(_make("adam", model.parameters()), named_parameters=model.named_parameters(),
+                                       shard_optimizer_state=True, bucket_cap_mb=TINY_BUCKETS / 3)
+        state = {"model": model.state_dict(), "optim": opt.sharded_state_dict()}
+        dcp.load(state, checkpoint_id=path)
+        model.load_state_dict(state["model"])
+        opt.load_sharded_state_dict(state["optim"])
+        loaded = _numpy_state(opt.state_dict())
+        x, y = _batch(10, rank)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        # the expected weights, computed here (one thread, as the ranks' own matmuls)
+        out = {"weights": _weights(model), "loaded": loaded,
+               "expected": _reference_averaging_gradients([2] * 10 + [size])}
+        if size == 1:
+            from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+            plain_model = _mlp(seed=5)
+            plain = _make("adam", plain_model.parameters())
+            plain_state = {"model": plain_model.state_dict(), "optim": get_optimizer_state_dict(plain_model, plain)}
+            dcp.load(plain_state, checkpoint_id=path)
+            set_optimizer_state_dict(plain_model, plain, plain_state["optim"])
+            torch.nn.functional.mse_loss(plain_model(x), y).backward()
+            plain.step()
+            out["plain"] = _weights(plain_model)
+            renamed = opt.sharded_state_dict()
+            renamed["state"]["extra"] = renamed["state"].pop("0.bias")
+            try:
+                opt.load_sharded_state_dict(renamed)
+            except ConfigError as exc:
+                out["renamed"] = str(exc)
+        return out
+    finally:
+        hvd.shutdown()
+
+
+def _reference_averaging_gradients(sizes):
+    """Plain Adam in one process, each step's gradient the mean of that step's ranks' own
+    gradients (summed in rank order, as the ranks' reduction sums them): no rounding from
+    another order accumulates over the steps."""
+    import torch
+
+    model = _mlp()
+    opt = _make("adam", model.parameters())
+    for step, n in enumerate(sizes):
+        total = None
+        for r in range(n):
+            x, y = _batch(step, r)
+            grads = torch.autograd.grad(torch.nn.functional.mse_loss(model(x), y), list(model.parameters()))
+            total = list(grads) if total is None else [t + g for t, g in zip(total, grads)]
+        for p, g in zip(model.parameters(), total):
+            p.grad = g / n
+        opt.step()
+        opt.zero_grad()
+    return _weights(model)
+
+
+def test_dcp_sharded_state_saved_at_2_ranks_reshards_at_1_3_and_4(tmp_path):
+    path = str(tmp_path / "dcp")
+    saved = run_ranks(_dcp_save, 2, path, init="torch:accord", timeout=120)
+    state, kind = saved[0]
+    assert kind == "DTensor"
+    for size in (1, 3, 4):
+        results = run_ranks(_dcp_resume, size, path, init="torch:accord", timeout=120)
+        expected = results[0]["expected"]
+        for rank, out in enumerate(results):
+            # the loaded state is the saved one, bit for bit, whatever the new shards
+            assert sorted(out["loaded"]["state"]) == sorted(state["state"]) == list(range(6))
+            for index, entry in state["state"].items():
+                assert sorted(entry) == sorted(out["loaded"]["state"][index])
+                for key, value in entry.items():
+                    assert np.array_equal(value, out["loaded"]["state"][index][key]), (size, rank, index, key)
+            assert out["loaded"]["param_groups"] == state["param_groups"]
+            _assert_weights(out["weights"], expected, 1e-6, f"resumed at {size} ranks, rank {rank}")
+        if size == 1:
+            _assert_weights(results[0]["plain"], expected, 1e-6, "plain torch.optim.Adam from the DCP checkpoint")
+            assert "state for parameters the optimizer does not have: ['extra']" in results[0]["renamed"]
+            assert "HINT:" in results[0]["renamed"]

@@ -38,6 +38,7 @@ from accord.torch import async_ops as A
 from accord.torch import gateway
 from accord.torch.grad_reduction import TOO_MANY_PASSES, ZERO_GRAD_RACE, _DistributedMixin, wrap_optimizer
 from accord.torch.process_sets import ProcessSet
+from accord.torch.zero import checkpoint as C
 from accord.torch.zero import state_dict as S
 from accord.torch.zero.checks import check_optimizer, check_same_everywhere, signature
 from accord.torch.zero.layout import Bucket, Layout, ParamInfo, plan_layout
@@ -80,6 +81,8 @@ class _ShardedMixin(_DistributedMixin):
         self._tag = f"zero{next(_instances)}"
         # Only what requires grad is sharded; other parameters are never stepped by torch either.
         self._all_params = params
+        self._names = [names[id(p)] for p in params]
+        self._mesh: Any = None  # (the DCP form's device mesh, made at its first use)
         self._index = [i for i, p in enumerate(params) if p.requires_grad]  # layout -> optimizer
         self._params = [params[i] for i in self._index]
         self._infos = [ParamInfo(tuple(p.shape), p.dtype, groups[i]) for i, p in zip(self._index, self._params)]
@@ -443,14 +446,62 @@ class _ShardedMixin(_DistributedMixin):
                 g.mul_(coef)
         return total
 
+    def _gather(self, tensor: torch.Tensor, key: str) -> torch.Tensor:
+        """Every rank's ``tensor``, concatenated in rank order (a collective over the set)."""
+        return gateway.synchronize(A.allgather_async(tensor, name=f"{self._tag}.state.{key}",
+                                                     process_set=self.process_set))
+
     def state_dict(self) -> dict[str, Any]:
         """The full optimizer state in ``torch.optim``'s form, on every rank (a collective: every
         rank of the set must call it). Loadable by the plain optimizer class and by a sharded
         optimizer at any world size."""
         return S.consolidate(self._local, self._shards, self._layout, self._index, self.param_groups,
-                             lambda t, key: gateway.synchronize(
-                                 A.allgather_async(t, name=f"{self._tag}.state.{key}",
-                                                   process_set=self.process_set)))
+                             self._gather)
+
+    def sharded_state_dict(self) -> dict[str, Any]:
+        """This rank's part of the state in the form ``torch.distributed.checkpoint`` saves and
+        reshards: keyed by parameter name, each per-element value a DTensor of its parameter's
+        shape sharded by rows over every rank (see :mod:`accord.torch.zero.checkpoint`).
+
+        A collective over every rank. Also the template that ``dcp.load`` fills in before
+        :meth:`load_sharded_state_dict`; an optimizer without state yet first gets one from a
+        step with zero gradients (the parameters are kept), as torch's
+        ``get_optimizer_state_dict`` does.
+
+        Returns:
+            ``{"state": {name: {key: value}}, "param_groups": [{..., "params": [names]}]}``.
+        Raises:
+            BackendError: no ``torch.distributed`` default process group.
+            ConfigError: the optimizer shards over a process set that is not every rank, or
+                torch's ranks are not accord's.
+        """
+        if self._mesh is None:
+            self._mesh = C.device_mesh(self.process_set, self._params[0].device.type if self._params else "cpu")
+        if not self._local.state:
+            self._accord_local_step()
+        names = [self._names[i] for i in self._index]
+        return C.to_sharded(S.each_state_value(self._local, self._shards, self._layout, self._gather),
+                            self._layout, names, self._names, self.param_groups, self._mesh,
+                            self._me, self._world)
+
+    def load_sharded_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load the form :meth:`sharded_state_dict` returns (as ``dcp.load`` filled it in, from a
+        checkpoint saved at any world size): every rank keeps the part it owns. A collective
+        over every rank.
+
+        Raises:
+            ConfigError: the state dict names other parameters or groups than this optimizer's,
+                or a value's shape is not its parameter's.
+        """
+        loaded = C.check_names(state_dict, self._names, self.param_groups)
+        names = [self._names[i] for i in self._index]
+        entries = C.from_sharded(state_dict, self._layout, names, self._shards, self._me)
+        for kept, group in zip(self.param_groups, loaded):
+            kept.update({k: v for k, v in group.items() if k != "params"})
+        self._local.load_state_dict(S.local_state_dict(entries, self._local, self._shards, loaded))
+        self._handles, self._synchronized = {}, False
+        self._delay = [self.backward_passes_per_step] * len(self._params)
+        self._loaded = None
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a full state (:meth:`state_dict`, or a plain ``torch.optim`` one for the same
