@@ -6,6 +6,7 @@ Buckets are made tiny (a few KB) so that every model is cut into several buckets
 through tensors.
 """
 import copy
+import itertools
 
 import numpy as np
 import pytest
@@ -551,10 +552,10 @@ def _scaled_and_clipped(rank, size):
     hvd.init()
     try:
         out = {}
-        for sharded in (True, False):
+        for name, sharded in itertools.product(("adam", "adam_fused"), (True, False)):
             model = _mlp()
             kw = {"shard_optimizer_state": True, "bucket_cap_mb": TINY_BUCKETS} if sharded else {}
-            opt = hvd.DistributedOptimizer(_make("adam", model.parameters()), named_parameters=model.named_parameters(),
+            opt = hvd.DistributedOptimizer(_make(name, model.parameters()), named_parameters=model.named_parameters(),
                                            **kw)
             scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2)
             scales, norms = [], []
@@ -576,20 +577,69 @@ def _scaled_and_clipped(rank, size):
                 scaler.update()
                 scales.append(scaler.get_scale())
                 opt.zero_grad()
-            out[sharded] = (_weights(model), scales, norms)
+            out[name, sharded] = (_weights(model), scales, norms)
             opt.remove_hooks()
+        out["stage2"] = _grad_scaler_with_stage2(rank)
         return out
     finally:
         hvd.shutdown()
 
 
+def _grad_scaler_with_stage2(rank):
+    """A GradScaler stepping a ZeRO-2 optimizer, with and without unscale_ first: what each
+    step raises, the weights right after (unchanged?), and after a plain step that follows."""
+    import torch
+
+    import accord.torch as hvd
+    from accord.errors import ConfigError
+
+    model = _mlp()
+    start = _weights(model)
+    opt = hvd.DistributedOptimizer(_make("adam", model.parameters()), named_parameters=model.named_parameters(),
+                                   shard_optimizer_state=True, shard_gradients=True, bucket_cap_mb=TINY_BUCKETS)
+    out = {"start": start, "errors": []}
+    for step, unscale_first in enumerate((False, True)):
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+        x, y = _batch(step, rank)
+        scaler.scale(torch.nn.functional.mse_loss(model(x), y)).backward()
+        try:
+            if unscale_first:
+                opt.synchronize()
+                scaler.unscale_(opt)
+                with opt.skip_synchronize():
+                    scaler.step(opt)
+            else:
+                scaler.step(opt)
+        except ConfigError as exc:
+            out["errors"].append(str(exc))
+        opt.zero_grad()
+    out["after refusals"] = _weights(model)
+    x, y = _batch(2, rank)
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()  # (without a scaler the optimizer still works)
+    out["after a plain step"] = _weights(model)
+    opt.remove_hooks()
+    return out
+
+
 def test_grad_scaler_and_global_norm_clipping_match_the_unsharded_optimizer():
-    for rank, out in enumerate(run_ranks(_scaled_and_clipped, 2, init="accord", timeout=90)):
-        (weights, scales, norms), (plain, plain_scales, plain_norms) = out[True], out[False]
-        assert scales == plain_scales and scales[3] == scales[2] / 2  # the inf step was skipped
-        assert not np.isfinite(norms[3]) and not np.isfinite(plain_norms[3])
-        np.testing.assert_allclose(norms[:3] + norms[4:], plain_norms[:3] + plain_norms[4:], rtol=1e-6)
-        _assert_weights(weights, plain, 1e-6, f"rank {rank}")
+    results = run_ranks(_scaled_and_clipped, 2, init="accord", timeout=120)
+    for rank, out in enumerate(results):
+        for name in ("adam", "adam_fused"):  # (a fused step unscales and skips by the scaler's values)
+            (weights, scales, norms), (plain, plain_scales, plain_norms) = out[name, True], out[name, False]
+            assert scales == plain_scales and scales[3] == scales[2] / 2, name  # the inf step was skipped
+            assert not np.isfinite(norms[3]) and not np.isfinite(plain_norms[3])
+            np.testing.assert_allclose(norms[:3] + norms[4:], plain_norms[:3] + plain_norms[4:], rtol=1e-6)
+            _assert_weights(weights, plain, 1e-6, f"{name} on rank {rank}")
+            assert all(np.isfinite(w).all() for w in weights)
+        # ZeRO-2 keeps no p.grad for a scaler to check: refused at its step, on every rank alike
+        stage2 = out["stage2"]
+        assert len(stage2["errors"]) == 2 and stage2["errors"][0] == stage2["errors"][1]
+        assert "GradScaler cannot step a DistributedOptimizer with shard_gradients=True" in stage2["errors"][0]
+        assert "HINT: use shard_gradients=False" in stage2["errors"][0]
+        _assert_weights(stage2["after refusals"], stage2["start"], 0.0, f"refused steps left rank {rank}'s weights")
+        _assert_weights(stage2["after a plain step"], results[0]["stage2"]["after a plain step"], 0.0, "ranks")
+        assert any(np.abs(a - b).max() > 1e-4 for a, b in zip(stage2["after a plain step"], stage2["start"]))
 
 
 def _unused_branches(rank, size, stage2, passes):

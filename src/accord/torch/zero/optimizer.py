@@ -39,6 +39,7 @@ from accord.torch import gateway
 from accord.torch.grad_reduction import TOO_MANY_PASSES, ZERO_GRAD_RACE, _DistributedMixin, wrap_optimizer
 from accord.torch.process_sets import ProcessSet
 from accord.torch.zero import checkpoint as C
+from accord.torch.zero import scaling as Z
 from accord.torch.zero import state_dict as S
 from accord.torch.zero.checks import check_optimizer, check_same_everywhere, signature
 from accord.torch.zero.layout import Bucket, Layout, ParamInfo, plan_layout
@@ -79,6 +80,10 @@ class _ShardedMixin(_DistributedMixin):
         self.process_set = process_set
         self.shard_gradients = shard_gradients
         self._tag = f"zero{next(_instances)}"
+        if shard_gradients:
+            # A GradScaler then calls step() with what it set (see scaling.scaler_attributes)
+            # instead of failing on the p.grad it cannot find.
+            self._step_supports_amp_scaling = True
         # Only what requires grad is sharded; other parameters are never stepped by torch either.
         self._all_params = params
         self._names = [names[id(p)] for p in params]
@@ -270,40 +275,16 @@ class _ShardedMixin(_DistributedMixin):
             shard.grad = self._grad_shards[b]
         self._grad_shards = [None] * len(self._layout.buckets)
         if not self.shard_gradients:
-            self._agree_on_nonfinite()
+            Z.agree_on_nonfinite([s.grad for s in self._shards], self._layout, self._me,
+                                 [p.grad for p in self._params], self._allreduce)
         self._launches = [0] * len(self._layout.buckets)
         self._delay = [self.backward_passes_per_step] * len(self._params)
         self._synchronized = True
 
-    def _agree_on_nonfinite(self) -> None:
-        """Make an inf/nan in any rank's reduced shard visible in every rank's ``p.grad``.
-
-        A GradScaler checks the gradients it can reach (``p.grad``): the reduced values of this
-        rank's span and local ones elsewhere, so an overflow in another rank's span could go
-        unseen here, and this rank would step while the others skip (and wait for it). One
-        one-element allreduce (Max) per step settles it: where any rank has a non-finite reduced
-        value, every rank puts a nan into a gradient element it does not own (the one it would never
-        step with), and every scaler skips the step.
-        """
-        mine = any(bool((~torch.isfinite(s.grad)).any()) for s in self._shards
-                   if s.grad is not None and s.grad.is_floating_point())
-        flag = torch.tensor([1.0 if mine else 0.0])
-        handle = A.allreduce_tensors([flag], True, f"{self._tag}.nonfinite", ReduceOp.MAX, 1.0, 1.0,
-                                     self.process_set, grouped=False)
-        if float(gateway.synchronize(handle)[0]) > 0 and not mine:
-            self._poison_unowned()
-
-    def _poison_unowned(self) -> None:
-        """A nan in one gradient element this rank does not own (its shards stay as they are)."""
-        for bucket in self._layout.buckets:
-            start, end = bucket.spans[self._me]
-            element = 0 if start > 0 else bucket.numel - 1 if end < bucket.numel else None
-            if element is None:
-                continue
-            for slot in bucket.slots:
-                if slot.offset <= element < slot.offset + slot.numel:
-                    self._params[slot.param].grad.view(-1)[element - slot.offset] = float("nan")
-                    return
+    def _allreduce(self, tensor: torch.Tensor, op: ReduceOp) -> torch.Tensor:
+        """A small tensor reduced over the set (the inf agreement, the global norm)."""
+        return gateway.synchronize(A.allreduce_tensors([tensor], False, f"{self._tag}.{op.name.lower()}", op,
+                                                       1.0, 1.0, self.process_set, grouped=False))
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Reduce-scatter the gradients (unless skipped), step this rank's shards with the
@@ -325,7 +306,15 @@ class _ShardedMixin(_DistributedMixin):
         self._synchronized = False
         self._loaded = None
         self._sync_options()
-        self._local.step()
+        # (checked once the reductions are collected: a refused step leaves none in flight)
+        scaling = Z.scaler_attributes(self, self.shard_gradients)
+        for name, value in scaling.items():
+            setattr(self._local, name, value)
+        try:
+            self._local.step()
+        finally:
+            for name in scaling:
+                delattr(self._local, name)
         self._gather_parameters()
         return loss
 
@@ -428,23 +417,7 @@ class _ShardedMixin(_DistributedMixin):
             raise RuntimeError(with_hint("clip_grad_norm_ needs the reduced gradient shards",
                                          "call optimizer.synchronize() first, then step inside "
                                          "optimizer.skip_synchronize()"))
-        grads = [s.grad for s in self._shards if s.grad is not None and s.grad.numel()]
-        norm_type = float(norm_type)
-        if norm_type == float("inf"):
-            local = max((g.abs().max().float() for g in grads), default=torch.tensor(0.0))
-            total = A.allreduce_tensors([local.reshape(1)], False, f"{self._tag}.norm", ReduceOp.MAX,
-                                        1.0, 1.0, self.process_set, grouped=False)
-            total = gateway.synchronize(total)[0]
-        else:
-            local = sum((g.float().norm(norm_type) ** norm_type for g in grads), torch.tensor(0.0))
-            total = A.allreduce_tensors([local.reshape(1)], False, f"{self._tag}.norm", ReduceOp.SUM,
-                                        1.0, 1.0, self.process_set, grouped=False)
-            total = gateway.synchronize(total)[0] ** (1.0 / norm_type)
-        coef = float(max_norm) / (float(total) + 1e-6)
-        if coef < 1.0:
-            for g in grads:
-                g.mul_(coef)
-        return total
+        return Z.clip_by_global_norm([s.grad for s in self._shards], max_norm, norm_type, self._allreduce)
 
     def _gather(self, tensor: torch.Tensor, key: str) -> torch.Tensor:
         """Every rank's ``tensor``, concatenated in rank order (a collective over the set)."""
