@@ -31,6 +31,18 @@ OPTIMIZERS = {
 }
 
 
+# elementwise optimizers checked at 2 ranks only (one job for all of them: the suite's time)
+MORE_OPTIMIZERS = {
+    "adamax": ("Adamax", {"lr": 0.01, "weight_decay": 0.01}),
+    "nadam": ("NAdam", {"lr": 0.01}),
+    "nadam_decoupled": ("NAdam", {"lr": 0.01, "weight_decay": 0.1, "decoupled_weight_decay": True}),
+    "radam": ("RAdam", {"lr": 0.01}),  # (its rectified branch starts at step 6: the test takes both)
+    "adadelta": ("Adadelta", {"lr": 1.0}),
+    "asgd": ("ASGD", {"lr": 0.05, "t0": 10}),  # (averaging from step 10)
+    "rprop": ("Rprop", {"lr": 0.01}),
+}
+
+
 def _mlp(seed=0):
     import torch
 
@@ -54,7 +66,7 @@ def _weights(model):
 def _make(name, params):
     import torch
 
-    cls, options = OPTIMIZERS[name]
+    cls, options = {**OPTIMIZERS, **MORE_OPTIMIZERS}[name]
     return getattr(torch.optim, cls)(params, **options)
 
 
@@ -70,7 +82,7 @@ def _train(model, opt, rank, steps=STEPS, passes=1, first=0):
     return _weights(model)
 
 
-def _sharded_and_unsharded(rank, size, names, sharded_kw):
+def _sharded_and_unsharded(rank, size, names, sharded_kw, steps=STEPS):
     """Per optimizer: (sharded weights, unsharded weights) after the same training."""
     import accord.torch as hvd
 
@@ -85,7 +97,7 @@ def _sharded_and_unsharded(rank, size, names, sharded_kw):
                                            named_parameters=sharded.named_parameters(),
                                            shard_optimizer_state=True, bucket_cap_mb=TINY_BUCKETS,
                                            **sharded_kw)
-            out[name] = (_train(sharded, opt, rank), _train(plain, ref, rank))
+            out[name] = (_train(sharded, opt, rank, steps), _train(plain, ref, rank, steps))
             ref.remove_hooks()
             opt.remove_hooks()
         return out
@@ -115,6 +127,16 @@ def test_zero1_equals_the_unsharded_optimizer(nprocs, tol):
     # training moved the weights (a test that compares two frozen models proves nothing)
     start = _weights(_mlp())
     assert all(np.abs(a - b).max() > 1e-3 for a, b in zip(results[0]["adam"][0], start))
+
+
+def test_zero1_equals_the_unsharded_optimizer_for_more_elementwise_optimizers():
+    results = run_ranks(_sharded_and_unsharded, 2, list(MORE_OPTIMIZERS), {}, 20, init="accord", timeout=200)
+    start = _weights(_mlp())
+    for rank, per_opt in enumerate(results):
+        for name, (sharded, plain) in per_opt.items():
+            _assert_weights(sharded, plain, 0.0, f"{name} on rank {rank}")
+            _assert_weights(sharded, results[0][name][0], 0.0, f"{name}: rank {rank} vs rank 0")
+            assert all(np.abs(a - b).max() > 1e-3 for a, b in zip(sharded, start)), f"{name} did not train"
 
 
 def _torch_zero(rank, size, names):
