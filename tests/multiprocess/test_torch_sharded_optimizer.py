@@ -712,6 +712,22 @@ def test_parameters_without_gradient_on_some_ranks(stage2, passes):
 
 # --- torch.distributed.checkpoint: the per-rank sharded form --------------------------------------
 
+def _scaled_mlp(seed=0):
+    """The MLP times a learned 0-d scale (a parameter whose state DTensor is replicated)."""
+    import torch
+
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = _mlp(seed)
+            self.scale = torch.nn.Parameter(torch.tensor(1.0))
+
+        def forward(self, x):
+            return self.body(x) * self.scale
+
+    return Scaled()
+
+
 def _dcp_save(rank, size, path):
     """10 sharded Adam steps on the accord torch.distributed backend, then ``dcp.save`` of the
     model and of the optimizer's sharded form; returns the consolidated state (numpy) and the
@@ -722,13 +738,14 @@ def _dcp_save(rank, size, path):
 
     hvd.init()
     try:
-        model = _mlp()
+        model = _scaled_mlp()
         opt = hvd.DistributedOptimizer(_make("adam", model.parameters()), named_parameters=model.named_parameters(),
                                        shard_optimizer_state=True, bucket_cap_mb=TINY_BUCKETS)
         _train(model, opt, rank, steps=10)
         sharded = opt.sharded_state_dict()
         dcp.save({"model": model.state_dict(), "optim": sharded}, checkpoint_id=path)
-        return _numpy_state(opt.state_dict()), type(sharded["state"]["0.weight"]["exp_avg"]).__name__
+        kinds = {name: str(sharded["state"][name]["exp_avg"].placements) for name in ("body.0.weight", "scale")}
+        return _numpy_state(opt.state_dict()), kinds
     finally:
         hvd.shutdown()
 
@@ -747,7 +764,7 @@ def _dcp_resume(rank, size, path):
 
     hvd.init()
     try:
-        model = _mlp(seed=1 + rank)  # every rank starts elsewhere: the checkpoint must set it all
+        model = _scaled_mlp(seed=1 + rank)  # every rank starts elsewhere: the checkpoint must set it all
         opt = hvd.DistributedOptimizer(_make("adam", model.parameters()), named_parameters=model.named_parameters(),
                                        shard_optimizer_state=True, bucket_cap_mb=TINY_BUCKETS / 3)
         state = {"model": model.state_dict(), "optim": opt.sharded_state_dict()}
@@ -764,7 +781,7 @@ def _dcp_resume(rank, size, path):
         if size == 1:
             from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
-            plain_model = _mlp(seed=5)
+            plain_model = _scaled_mlp(seed=5)
             plain = _make("adam", plain_model.parameters())
             plain_state = {"model": plain_model.state_dict(), "optim": get_optimizer_state_dict(plain_model, plain)}
             dcp.load(plain_state, checkpoint_id=path)
@@ -773,7 +790,7 @@ def _dcp_resume(rank, size, path):
             plain.step()
             out["plain"] = _weights(plain_model)
             renamed = opt.sharded_state_dict()
-            renamed["state"]["extra"] = renamed["state"].pop("0.bias")
+            renamed["state"]["extra"] = renamed["state"].pop("body.0.bias")
             try:
                 opt.load_sharded_state_dict(renamed)
             except ConfigError as exc:
@@ -789,7 +806,7 @@ def _reference_averaging_gradients(sizes):
     another order accumulates over the steps."""
     import torch
 
-    model = _mlp()
+    model = _scaled_mlp()
     opt = _make("adam", model.parameters())
     for step, n in enumerate(sizes):
         total = None
@@ -807,14 +824,14 @@ def _reference_averaging_gradients(sizes):
 def test_dcp_sharded_state_saved_at_2_ranks_reshards_at_1_3_and_4(tmp_path):
     path = str(tmp_path / "dcp")
     saved = run_ranks(_dcp_save, 2, path, init="torch:accord", timeout=120)
-    state, kind = saved[0]
-    assert kind == "DTensor"
+    state, kinds = saved[0]
+    assert kinds == {"body.0.weight": "(Shard(dim=0),)", "scale": "(Replicate(),)"}
     for size in (1, 3, 4):
         results = run_ranks(_dcp_resume, size, path, init="torch:accord", timeout=120)
         expected = results[0]["expected"]
         for rank, out in enumerate(results):
             # the loaded state is the saved one, bit for bit, whatever the new shards
-            assert sorted(out["loaded"]["state"]) == sorted(state["state"]) == list(range(6))
+            assert sorted(out["loaded"]["state"]) == sorted(state["state"]) == list(range(7))
             for index, entry in state["state"].items():
                 assert sorted(entry) == sorted(out["loaded"]["state"][index])
                 for key, value in entry.items():
