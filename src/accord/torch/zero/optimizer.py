@@ -87,7 +87,6 @@ class _ShardedMixin(_DistributedMixin):
         # Only what requires grad is sharded; other parameters are never stepped by torch either.
         self._all_params = params
         self._names = [names[id(p)] for p in params]
-        self._mesh: Any = None  # (the DCP form's device mesh, made at its first use)
         self._index = [i for i, p in enumerate(params) if p.requires_grad]  # layout -> optimizer
         self._params = [params[i] for i in self._index]
         self._infos = [ParamInfo(tuple(p.shape), p.dtype, groups[i]) for i, p in zip(self._index, self._params)]
@@ -103,6 +102,7 @@ class _ShardedMixin(_DistributedMixin):
         """Cut the shards for the set as it is now: layout, shards, the optimizer over them (no
         state yet), gradient buffers and the per-step bookkeeping."""
         self._world, self._me = self.process_set.size(), self.process_set.rank()
+        self._mesh: Any = None  # (the DCP form's device mesh over these ranks, made at its first use)
         self._layout: Layout = plan_layout(self._infos, self._world, self._bucket_bytes)
         self._bucket_of = self._layout.bucket_of()
         self._slot_of = {s.param: s for b in self._layout.buckets for s in b.slots}
