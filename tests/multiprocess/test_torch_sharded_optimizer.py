@@ -766,7 +766,8 @@ def _dcp_resume(rank, size, path):
     try:
         model = _scaled_mlp(seed=1 + rank)  # every rank starts elsewhere: the checkpoint must set it all
         opt = hvd.DistributedOptimizer(_make("adam", model.parameters()), named_parameters=model.named_parameters(),
-                                       shard_optimizer_state=True, bucket_cap_mb=TINY_BUCKETS / 3)
+                                       shard_optimizer_state=True, bucket_cap_mb=TINY_BUCKETS / 3,
+                                       shard_gradients=size == 3)  # (ZeRO-2 loads the same state)
         state = {"model": model.state_dict(), "optim": opt.sharded_state_dict()}
         dcp.load(state, checkpoint_id=path)
         model.load_state_dict(state["model"])
@@ -795,6 +796,18 @@ def _dcp_resume(rank, size, path):
                 opt.load_sharded_state_dict(renamed)
             except ConfigError as exc:
                 out["renamed"] = str(exc)
+        if size == 4:  # a process set's sharded optimizer has no DTensor form (its mesh is not every rank)
+            pair = hvd.add_process_set([0, 1])
+            if rank < 2:
+                small = _mlp()
+                partial = hvd.DistributedOptimizer(_make("adam", small.parameters()), process_set=pair,
+                                                   named_parameters=small.named_parameters(),
+                                                   shard_optimizer_state=True)
+                try:
+                    partial.sharded_state_dict()
+                except ConfigError as exc:
+                    out["process set"] = str(exc)
+            hvd.barrier()
         return out
     finally:
         hvd.shutdown()
@@ -838,6 +851,10 @@ def test_dcp_sharded_state_saved_at_2_ranks_reshards_at_1_3_and_4(tmp_path):
                     assert np.array_equal(value, out["loaded"]["state"][index][key]), (size, rank, index, key)
             assert out["loaded"]["param_groups"] == state["param_groups"]
             _assert_weights(out["weights"], expected, 1e-6, f"resumed at {size} ranks, rank {rank}")
+        if size == 4:
+            for rank in (0, 1):
+                assert "needs an optimizer sharded over every rank" in results[rank]["process set"]
+                assert "(2 of 4 ranks)" in results[rank]["process set"] and "HINT:" in results[rank]["process set"]
         if size == 1:
             _assert_weights(results[0]["plain"], expected, 1e-6, "plain torch.optim.Adam from the DCP checkpoint")
             assert "state for parameters the optimizer does not have: ['extra']" in results[0]["renamed"]
