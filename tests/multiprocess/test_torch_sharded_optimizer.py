@@ -6,6 +6,7 @@ Buckets are made tiny (a few KB) so that every model is cut into several buckets
 through tensors.
 """
 import copy
+import itertools
 
 import numpy as np
 import pytest
@@ -27,6 +28,18 @@ OPTIMIZERS = {
     "adamw_fused": ("AdamW", {"lr": 0.01, "weight_decay": 0.1, "fused": True, "amsgrad": True}),
     "adagrad": ("Adagrad", {"lr": 0.05}),
     "rmsprop": ("RMSprop", {"lr": 0.01, "momentum": 0.5}),
+}
+
+
+# elementwise optimizers checked at 2 ranks only (one job for all of them: the suite's time)
+MORE_OPTIMIZERS = {
+    "adamax": ("Adamax", {"lr": 0.01, "weight_decay": 0.01}),
+    "nadam": ("NAdam", {"lr": 0.01}),
+    "nadam_decoupled": ("NAdam", {"lr": 0.01, "weight_decay": 0.1, "decoupled_weight_decay": True}),
+    "radam": ("RAdam", {"lr": 0.01}),  # (its rectified branch starts at step 6: the test takes both)
+    "adadelta": ("Adadelta", {"lr": 1.0}),
+    "asgd": ("ASGD", {"lr": 0.05, "t0": 10}),  # (averaging from step 10)
+    "rprop": ("Rprop", {"lr": 0.01}),
 }
 
 
@@ -53,7 +66,7 @@ def _weights(model):
 def _make(name, params):
     import torch
 
-    cls, options = OPTIMIZERS[name]
+    cls, options = {**OPTIMIZERS, **MORE_OPTIMIZERS}[name]
     return getattr(torch.optim, cls)(params, **options)
 
 
@@ -69,7 +82,7 @@ def _train(model, opt, rank, steps=STEPS, passes=1, first=0):
     return _weights(model)
 
 
-def _sharded_and_unsharded(rank, size, names, sharded_kw):
+def _sharded_and_unsharded(rank, size, names, sharded_kw, steps=STEPS):
     """Per optimizer: (sharded weights, unsharded weights) after the same training."""
     import accord.torch as hvd
 
@@ -84,7 +97,7 @@ def _sharded_and_unsharded(rank, size, names, sharded_kw):
                                            named_parameters=sharded.named_parameters(),
                                            shard_optimizer_state=True, bucket_cap_mb=TINY_BUCKETS,
                                            **sharded_kw)
-            out[name] = (_train(sharded, opt, rank), _train(plain, ref, rank))
+            out[name] = (_train(sharded, opt, rank, steps), _train(plain, ref, rank, steps))
             ref.remove_hooks()
             opt.remove_hooks()
         return out
@@ -114,6 +127,16 @@ def test_zero1_equals_the_unsharded_optimizer(nprocs, tol):
     # training moved the weights (a test that compares two frozen models proves nothing)
     start = _weights(_mlp())
     assert all(np.abs(a - b).max() > 1e-3 for a, b in zip(results[0]["adam"][0], start))
+
+
+def test_zero1_equals_the_unsharded_optimizer_for_more_elementwise_optimizers():
+    results = run_ranks(_sharded_and_unsharded, 2, list(MORE_OPTIMIZERS), {}, 20, init="accord", timeout=200)
+    start = _weights(_mlp())
+    for rank, per_opt in enumerate(results):
+        for name, (sharded, plain) in per_opt.items():
+            _assert_weights(sharded, plain, 0.0, f"{name} on rank {rank}")
+            _assert_weights(sharded, results[0][name][0], 0.0, f"{name}: rank {rank} vs rank 0")
+            assert all(np.abs(a - b).max() > 1e-3 for a, b in zip(sharded, start)), f"{name} did not train"
 
 
 def _torch_zero(rank, size, names):
@@ -191,6 +214,12 @@ def _refusals(rank, size):
                                        named_parameters=model.named_parameters(), shard_optimizer_state=True)
         model(torch.ones(2, 3)).sum().backward()
         opt.step()
+        from accord.errors import BackendError
+
+        try:  # (these ranks have no torch.distributed group: DTensors need one)
+            opt.sharded_state_dict()
+        except BackendError as exc:
+            seen["dcp without a torch group"] = str(exc)
         return seen
     finally:
         hvd.shutdown()
@@ -207,6 +236,7 @@ def test_bad_input_is_refused_on_every_rank_naming_what_differs():
     assert "cannot shard LBFGS" in seen["lbfgs"]
     assert "op=Average and op=Sum, got ADASUM" in seen["adasum"]
     assert "shard_gradients=True needs shard_optimizer_state=True" in seen["stage2 alone"]
+    assert "need a torch.distributed default process group" in seen["dcp without a torch group"]
     assert all("HINT:" in message for message in seen.values())
 
 
@@ -544,10 +574,10 @@ def _scaled_and_clipped(rank, size):
     hvd.init()
     try:
         out = {}
-        for sharded in (True, False):
+        for name, sharded in itertools.product(("adam", "adam_fused"), (True, False)):
             model = _mlp()
             kw = {"shard_optimizer_state": True, "bucket_cap_mb": TINY_BUCKETS} if sharded else {}
-            opt = hvd.DistributedOptimizer(_make("adam", model.parameters()), named_parameters=model.named_parameters(),
+            opt = hvd.DistributedOptimizer(_make(name, model.parameters()), named_parameters=model.named_parameters(),
                                            **kw)
             scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2)
             scales, norms = [], []
@@ -569,20 +599,69 @@ def _scaled_and_clipped(rank, size):
                 scaler.update()
                 scales.append(scaler.get_scale())
                 opt.zero_grad()
-            out[sharded] = (_weights(model), scales, norms)
+            out[name, sharded] = (_weights(model), scales, norms)
             opt.remove_hooks()
+        out["stage2"] = _grad_scaler_with_stage2(rank)
         return out
     finally:
         hvd.shutdown()
 
 
+def _grad_scaler_with_stage2(rank):
+    """A GradScaler stepping a ZeRO-2 optimizer, with and without unscale_ first: what each
+    step raises, the weights right after (unchanged?), and after a plain step that follows."""
+    import torch
+
+    import accord.torch as hvd
+    from accord.errors import ConfigError
+
+    model = _mlp()
+    start = _weights(model)
+    opt = hvd.DistributedOptimizer(_make("adam", model.parameters()), named_parameters=model.named_parameters(),
+                                   shard_optimizer_state=True, shard_gradients=True, bucket_cap_mb=TINY_BUCKETS)
+    out = {"start": start, "errors": []}
+    for step, unscale_first in enumerate((False, True)):
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+        x, y = _batch(step, rank)
+        scaler.scale(torch.nn.functional.mse_loss(model(x), y)).backward()
+        try:
+            if unscale_first:
+                opt.synchronize()
+                scaler.unscale_(opt)
+                with opt.skip_synchronize():
+                    scaler.step(opt)
+            else:
+                scaler.step(opt)
+        except ConfigError as exc:
+            out["errors"].append(str(exc))
+        opt.zero_grad()
+    out["after refusals"] = _weights(model)
+    x, y = _batch(2, rank)
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()  # (without a scaler the optimizer still works)
+    out["after a plain step"] = _weights(model)
+    opt.remove_hooks()
+    return out
+
+
 def test_grad_scaler_and_global_norm_clipping_match_the_unsharded_optimizer():
-    for rank, out in enumerate(run_ranks(_scaled_and_clipped, 2, init="accord", timeout=90)):
-        (weights, scales, norms), (plain, plain_scales, plain_norms) = out[True], out[False]
-        assert scales == plain_scales and scales[3] == scales[2] / 2  # the inf step was skipped
-        assert not np.isfinite(norms[3]) and not np.isfinite(plain_norms[3])
-        np.testing.assert_allclose(norms[:3] + norms[4:], plain_norms[:3] + plain_norms[4:], rtol=1e-6)
-        _assert_weights(weights, plain, 1e-6, f"rank {rank}")
+    results = run_ranks(_scaled_and_clipped, 2, init="accord", timeout=120)
+    for rank, out in enumerate(results):
+        for name in ("adam", "adam_fused"):  # (a fused step unscales and skips by the scaler's values)
+            (weights, scales, norms), (plain, plain_scales, plain_norms) = out[name, True], out[name, False]
+            assert scales == plain_scales and scales[3] == scales[2] / 2, name  # the inf step was skipped
+            assert not np.isfinite(norms[3]) and not np.isfinite(plain_norms[3])
+            np.testing.assert_allclose(norms[:3] + norms[4:], plain_norms[:3] + plain_norms[4:], rtol=1e-6)
+            _assert_weights(weights, plain, 1e-6, f"{name} on rank {rank}")
+            assert all(np.isfinite(w).all() for w in weights)
+        # ZeRO-2 keeps no p.grad for a scaler to check: refused at its step, on every rank alike
+        stage2 = out["stage2"]
+        assert len(stage2["errors"]) == 2 and stage2["errors"][0] == stage2["errors"][1]
+        assert "GradScaler cannot step a DistributedOptimizer with shard_gradients=True" in stage2["errors"][0]
+        assert "HINT: use shard_gradients=False" in stage2["errors"][0]
+        _assert_weights(stage2["after refusals"], stage2["start"], 0.0, f"refused steps left rank {rank}'s weights")
+        _assert_weights(stage2["after a plain step"], results[0]["stage2"]["after a plain step"], 0.0, "ranks")
+        assert any(np.abs(a - b).max() > 1e-4 for a, b in zip(stage2["after a plain step"], stage2["start"]))
 
 
 def _unused_branches(rank, size, stage2, passes):
@@ -629,3 +708,154 @@ def test_parameters_without_gradient_on_some_ranks(stage2, passes):
     for rank, (sharded, plain) in enumerate(run_ranks(_unused_branches, 2, stage2, passes, init="accord",
                                                       timeout=90)):
         _assert_weights(sharded, plain, 1e-6, f"rank {rank}")
+
+
+# --- torch.distributed.checkpoint: the per-rank sharded form --------------------------------------
+
+def _scaled_mlp(seed=0):
+    """The MLP times a learned 0-d scale (a parameter whose state DTensor is replicated)."""
+    import torch
+
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = _mlp(seed)
+            self.scale = torch.nn.Parameter(torch.tensor(1.0))
+
+        def forward(self, x):
+            return self.body(x) * self.scale
+
+    return Scaled()
+
+
+def _dcp_save(rank, size, path):
+    """10 sharded Adam steps on the accord torch.distributed backend, then ``dcp.save`` of the
+    model and of the optimizer's sharded form; returns the consolidated state (numpy) and the
+    type of one saved state value."""
+    import torch.distributed.checkpoint as dcp
+
+    import accord.torch as hvd
+
+    hvd.init()
+    try:
+        model = _scaled_mlp()
+        opt = hvd.DistributedOptimizer(_make("adam", model.parameters()), named_parameters=model.named_parameters(),
+                                       shard_optimizer_state=True, bucket_cap_mb=TINY_BUCKETS)
+        _train(model, opt, rank, steps=10)
+        sharded = opt.sharded_state_dict()
+        dcp.save({"model": model.state_dict(), "optim": sharded}, checkpoint_id=path)
+        kinds = {name: str(sharded["state"][name]["exp_avg"].placements) for name in ("body.0.weight", "scale")}
+        return _numpy_state(opt.state_dict()), kinds
+    finally:
+        hvd.shutdown()
+
+
+def _dcp_resume(rank, size, path):
+    """``dcp.load`` into a fresh model and a sharded optimizer at this world size (other buckets
+    than the saving run's), one step; returns the weights after it and the consolidated state
+    before it. At 1 rank the same checkpoint also goes into plain torch.optim.Adam through
+    torch's own get/set_optimizer_state_dict, and a state dict naming another parameter is
+    refused."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    import accord.torch as hvd
+    from accord.errors import ConfigError
+
+    hvd.init()
+    try:
+        model = _scaled_mlp(seed=1 + rank)  # every rank starts elsewhere: the checkpoint must set it all
+        opt = hvd.DistributedOptimizer(_make("adam", model.parameters()), named_parameters=model.named_parameters(),
+                                       shard_optimizer_state=True, bucket_cap_mb=TINY_BUCKETS / 3,
+                                       shard_gradients=size == 3)  # (ZeRO-2 loads the same state)
+        state = {"model": model.state_dict(), "optim": opt.sharded_state_dict()}
+        dcp.load(state, checkpoint_id=path)
+        model.load_state_dict(state["model"])
+        opt.load_sharded_state_dict(state["optim"])
+        loaded = _numpy_state(opt.state_dict())
+        x, y = _batch(10, rank)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        # the expected weights, computed here (one thread, as the ranks' own matmuls)
+        out = {"weights": _weights(model), "loaded": loaded,
+               "expected": _reference_averaging_gradients([2] * 10 + [size])}
+        if size == 1:
+            from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+            plain_model = _scaled_mlp(seed=5)
+            plain = _make("adam", plain_model.parameters())
+            plain_state = {"model": plain_model.state_dict(), "optim": get_optimizer_state_dict(plain_model, plain)}
+            dcp.load(plain_state, checkpoint_id=path)
+            set_optimizer_state_dict(plain_model, plain, plain_state["optim"])
+            torch.nn.functional.mse_loss(plain_model(x), y).backward()
+            plain.step()
+            out["plain"] = _weights(plain_model)
+            renamed = opt.sharded_state_dict()
+            renamed["state"]["extra"] = renamed["state"].pop("body.0.bias")
+            try:
+                opt.load_sharded_state_dict(renamed)
+            except ConfigError as exc:
+                out["renamed"] = str(exc)
+        if size == 4:  # a process set's sharded optimizer has no DTensor form (its mesh is not every rank)
+            pair = hvd.add_process_set([0, 1])
+            if rank < 2:
+                small = _mlp()
+                partial = hvd.DistributedOptimizer(_make("adam", small.parameters()), process_set=pair,
+                                                   named_parameters=small.named_parameters(),
+                                                   shard_optimizer_state=True)
+                try:
+                    partial.sharded_state_dict()
+                except ConfigError as exc:
+                    out["process set"] = str(exc)
+            hvd.barrier()
+        return out
+    finally:
+        hvd.shutdown()
+
+
+def _reference_averaging_gradients(sizes):
+    """Plain Adam in one process, each step's gradient the mean of that step's ranks' own
+    gradients (summed in rank order, as the ranks' reduction sums them): no rounding from
+    another order accumulates over the steps."""
+    import torch
+
+    model = _scaled_mlp()
+    opt = _make("adam", model.parameters())
+    for step, n in enumerate(sizes):
+        total = None
+        for r in range(n):
+            x, y = _batch(step, r)
+            grads = torch.autograd.grad(torch.nn.functional.mse_loss(model(x), y), list(model.parameters()))
+            total = list(grads) if total is None else [t + g for t, g in zip(total, grads)]
+        for p, g in zip(model.parameters(), total):
+            p.grad = g / n
+        opt.step()
+        opt.zero_grad()
+    return _weights(model)
+
+
+def test_dcp_sharded_state_saved_at_2_ranks_reshards_at_1_3_and_4(tmp_path):
+    path = str(tmp_path / "dcp")
+    saved = run_ranks(_dcp_save, 2, path, init="torch:accord", timeout=120)
+    state, kinds = saved[0]
+    assert kinds == {"body.0.weight": "(Shard(dim=0),)", "scale": "(Replicate(),)"}
+    for size in (1, 3, 4):
+        results = run_ranks(_dcp_resume, size, path, init="torch:accord", timeout=120)
+        expected = results[0]["expected"]
+        for rank, out in enumerate(results):
+            # the loaded state is the saved one, bit for bit, whatever the new shards
+            assert sorted(out["loaded"]["state"]) == sorted(state["state"]) == list(range(7))
+            for index, entry in state["state"].items():
+                assert sorted(entry) == sorted(out["loaded"]["state"][index])
+                for key, value in entry.items():
+                    assert np.array_equal(value, out["loaded"]["state"][index][key]), (size, rank, index, key)
+            assert out["loaded"]["param_groups"] == state["param_groups"]
+            _assert_weights(out["weights"], expected, 1e-6, f"resumed at {size} ranks, rank {rank}")
+        if size == 4:
+            for rank in (0, 1):
+                assert "needs an optimizer sharded over every rank" in results[rank]["process set"]
+                assert "(2 of 4 ranks)" in results[rank]["process set"] and "HINT:" in results[rank]["process set"]
+        if size == 1:
+            _assert_weights(results[0]["plain"], expected, 1e-6, "plain torch.optim.Adam from the DCP checkpoint")
+            assert "state for parameters the optimizer does not have: ['extra']" in results[0]["renamed"]
+            assert "HINT:" in results[0]["renamed"]

@@ -38,6 +38,8 @@ from accord.torch import async_ops as A
 from accord.torch import gateway
 from accord.torch.grad_reduction import TOO_MANY_PASSES, ZERO_GRAD_RACE, _DistributedMixin, wrap_optimizer
 from accord.torch.process_sets import ProcessSet
+from accord.torch.zero import checkpoint as C
+from accord.torch.zero import scaling as Z
 from accord.torch.zero import state_dict as S
 from accord.torch.zero.checks import check_optimizer, check_same_everywhere, signature
 from accord.torch.zero.layout import Bucket, Layout, ParamInfo, plan_layout
@@ -78,8 +80,13 @@ class _ShardedMixin(_DistributedMixin):
         self.process_set = process_set
         self.shard_gradients = shard_gradients
         self._tag = f"zero{next(_instances)}"
+        if shard_gradients:
+            # A GradScaler then calls step() with what it set (see scaling.scaler_attributes)
+            # instead of failing on the p.grad it cannot find.
+            self._step_supports_amp_scaling = True
         # Only what requires grad is sharded; other parameters are never stepped by torch either.
         self._all_params = params
+        self._names = [names[id(p)] for p in params]
         self._index = [i for i, p in enumerate(params) if p.requires_grad]  # layout -> optimizer
         self._params = [params[i] for i in self._index]
         self._infos = [ParamInfo(tuple(p.shape), p.dtype, groups[i]) for i, p in zip(self._index, self._params)]
@@ -95,6 +102,7 @@ class _ShardedMixin(_DistributedMixin):
         """Cut the shards for the set as it is now: layout, shards, the optimizer over them (no
         state yet), gradient buffers and the per-step bookkeeping."""
         self._world, self._me = self.process_set.size(), self.process_set.rank()
+        self._mesh: Any = None  # (the DCP form's device mesh over these ranks, made at its first use)
         self._layout: Layout = plan_layout(self._infos, self._world, self._bucket_bytes)
         self._bucket_of = self._layout.bucket_of()
         self._slot_of = {s.param: s for b in self._layout.buckets for s in b.slots}
@@ -267,40 +275,16 @@ class _ShardedMixin(_DistributedMixin):
             shard.grad = self._grad_shards[b]
         self._grad_shards = [None] * len(self._layout.buckets)
         if not self.shard_gradients:
-            self._agree_on_nonfinite()
+            Z.agree_on_nonfinite([s.grad for s in self._shards], self._layout, self._me,
+                                 [p.grad for p in self._params], self._allreduce)
         self._launches = [0] * len(self._layout.buckets)
         self._delay = [self.backward_passes_per_step] * len(self._params)
         self._synchronized = True
 
-    def _agree_on_nonfinite(self) -> None:
-        """Make an inf/nan in any rank's reduced shard visible in every rank's ``p.grad``.
-
-        A GradScaler checks the gradients it can reach (``p.grad``): the reduced values of this
-        rank's span and local ones elsewhere, so an overflow in another rank's span could go
-        unseen here, and this rank would step while the others skip (and wait for it). One
-        one-element allreduce (Max) per step settles it: where any rank has a non-finite reduced
-        value, every rank puts a nan into a gradient element it does not own (the one it would never
-        step with), and every scaler skips the step.
-        """
-        mine = any(bool((~torch.isfinite(s.grad)).any()) for s in self._shards
-                   if s.grad is not None and s.grad.is_floating_point())
-        flag = torch.tensor([1.0 if mine else 0.0])
-        handle = A.allreduce_tensors([flag], True, f"{self._tag}.nonfinite", ReduceOp.MAX, 1.0, 1.0,
-                                     self.process_set, grouped=False)
-        if float(gateway.synchronize(handle)[0]) > 0 and not mine:
-            self._poison_unowned()
-
-    def _poison_unowned(self) -> None:
-        """A nan in one gradient element this rank does not own (its shards stay as they are)."""
-        for bucket in self._layout.buckets:
-            start, end = bucket.spans[self._me]
-            element = 0 if start > 0 else bucket.numel - 1 if end < bucket.numel else None
-            if element is None:
-                continue
-            for slot in bucket.slots:
-                if slot.offset <= element < slot.offset + slot.numel:
-                    self._params[slot.param].grad.view(-1)[element - slot.offset] = float("nan")
-                    return
+    def _allreduce(self, tensor: torch.Tensor, op: ReduceOp) -> torch.Tensor:
+        """A small tensor reduced over the set (the inf agreement, the global norm)."""
+        return gateway.synchronize(A.allreduce_tensors([tensor], False, f"{self._tag}.{op.name.lower()}", op,
+                                                       1.0, 1.0, self.process_set, grouped=False))
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Reduce-scatter the gradients (unless skipped), step this rank's shards with the
@@ -322,7 +306,15 @@ class _ShardedMixin(_DistributedMixin):
         self._synchronized = False
         self._loaded = None
         self._sync_options()
-        self._local.step()
+        # (checked once the reductions are collected: a refused step leaves none in flight)
+        scaling = Z.scaler_attributes(self, self.shard_gradients)
+        for name, value in scaling.items():
+            setattr(self._local, name, value)
+        try:
+            self._local.step()
+        finally:
+            for name in scaling:
+                delattr(self._local, name)
         self._gather_parameters()
         return loss
 
@@ -425,32 +417,64 @@ class _ShardedMixin(_DistributedMixin):
             raise RuntimeError(with_hint("clip_grad_norm_ needs the reduced gradient shards",
                                          "call optimizer.synchronize() first, then step inside "
                                          "optimizer.skip_synchronize()"))
-        grads = [s.grad for s in self._shards if s.grad is not None and s.grad.numel()]
-        norm_type = float(norm_type)
-        if norm_type == float("inf"):
-            local = max((g.abs().max().float() for g in grads), default=torch.tensor(0.0))
-            total = A.allreduce_tensors([local.reshape(1)], False, f"{self._tag}.norm", ReduceOp.MAX,
-                                        1.0, 1.0, self.process_set, grouped=False)
-            total = gateway.synchronize(total)[0]
-        else:
-            local = sum((g.float().norm(norm_type) ** norm_type for g in grads), torch.tensor(0.0))
-            total = A.allreduce_tensors([local.reshape(1)], False, f"{self._tag}.norm", ReduceOp.SUM,
-                                        1.0, 1.0, self.process_set, grouped=False)
-            total = gateway.synchronize(total)[0] ** (1.0 / norm_type)
-        coef = float(max_norm) / (float(total) + 1e-6)
-        if coef < 1.0:
-            for g in grads:
-                g.mul_(coef)
-        return total
+        return Z.clip_by_global_norm([s.grad for s in self._shards], max_norm, norm_type, self._allreduce)
+
+    def _gather(self, tensor: torch.Tensor, key: str) -> torch.Tensor:
+        """Every rank's ``tensor``, concatenated in rank order (a collective over the set)."""
+        return gateway.synchronize(A.allgather_async(tensor, name=f"{self._tag}.state.{key}",
+                                                     process_set=self.process_set))
 
     def state_dict(self) -> dict[str, Any]:
         """The full optimizer state in ``torch.optim``'s form, on every rank (a collective: every
         rank of the set must call it). Loadable by the plain optimizer class and by a sharded
         optimizer at any world size."""
         return S.consolidate(self._local, self._shards, self._layout, self._index, self.param_groups,
-                             lambda t, key: gateway.synchronize(
-                                 A.allgather_async(t, name=f"{self._tag}.state.{key}",
-                                                   process_set=self.process_set)))
+                             self._gather)
+
+    def sharded_state_dict(self) -> dict[str, Any]:
+        """This rank's part of the state in the form ``torch.distributed.checkpoint`` saves and
+        reshards: keyed by parameter name, each per-element value a DTensor of its parameter's
+        shape sharded by rows over every rank (see :mod:`accord.torch.zero.checkpoint`).
+
+        A collective over every rank. Also the template that ``dcp.load`` fills in before
+        :meth:`load_sharded_state_dict`; an optimizer without state yet first gets one from a
+        step with zero gradients (the parameters are kept), as torch's
+        ``get_optimizer_state_dict`` does.
+
+        Returns:
+            ``{"state": {name: {key: value}}, "param_groups": [{..., "params": [names]}]}``.
+        Raises:
+            BackendError: no ``torch.distributed`` default process group.
+            ConfigError: the optimizer shards over a process set that is not every rank, or
+                torch's ranks are not accord's.
+        """
+        if self._mesh is None:
+            self._mesh = C.device_mesh(self.process_set, self._params[0].device.type if self._params else "cpu")
+        if not self._local.state:
+            self._accord_local_step()
+        names = [self._names[i] for i in self._index]
+        return C.to_sharded(S.each_state_value(self._local, self._shards, self._layout, self._gather),
+                            self._layout, names, self._names, self.param_groups, self._mesh,
+                            self._me, self._world)
+
+    def load_sharded_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load the form :meth:`sharded_state_dict` returns (as ``dcp.load`` filled it in, from a
+        checkpoint saved at any world size): every rank keeps the part it owns. A collective
+        over every rank.
+
+        Raises:
+            ConfigError: the state dict names other parameters or groups than this optimizer's,
+                or a value's shape is not its parameter's.
+        """
+        loaded = C.check_names(state_dict, self._names, self.param_groups)
+        names = [self._names[i] for i in self._index]
+        entries = C.from_sharded(state_dict, self._layout, names, self._shards, self._me)
+        for kept, group in zip(self.param_groups, loaded):
+            kept.update({k: v for k, v in group.items() if k != "params"})
+        self._local.load_state_dict(S.local_state_dict(entries, self._local, self._shards, loaded))
+        self._handles, self._synchronized = {}, False
+        self._delay = [self.backward_passes_per_step] * len(self._params)
+        self._loaded = None
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a full state (:meth:`state_dict`, or a plain ``torch.optim`` one for the same

@@ -13,12 +13,12 @@ apart by shape, so the scalar keys torch.optim uses are named in :data:`SCALAR_K
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 
 from accord.errors import with_hint
-from accord.torch.zero.layout import Layout
+from accord.torch.zero.layout import Bucket, Layout, Slot
 
 SCALAR_KEYS = frozenset({"step", "mu_product", "eta", "mu"})
 
@@ -37,11 +37,38 @@ def _local_order(local: torch.optim.Optimizer, shards: Sequence[torch.Tensor]) -
     return [bucket[id(p)] for group in local.param_groups for p in group["params"]]
 
 
+def each_state_value(local: torch.optim.Optimizer, shards: Sequence[torch.Tensor], layout: Layout,
+                     gather: Gather) -> Iterator[tuple[Slot, str, Any, bool]]:
+    """Every parameter's state values, from every rank's shard state (a collective: one gather
+    per bucket and per-element key, in the same order on every rank).
+
+    Yields ``(slot, key, value, per_element)``: a per-element value is the parameter's flat part
+    of the gathered bucket (a view, valid until the next value of its bucket is gathered),
+    anything else is the shard's value itself (the same for every parameter of the bucket).
+    """
+    for bucket in layout.buckets:
+        shard = shards[bucket.index]
+        entry = local.state.get(shard, {})
+        for key in sorted(entry, key=str):
+            value = entry[key]
+            if torch.is_tensor(value) and value.dim() == 1 and value.shape == shard.shape:
+                full = gather(value.detach(), f"{bucket.index}.{key}")
+                for slot in bucket.slots:
+                    yield slot, key, full[slot.offset:slot.offset + slot.numel], True
+            else:
+                for slot in bucket.slots:
+                    yield slot, key, value, False
+
+
+def copy_value(value: Any) -> Any:
+    """A copy of a state or option value that shares no memory with it."""
+    return value.clone() if torch.is_tensor(value) else copy.deepcopy(value)
+
+
 def consolidate(local: torch.optim.Optimizer, shards: Sequence[torch.Tensor], layout: Layout,
                 index: Sequence[int], param_groups: Sequence[dict[str, Any]],
                 gather: Gather) -> dict[str, Any]:
-    """The full state from every rank's shard state (a collective: one gather per bucket and
-    per-element key, in the same order on every rank).
+    """The full state from every rank's shard state (a collective, see :func:`each_state_value`).
 
     Args:
         local: the optimizer over this rank's shards.
@@ -54,21 +81,10 @@ def consolidate(local: torch.optim.Optimizer, shards: Sequence[torch.Tensor], la
         A ``torch.optim`` state dict.
     """
     state: dict[int, dict[str, Any]] = {}
-    for bucket in layout.buckets:
-        shard = shards[bucket.index]
-        entry = local.state.get(shard, {})
-        for key in sorted(entry, key=str):
-            value = entry[key]
-            if torch.is_tensor(value) and value.dim() == 1 and value.shape == shard.shape:
-                full = gather(value.detach(), f"{bucket.index}.{key}")
-                for slot in bucket.slots:
-                    shape = layout.params[slot.param].shape
-                    state.setdefault(index[slot.param], {})[key] = \
-                        full[slot.offset:slot.offset + slot.numel].view(shape).clone()
-            else:
-                for slot in bucket.slots:
-                    state.setdefault(index[slot.param], {})[key] = \
-                        value.clone() if torch.is_tensor(value) else copy.deepcopy(value)
+    for slot, key, value, per_element in each_state_value(local, shards, layout, gather):
+        shape = layout.params[slot.param].shape
+        state.setdefault(index[slot.param], {})[key] = \
+            value.view(shape).clone() if per_element else copy_value(value)
     groups, start = [], 0
     for group in param_groups:
         n = len(group["params"])
@@ -106,35 +122,55 @@ def shard_of(state_dict: dict[str, Any], local: torch.optim.Optimizer, shards: S
     Every rank builds an entry for every bucket whose parameters have state, with the same keys,
     even where its span is empty: later consolidations gather the same keys on every rank.
     """
-    loaded_groups = state_dict["param_groups"]  # (checked by check_groups first)
     saved = state_dict.get("state", {})
     # state dicts written through JSON-like formats may carry string keys
     saved = {int(k): v for k, v in saved.items()}
+    entries = [bucket_entry(bucket, {s.param: saved.get(index[s.param], {}) for s in bucket.slots},
+                            shards[bucket.index], layout, rank) for bucket in layout.buckets]
+    return local_state_dict(entries, local, shards, state_dict["param_groups"])  # (groups checked first)
+
+
+def bucket_entry(bucket: Bucket, saved: Mapping[int, Mapping[str, Any]], shard: torch.Tensor,
+                 layout: Layout, rank: int) -> dict[str, Any]:
+    """``rank``'s shard state of one bucket, cut out of its parameters' full states.
+
+    Args:
+        bucket: the bucket.
+        saved: layout parameter index -> its full state (``{key: value}``) for the bucket's
+            parameters (missing or empty: no state).
+        shard: ``rank``'s shard tensor of the bucket.
+        layout: the buckets.
+        rank: the rank (in the set) whose span is cut out.
+    Returns:
+        ``{key: value}`` for the shard (empty when no parameter has state).
+    """
+    entry: dict[str, Any] = {}
+    for slot in bucket.slots:
+        shape = layout.params[slot.param].shape
+        for key, value in saved.get(slot.param, {}).items():
+            if _per_element(key, value, shape):
+                if key not in entry:
+                    entry[key] = torch.zeros(shard.shape, dtype=value.dtype, device=shard.device)
+            else:
+                entry.setdefault(key, copy_value(value))
+    for piece in bucket.pieces(rank):
+        shape = layout.params[piece.param].shape
+        for key, value in saved.get(piece.param, {}).items():
+            if _per_element(key, value, shape):
+                entry[key][piece.shard_offset:piece.shard_offset + piece.end - piece.start] = \
+                    value.detach().reshape(-1)[piece.start:piece.end].to(shard.device)
+    return entry
+
+
+def local_state_dict(entries: Sequence[dict[str, Any]], local: torch.optim.Optimizer,
+                     shards: Sequence[torch.Tensor], loaded_groups: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The state dict ``local.load_state_dict`` takes, from one entry per bucket (its
+    :func:`bucket_entry`) and the loaded groups' options."""
     ids = {b: i for i, b in enumerate(_local_order(local, shards))}
-    state: dict[int, dict[str, Any]] = {}
-    for bucket in layout.buckets:
-        shard = shards[bucket.index]
-        entry: dict[str, Any] = {}
-        for slot in bucket.slots:
-            shape = layout.params[slot.param].shape
-            for key, value in saved.get(index[slot.param], {}).items():
-                if _per_element(key, value, shape):
-                    if key not in entry:
-                        entry[key] = torch.zeros(shard.shape, dtype=value.dtype, device=shard.device)
-                else:
-                    entry.setdefault(key, value.clone() if torch.is_tensor(value) else copy.deepcopy(value))
-        for piece in bucket.pieces(rank):
-            shape = layout.params[piece.param].shape
-            for key, value in saved.get(index[piece.param], {}).items():
-                if _per_element(key, value, shape):
-                    entry[key][piece.shard_offset:piece.shard_offset + piece.end - piece.start] = \
-                        value.detach().reshape(-1)[piece.start:piece.end].to(shard.device)
-        if entry:
-            state[ids[bucket.index]] = entry
+    state = {ids[b]: entry for b, entry in enumerate(entries) if entry}
     groups, start = [], 0
     for mine, theirs in zip(local.param_groups, loaded_groups):
         n = len(mine["params"])
         groups.append({**{k: v for k, v in theirs.items() if k != "params"}, "params": list(range(start, start + n))})
         start += n
     return {"state": state, "param_groups": groups}
-
