@@ -4,13 +4,13 @@ output; a failure on one node stops every node with the root cause on every agen
 that disagree, a wrong secret, an unreachable endpoint; Kubernetes' PET_* and SLURM's
 variables; whole-job restarts (--max-restarts) that resume from the checkpoint."""
 import importlib.util
-import json
 import os
 import signal
 import time
 from pathlib import Path
 
 import pytest
+from helpers.elastic_weights import done_lines, expected_linear_params
 
 _here = Path(__file__).parent / "scripts"
 _spec = importlib.util.spec_from_file_location("agents_testlib", _here / "agents_testlib.py")
@@ -306,33 +306,6 @@ def test_an_agent_that_restarts_rejoins_and_the_job_restarts_with_it(tmp_path):
 ELASTIC = lib.script("agent_elastic_train.py")
 
 
-def _expected_params(sizes: list[int]) -> list[float]:
-    """agent_elastic_train.py's weight and bias after its steps on ``sizes[s]`` workers each,
-    computed here in one process: each step averages the ranks' gradients."""
-    import torch
-
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        model = torch.nn.Linear(3, 1).double()
-    for step, size in enumerate(sizes):
-        grads = []
-        for rank in range(size):
-            model.zero_grad()
-            gen = torch.Generator().manual_seed(100 * step + rank)
-            x = torch.randn(4, 3, generator=gen, dtype=torch.float64)
-            y = torch.randn(4, 1, generator=gen, dtype=torch.float64)
-            torch.nn.functional.mse_loss(model(x), y).backward()
-            grads.append([p.grad.clone() for p in model.parameters()])
-        with torch.no_grad():
-            for i, p in enumerate(model.parameters()):
-                p -= 0.1 * sum(g[i] for g in grads) / size
-    return model.weight.flatten().tolist() + model.bias.flatten().tolist()
-
-
-def _done(stdout: str) -> list[dict]:
-    return [json.loads(line.split("DONE ", 1)[1]) for line in stdout.splitlines() if "DONE {" in line]
-
-
 def _wait_files(folder: Path, names: list[str], timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while not all((folder / n).exists() for n in names):
@@ -365,9 +338,9 @@ def test_an_agent_killed_mid_training_the_survivors_reform_in_memory_and_finish(
             proc.communicate()
         lib.kill_all(list(pids.values()))
     assert done[0].returncode == 0 and done[1].returncode == 0, done[0].stderr[-4000:] + done[1].stderr[-4000:]
-    finished = _done(done[0].stdout) + _done(done[1].stdout)
+    finished = done_lines(done[0].stdout) + done_lines(done[1].stdout)
     assert sorted((d["member"], d["rank"]) for d in finished) == [(0, 0), (2, 1)]  # renumbered
-    expected = _expected_params([3, 3, 3, 2, 2, 2])
+    expected = expected_linear_params([3, 3, 3, 2, 2, 2])
     for d in finished:
         assert d["sizes"] == [3, 3, 3, 2, 2, 2]  # three committed steps on 3 workers, then 2
         assert d["pid"] == pids[d["member"]] and d["restart"] == "0"  # the same processes throughout
@@ -401,12 +374,12 @@ def test_a_third_agent_joining_a_two_agent_job_is_admitted(tmp_path):
                 proc.communicate()
         lib.kill_all([int(p.read_text()) for p in pid_dir.glob("*.pid")])
     assert [d.returncode for d in done] == [0, 0, 0], "\n".join(d.stderr[-3000:] for d in done)
-    finished = [d for proc in done for d in _done(proc.stdout)]
+    finished = [d for proc in done for d in done_lines(proc.stdout)]
     assert sorted((d["member"], d["rank"]) for d in finished) == [(0, 0), (1, 1), (2, 2)]
     sizes = finished[0]["sizes"]
     grown = sizes.index(3)
     assert sizes == [2] * grown + [3] * (len(sizes) - grown) and len(sizes) >= 4
-    expected = _expected_params(sizes)
+    expected = expected_linear_params(sizes)
     for d in finished:
         assert d["sizes"] == sizes and d["weight"] + d["bias"] == pytest.approx(expected, abs=1e-6)
         assert d["pid"] == int((pid_dir / f"{d['member']}.pid").read_text())
