@@ -26,7 +26,7 @@ value = torch.ones(1024)
 hvd.allreduce(value, name="first")
 if hvd.rank() == 0:
     print(f"FIRST {time.time():.6f}", flush=True)
-state = hvd.elastic.ObjectState(step=0)
+state = hvd.elastic.TorchState(step=0)
 
 
 @hvd.elastic.run
