@@ -18,7 +18,13 @@ Keys (``A`` = the attempt: 0, then one more per whole-job restart):
 ``agents/a<A>/stop``            why the attempt stops (the first reason wins)
 ``agents/a<A>/fail/<rank>``     node ``rank``'s failed workers (their root-cause entries)
 ``agents/a<A>/done/<rank>``     node ``rank``'s workers all succeeded
+``agents/a<A>/members``         ``--nnodes MIN:MAX``: the nodes in the running attempt now
+``agents/a<A>/want/<n>``        ``--nnodes MIN:MAX``: agent n asking to join (``wants`` counts them)
+``agents/a<A>/answer/<id>``     the serving agent's answer to one of them
+``agents/a<A>/left/<id>``       ``--nnodes MIN:MAX``: that agent's node left after its workers failed
 ==============================  =================================================================
+
+The ``--nnodes MIN:MAX`` keys are :mod:`accord.run.agent.membership`'s.
 """
 from __future__ import annotations
 

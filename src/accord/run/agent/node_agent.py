@@ -9,6 +9,11 @@ failure anywhere stops every node's workers: the agent that saw it publishes its
 entries and the stop; every agent stops its workers and prints the same root cause. With
 ``--max-restarts N`` the agents then start the next attempt (at most N times), and the workers
 read ``TORCHELASTIC_RESTART_COUNT`` / ``ACCORD_RESTART_COUNT`` to resume from their checkpoint.
+
+With ``--nnodes MIN:MAX`` the workers are elastic workers and a failure does not stop the job
+while MIN nodes remain (:meth:`NodeAgent._watch_elastic`, :mod:`accord.run.agent.membership`):
+the failed worker's node leaves, a lost node is dropped, an agent that arrives is admitted, and
+the other nodes' workers re-form in memory under ``hvd.elastic.run``.
 """
 from __future__ import annotations
 
