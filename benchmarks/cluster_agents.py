@@ -117,7 +117,7 @@ def _next_step(outs: list[str]) -> float | None:
     re-formed job (fewer workers than at the start)."""
     steps = [json.loads(m) for out in outs for m in re.findall(r"STEP (\{.*\})\s*$", out, flags=re.MULTILINE)]
     start_size = max((s["size"] for s in steps if "size" in s), default=None)
-    after = [s["t"] for s in steps if s.get("attempt", 0) >= 1 or s.get("size", start_size) < start_size]
+    after = [s["t"] for s in steps if s.get("attempt", 0) >= 1 or ("size" in s and s["size"] < start_size)]
     return min(after) if after else None
 
 
