@@ -48,9 +48,9 @@ def left_key(attempt: int, agent_id: str) -> str:
     return f"agents/a{attempt}/left/{agent_id}"
 
 
-def answer_key(attempt: int, agent_id: str) -> str:
-    """The serving agent's answer to an agent that asked to join the running ``attempt``."""
-    return f"agents/a{attempt}/answer/{agent_id}"
+def answer_key(attempt: int, agent_id: str, n: int) -> str:
+    """The serving agent's answer to request ``n``, from ``agent_id``, to join the running ``attempt``."""
+    return f"agents/a{attempt}/answer/{agent_id}/{n}"
 
 
 @dataclass(frozen=True)
@@ -197,7 +197,7 @@ class Governor:
             if answer.get("ok"):
                 self._say(f"elastic: admitted node {answer['node_rank']} on {record.host}; its workers join at "
                           f"the next re-formation (nodes {self.members.ranks()})")
-            self._meeting.set_json(answer_key(attempt, record.agent_id), answer)
+            self._meeting.set_json(answer_key(attempt, record.agent_id, self._wants_seen), answer)
 
     def _answer(self, record: NodeRecord) -> dict[str, Any]:
         spec, mine = self._spec, self.members.nodes[0]
@@ -217,8 +217,8 @@ class Governor:
                 "start no more agents than --nnodes allows; one may join once a node has left")}
         rank = record.node_rank if record.ranked else self.members.free_rank(spec.max_nodes)
         holder = next((n for n in self.members.nodes if n.node_rank == rank), None)
-        if rank is None or holder is not None:
-            return {"ok": False, "code": 2, "text": with_hint(
+        if rank is None or holder is not None:  # a restarted agent may come before its old self is lost
+            return {"ok": False, "code": 2, "retry": holder is not None, "text": with_hint(
                 f"two agents claim node rank {rank}: the running one on {holder.host if holder else '?'} and "
                 f"one on {record.host} that asked to join",
                 "give every node its own --node-rank (0..nnodes-1), or none of them")}
@@ -241,12 +241,20 @@ def ask_to_join(meeting: Meeting, spec: AgentSpec, attempt: int,
     record = NodeRecord(node_rank=-1 if spec.node_rank is None else spec.node_rank, agent_id=meeting.agent_id,
                         host=meeting.host, nnodes=spec.nnodes_text, nproc=spec.nproc,
                         max_restarts=spec.max_restarts, ranked=spec.node_rank is not None)
-    n = meeting.add(f"agents/a{attempt}/wants", 1)
-    meeting.set_json(f"agents/a{attempt}/want/{n}", asdict(record))
     deadline = time.monotonic() + spec.start_timeout
+    n = 0
     while True:
+        if n == 0:
+            n = meeting.add(f"agents/a{attempt}/wants", 1)
+            meeting.set_json(f"agents/a{attempt}/want/{n}", asdict(record))
         meeting.beat()
-        answer = meeting.get_json(answer_key(attempt, meeting.agent_id))
+        answer = meeting.get_json(answer_key(attempt, meeting.agent_id, n))
+        if answer is not None and answer.get("retry") and time.monotonic() + LOST_AFTER_S < deadline:
+            # its node rank is held by an agent that may be gone (this one's former self, its pod
+            # restarted): asked again once the serving agent would have seen it lost
+            time.sleep(LOST_AFTER_S / 2)
+            n = 0
+            continue
         if answer is not None:
             break
         if meeting.stop_reason(attempt) is not None:

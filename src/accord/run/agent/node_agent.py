@@ -163,12 +163,12 @@ class NodeAgent:
     def _attempt(self, world: World, joining: tuple[int, ...] | None = None) -> _Outcome:
         cfg = self.cfg
         environ = config.snapshot()
+        elastic = ElasticNode.open(self._meeting, self.spec, world, joining, self._say) if self.spec.elastic else None
         jobdir = tempfile.mkdtemp(prefix=f"accord-{world.job_id}-n{self._node}-")
         supervisor = Supervisor(cfg.grace_period)
         supervisor.guardian.remove_on_death(jobdir)
         mux = OutputMux(self._out, self._err, prefix=cfg.prefix, timestamps=cfg.prefix_timestamp,
                         ranks_filter=self._ranks_filter, output_dir=cfg.output_dir, size=world.size)
-        elastic = ElasticNode.open(self._meeting, self.spec, world, joining, self._say) if self.spec.elastic else None
         try:
             try:
                 self._start_workers(world, supervisor, mux, jobdir, environ, elastic)
