@@ -385,3 +385,25 @@ def test_a_third_agent_joining_a_two_agent_job_is_admitted(tmp_path):
         assert d["pid"] == int((pid_dir / f"{d['member']}.pid").read_text())
     assert "elastic: admitted node 2" in done[0].stderr
     assert "joined the running job as node 2" in done[2].stderr
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_worker_takes_its_node_out_and_below_min_the_job_stops_with_its_root_cause(tmp_path):
+    """--nnodes 2:3: node 2's worker dies before step 2: node 2 leaves (its agent prints why and
+    exits 137), nodes 0 and 1 go on as 2 workers; node 1's worker dies before step 4: one node
+    would remain, so node 0 stops with node 1's failure as the root cause."""
+    port, secret = ag.free_port(), ag.secret_file(tmp_path)
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    done = ag.run_agents([ag.agent_args("2:3", r, 1, port, secret, lib.PYTHON, ELASTIC, "--steps", "8",
+                                        "--pid-dir", str(pid_dir), "--die", "2:2", "--die", "1:4")
+                          for r in range(3)], timeout=100)
+    assert [d.returncode for d in done] == [137, 137, 137], "\n".join(d.stderr[-3000:] for d in done)
+    for node in (1, 2):
+        box = done[node].stderr.split(f"accordrun: node {node} leaves the job after its workers failed")[1]
+        assert f"rank       : {node} (local_rank 0" in box and "killed by SIGKILL (signal 9)" in box
+    assert "node 2 on" in done[0].stderr and "the job goes on in memory with nodes [0, 1]" in done[0].stderr
+    cause = done[0].stderr.split("accordrun: job failed (seen by node 0 of 3; the failure is on node 1)")[1]
+    assert "rank       : 1 (local_rank 0" in cause
+    assert not done_lines(done[0].stdout)  # training did not finish
+    assert lib.wait_dead([int(p.read_text()) for p in pid_dir.glob("*.pid")]) == []

@@ -8,13 +8,15 @@ every rank writes ``D/<id>.held`` and waits, before step S, until the file F exi
 kills a node meanwhile).
 With ``--until-size K`` it trains past N steps until a step has run on K workers (a node that
 joins), sleeping T seconds per step; it gives up after 120 s (exit 4). Step s of rank r
-trains on data seeded ``100*s + r``. With ``--report-steps`` rank 0 prints
+trains on data seeded ``100*s + r``. ``--die M:S`` (repeatable): worker M SIGKILLs itself
+before step S. With ``--report-steps`` rank 0 prints
 ``STEP {"step": s, "size": n, "t": wall clock}`` after each commit. Every rank that finishes
 prints ``DONE {"rank", "member", "pid", "restart", "sizes", "weight", "bias"}``.
 """
 import argparse
 import json
 import os
+import signal
 import time
 
 import torch
@@ -29,6 +31,7 @@ parser.add_argument("--hold-file", default="")
 parser.add_argument("--until-size", type=int, default=0)
 parser.add_argument("--step-sleep", type=float, default=0.0)
 parser.add_argument("--report-steps", action="store_true")
+parser.add_argument("--die", action="append", default=[], help="MEMBER:STEP: that worker SIGKILLs itself there")
 args = parser.parse_args()
 
 member = int(os.environ["ACCORD_ELASTIC_ID"])
@@ -62,6 +65,8 @@ def train(state):
                 if time.monotonic() > give_up:
                     os._exit(4)
                 time.sleep(0.02)
+        if f"{member}:{state.step}" in args.die:
+            os.kill(os.getpid(), signal.SIGKILL)
         gen = torch.Generator().manual_seed(100 * state.step + hvd.rank())
         x = torch.randn(4, 3, generator=gen, dtype=torch.float64)
         y = torch.randn(4, 1, generator=gen, dtype=torch.float64)
