@@ -1,5 +1,6 @@
 """One agent per node and Kubernetes-shaped jobs on simulated hosts: agents on 2 and 3 hosts
-(values, ranks, output), a killed agent, --max-restarts with workers killed on another host;
+(values, ranks, output), a killed agent (the job stops; with --nnodes 2:3 the others re-form in
+memory), --max-restarts with workers killed on another host;
 an MPIJob-shaped cluster (StatefulSet host names, sshd on a non-default port, the launcher on a
 host that is not in the hostfile), over ssh and over a stand-in rsh agent that enters the hosts'
 namespaces without ssh. Every test ends with nothing running on any host (the fixtures check)."""

@@ -1,7 +1,8 @@
 """One agent per node (accordrun --nnodes/--node-rank/--rdzv-endpoint), through the real CLI:
 several agents as separate processes on this host, meeting on loopback. Values, ranks and
 output; a failure on one node stops every node with the root cause on every agent; agents
-that disagree, a wrong secret, an unreachable endpoint; Kubernetes' PET_* and SLURM's
+that disagree, a wrong secret, an unreachable endpoint; --nnodes MIN:MAX re-forming in memory (a
+killed agent, a killed worker, a node admitted); Kubernetes' PET_* and SLURM's
 variables; whole-job restarts (--max-restarts) that resume from the checkpoint."""
 import importlib.util
 import os

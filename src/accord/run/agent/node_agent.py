@@ -113,6 +113,10 @@ class NodeAgent:
         self._log.write(f"accordrun ({where}): {text}\n")
         self._log.flush()
 
+    def _signalled(self) -> int:
+        """The first signal this agent received, 0 if none."""
+        return self._signals[0] if self._signals else 0
+
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signals.append(signum)
 
@@ -128,12 +132,11 @@ class NodeAgent:
                           f"{self.spec.endpoint} can join or stop this job")
             attempt = meeting.current_attempt()
             while True:
-                signalled = lambda: self._signals[0] if self._signals else 0  # noqa: E731
                 world, joining = None, None
                 if not (self.spec.elastic and meeting.serving is None and meeting.running(attempt)):
-                    world = meeting.join(attempt, signalled)
+                    world = meeting.join(attempt, self._signalled)
                 if world is None:  # --nnodes MIN:MAX and the attempt runs: this node joins it
-                    world, joining = ask_to_join(meeting, self.spec, attempt, signalled)
+                    world, joining = ask_to_join(meeting, self.spec, attempt, self._signalled)
                 self._node = next(n.node_rank for n in world.nodes if n.agent_id == meeting.agent_id)
                 if joining is not None:
                     self._say(f"joined the running job as node {self._node} (--nnodes {self.spec.nnodes_text}); "
