@@ -1,5 +1,6 @@
 """One agent per node and Kubernetes-shaped jobs on simulated hosts: agents on 2 and 3 hosts
-(values, ranks, output), a killed agent, --max-restarts with workers killed on another host;
+(values, ranks, output), a killed agent (the job stops; with --nnodes 2:3 the others re-form in
+memory), --max-restarts with workers killed on another host;
 an MPIJob-shaped cluster (StatefulSet host names, sshd on a non-default port, the launcher on a
 host that is not in the hostfile), over ssh and over a stand-in rsh agent that enters the hosts'
 namespaces without ssh. Every test ends with nothing running on any host (the fixtures check)."""
@@ -14,11 +15,13 @@ from pathlib import Path
 
 import pytest
 from helpers.cluster_jobs import ACCORDRUN, PYTHON, REPO, job_env, reports, wait_for_files
+from helpers.elastic_weights import done_lines, expected_linear_params
 
 pytestmark = pytest.mark.timeout(240)
 
 TRAIN = str(REPO / "tests" / "integration" / "scripts" / "agent_train.py")
 REPORT = str(REPO / "tests" / "integration" / "scripts" / "report.py")
+ELASTIC_TRAIN = str(REPO / "tests" / "integration" / "scripts" / "agent_elastic_train.py")
 
 
 def _expected_w(steps: int, size: int, lr: float = 0.5) -> float:
@@ -40,9 +43,10 @@ def _free_port(cluster, host: str) -> int:
     return int(cluster.run(host, [PYTHON, "-c", code]).stdout)
 
 
-def _agents(cluster, hosts: list[str], nproc: int, secret: str, *command: str, extra: tuple[str, ...] = ()):
+def _agents(cluster, hosts: list[str], nproc: int, secret: str, *command: str, extra: tuple[str, ...] = (),
+            nnodes: str | None = None):
     port = _free_port(cluster, hosts[0])
-    return [cluster.popen(host, [ACCORDRUN, "--nnodes", str(len(hosts)), "--node-rank", str(rank),
+    return [cluster.popen(host, [ACCORDRUN, "--nnodes", nnodes or str(len(hosts)), "--node-rank", str(rank),
                                  "--nproc-per-node", str(nproc), "--rdzv-endpoint", f"{hosts[0]}:{port}",
                                  "--secret-file", secret, "--start-timeout", "60", *extra, *command],
                           cwd=str(REPO), env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -109,6 +113,39 @@ def test_a_killed_agent_stops_the_job_and_its_workers(cluster, shared_dir):
                 proc.kill()
                 proc.communicate()
     # h2's worker was stopped by its agent's guardian: the cluster fixture finds nothing left
+
+
+def test_nnodes_2_3_a_killed_agent_is_left_behind_and_the_others_reform_in_memory(make_cluster):
+    """Three hosts, --nnodes 2:3: h2's agent is SIGKILLed before step 3; the workers on h1 and h3
+    re-form as a job of 2 (no restart) and end with the weights of 3 steps on 3, then 3 on 2."""
+    cluster = make_cluster(hosts=3)
+    folder = Path(cluster.shared) / "reform"
+    folder.mkdir(mode=0o777)
+    hold = folder / "go"
+    procs = _agents(cluster, ["h1", "h2", "h3"], 1, _secret(folder), PYTHON, ELASTIC_TRAIN, "--steps", "6",
+                    "--pid-dir", str(folder), "--hold-step", "3", "--hold-file", str(hold), nnodes="2:3")
+    try:
+        wait_for_files([folder / f"{m}.held" for m in range(3)], timeout=120, proc=procs[0])
+        procs[1].send_signal(signal.SIGKILL)  # nsenter exec'd accordrun: h2's agent
+        procs[1].communicate()
+        hold.touch()
+        done = _finish([procs[0], procs[2]], 120)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert done[0].returncode == 0 and done[1].returncode == 0, done[0].stderr + done[1].stderr
+    finished = done_lines(done[0].stdout) + done_lines(done[1].stdout)
+    assert sorted((d["member"], d["rank"]) for d in finished) == [(0, 0), (2, 1)]
+    expected = expected_linear_params([3, 3, 3, 2, 2, 2])
+    for d in finished:
+        assert d["sizes"] == [3, 3, 3, 2, 2, 2] and d["restart"] == "0"
+        assert d["pid"] == int((folder / f"{d['member']}.pid").read_text())  # never restarted
+        assert d["weight"] + d["bias"] == pytest.approx(expected, abs=1e-6)
+    assert "the agent of node 1 on h2 stopped answering" in done[0].stderr
+    assert "the job goes on in memory with nodes [0, 2]" in done[0].stderr
+    # h2's worker was stopped by its agent's guardian: the fixture finds nothing left on any host
 
 
 def test_max_restarts_2_with_workers_killed_on_another_host_ends_like_an_uninterrupted_run(cluster, shared_dir):

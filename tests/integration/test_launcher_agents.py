@@ -1,7 +1,8 @@
 """One agent per node (accordrun --nnodes/--node-rank/--rdzv-endpoint), through the real CLI:
 several agents as separate processes on this host, meeting on loopback. Values, ranks and
 output; a failure on one node stops every node with the root cause on every agent; agents
-that disagree, a wrong secret, an unreachable endpoint; Kubernetes' PET_* and SLURM's
+that disagree, a wrong secret, an unreachable endpoint; --nnodes MIN:MAX re-forming in memory (a
+killed agent, a killed worker, a node admitted); Kubernetes' PET_* and SLURM's
 variables; whole-job restarts (--max-restarts) that resume from the checkpoint."""
 import importlib.util
 import os
@@ -10,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.elastic_weights import done_lines, expected_linear_params
 
 _here = Path(__file__).parent / "scripts"
 _spec = importlib.util.spec_from_file_location("agents_testlib", _here / "agents_testlib.py")
@@ -300,3 +302,109 @@ def test_an_agent_that_restarts_rejoins_and_the_job_restarts_with_it(tmp_path):
     assert "restart 1 of 1" in done[0].stderr
     found = {**ag.results(done[0].stdout), **ag.results(done[1].stdout)}
     assert sorted(found) == [0, 1] and all(v["attempt"] == 1 for v in found.values())
+
+
+ELASTIC = lib.script("agent_elastic_train.py")
+
+
+def _wait_files(folder: Path, names: list[str], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not all((folder / n).exists() for n in names):
+        assert time.monotonic() < deadline, f"no {names} in {sorted(os.listdir(folder))} after {timeout}s"
+        time.sleep(0.05)
+
+
+@pytest.mark.timeout(120)
+def test_an_agent_killed_mid_training_the_survivors_reform_in_memory_and_finish(tmp_path):
+    """--nnodes 2:3, 3 agents x 1 worker: node 1's agent is SIGKILLed before step 3; the workers of
+    nodes 0 and 2 re-form as a job of 2 without restarting and finish from the last commit."""
+    port, secret = ag.free_port(), ag.secret_file(tmp_path)
+    pid_dir, hold = tmp_path / "pids", tmp_path / "go"
+    pid_dir.mkdir()
+    agents = ag.start_agents([ag.agent_args("2:3", r, 1, port, secret, lib.PYTHON, ELASTIC, "--steps", "6",
+                                            "--pid-dir", str(pid_dir), "--hold-step", "3", "--hold-file", str(hold))
+                              for r in range(3)])
+    pids: dict[int, int] = {}
+    try:
+        _wait_files(pid_dir, ["0.held", "1.held", "2.held"])  # 3 steps done on 3 workers
+        pids = {m: int((pid_dir / f"{m}.pid").read_text()) for m in range(3)}
+        os.kill(agents[1].pid, signal.SIGKILL)
+        assert lib.wait_dead([pids[1]], timeout=30) == []  # its guardian stopped its worker
+        hold.touch()
+        done = ag.finish([agents[0], agents[2]], 90)
+    finally:
+        for proc in agents:
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate()
+        lib.kill_all(list(pids.values()))
+    assert done[0].returncode == 0 and done[1].returncode == 0, done[0].stderr[-4000:] + done[1].stderr[-4000:]
+    finished = done_lines(done[0].stdout) + done_lines(done[1].stdout)
+    assert sorted((d["member"], d["rank"]) for d in finished) == [(0, 0), (2, 1)]  # renumbered
+    expected = expected_linear_params([3, 3, 3, 2, 2, 2])
+    for d in finished:
+        assert d["sizes"] == [3, 3, 3, 2, 2, 2]  # three committed steps on 3 workers, then 2
+        assert d["pid"] == pids[d["member"]] and d["restart"] == "0"  # the same processes throughout
+        assert d["weight"] + d["bias"] == pytest.approx(expected, abs=1e-6)
+    assert "the job goes on in memory with nodes [0, 2]" in done[0].stderr
+    assert lib.wait_dead(list(pids.values())) == []
+
+
+@pytest.mark.timeout(120)
+def test_a_third_agent_joining_a_two_agent_job_is_admitted(tmp_path):
+    """--nnodes 2:3: the job forms with 2 agents; a third that arrives while it trains is admitted
+    and its worker joins at the next re-formation, with the state of the last commit."""
+    port, secret = ag.free_port(), ag.secret_file(tmp_path)
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+
+    def agent(rank):
+        return ag.agent_args("2:3", rank, 1, port, secret, lib.PYTHON, ELASTIC, "--steps", "4",
+                             "--until-size", "3", "--step-sleep", "0.05", "--pid-dir", str(pid_dir))
+
+    first = ag.start_agents([agent(0), agent(1)])
+    late = []
+    try:
+        _wait_files(pid_dir, ["0.pid", "1.pid"])  # the job formed with 2 nodes
+        late = ag.start_agents([agent(2)])
+        done = ag.finish([*first, *late], 100)
+    finally:
+        for proc in [*first, *late]:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        lib.kill_all([int(p.read_text()) for p in pid_dir.glob("*.pid")])
+    assert [d.returncode for d in done] == [0, 0, 0], "\n".join(d.stderr[-3000:] for d in done)
+    finished = [d for proc in done for d in done_lines(proc.stdout)]
+    assert sorted((d["member"], d["rank"]) for d in finished) == [(0, 0), (1, 1), (2, 2)]
+    sizes = finished[0]["sizes"]
+    grown = sizes.index(3)
+    assert sizes == [2] * grown + [3] * (len(sizes) - grown) and len(sizes) >= 4
+    expected = expected_linear_params(sizes)
+    for d in finished:
+        assert d["sizes"] == sizes and d["weight"] + d["bias"] == pytest.approx(expected, abs=1e-6)
+        assert d["pid"] == int((pid_dir / f"{d['member']}.pid").read_text())
+    assert "elastic: admitted node 2" in done[0].stderr
+    assert "joined the running job as node 2" in done[2].stderr
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_worker_takes_its_node_out_and_below_min_the_job_stops_with_its_root_cause(tmp_path):
+    """--nnodes 2:3: node 2's worker dies before step 2: node 2 leaves (its agent prints why and
+    exits 137), nodes 0 and 1 go on as 2 workers; node 1's worker dies before step 4: one node
+    would remain, so node 0 stops with node 1's failure as the root cause."""
+    port, secret = ag.free_port(), ag.secret_file(tmp_path)
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    done = ag.run_agents([ag.agent_args("2:3", r, 1, port, secret, lib.PYTHON, ELASTIC, "--steps", "8",
+                                        "--pid-dir", str(pid_dir), "--die", "2:2", "--die", "1:4")
+                          for r in range(3)], timeout=100)
+    assert [d.returncode for d in done] == [137, 137, 137], "\n".join(d.stderr[-3000:] for d in done)
+    for node in (1, 2):
+        box = done[node].stderr.split(f"accordrun: node {node} leaves the job after its workers failed")[1]
+        assert f"rank       : {node} (local_rank 0" in box and "killed by SIGKILL (signal 9)" in box
+    assert "node 2 on" in done[0].stderr and "the job goes on in memory with nodes [0, 1]" in done[0].stderr
+    cause = done[0].stderr.split("accordrun: job failed (seen by node 0 of 3; the failure is on node 1)")[1]
+    assert "rank       : 1 (local_rank 0" in cause
+    assert not done_lines(done[0].stdout)  # training did not finish
+    assert lib.wait_dead([int(p.read_text()) for p in pid_dir.glob("*.pid")]) == []

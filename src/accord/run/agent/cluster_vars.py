@@ -67,6 +67,11 @@ class AgentSpec:
         return f"{host}:{self.endpoint_port}"
 
     @property
+    def elastic(self) -> bool:
+        """True with ``--nnodes MIN:MAX`` (MIN < MAX): nodes may leave and join the running job."""
+        return self.min_nodes < self.max_nodes
+
+    @property
     def nnodes_text(self) -> str:
         """``2`` or ``2:4``, as ``--nnodes`` takes it."""
         return str(self.min_nodes) if self.min_nodes == self.max_nodes else f"{self.min_nodes}:{self.max_nodes}"

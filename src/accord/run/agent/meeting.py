@@ -18,7 +18,13 @@ Keys (``A`` = the attempt: 0, then one more per whole-job restart):
 ``agents/a<A>/stop``            why the attempt stops (the first reason wins)
 ``agents/a<A>/fail/<rank>``     node ``rank``'s failed workers (their root-cause entries)
 ``agents/a<A>/done/<rank>``     node ``rank``'s workers all succeeded
+``agents/a<A>/members``         ``--nnodes MIN:MAX``: the nodes in the running attempt now
+``agents/a<A>/want/<n>``        ``--nnodes MIN:MAX``: agent n asking to join (``wants`` counts them)
+``agents/a<A>/answer/<id>``     the serving agent's answer to one of them
+``agents/a<A>/left/<id>``       ``--nnodes MIN:MAX``: that agent's node left after its workers failed
 ==============================  =================================================================
+
+The ``--nnodes MIN:MAX`` keys are :mod:`accord.run.agent.membership`'s.
 """
 from __future__ import annotations
 
@@ -204,6 +210,10 @@ class Meeting:
         held = self._call(f"writing {key}", lambda: self._conn.compare_set(key, "", data))
         return json.loads(bytes(held).decode())
 
+    def add(self, key: str, delta: int) -> int:
+        """Add ``delta`` to the counter ``key`` (0 creates it); return its value now."""
+        return int(self._call(f"counting {key}", lambda: self._conn.add(key, delta)))
+
     # --- liveness --------------------------------------------------------------------------
     def beat(self) -> None:
         """Count this agent's heartbeat, every :data:`HEARTBEAT_S` at most."""
@@ -243,6 +253,8 @@ class Meeting:
         if self.get(_key(attempt, "world")) is None:
             return attempt
         if self.get(_key(attempt, "stop")) is None:
+            if self.spec.elastic:  # asks the serving agent to join it (accord.run.agent.membership)
+                return attempt
             if attempt >= self.spec.max_restarts:
                 raise AgentError(with_hint(
                     f"the job at {self.spec.endpoint} is running attempt {attempt} without this node, "
@@ -300,8 +312,13 @@ class Meeting:
                              "give every node the same --nnodes, --nproc-per-node and --max-restarts, "
                              "and --node-rank to all of them or to none"), 2)
 
-    def join(self, attempt: int, wait: Callable[[], int]) -> World:
-        """Join ``attempt`` and return its world once every node is there.
+    def running(self, attempt: int) -> bool:
+        """True once ``attempt``'s world is published (its workers run or have run)."""
+        return self.get(_key(attempt, "world")) is not None
+
+    def join(self, attempt: int, wait: Callable[[], int]) -> World | None:
+        """Join ``attempt`` and return its world once every node is there; None when, with
+        ``--nnodes MIN:MAX``, it started without this agent (which then asks to join it).
 
         ``wait()`` is called between polls; a signal number (not 0) means stop waiting.
 
@@ -335,6 +352,8 @@ class Meeting:
                     self._publish(attempt, records)
             world = self.get_json(_key(attempt, "world"))
             if world is not None:
+                if self.spec.elastic and not any(n["agent_id"] == self.agent_id for n in world["nodes"]):
+                    return None  # it started without this agent: ask to join it
                 return self._world(attempt, world, mine)
             if time.monotonic() >= self._deadline:
                 self._timeout(attempt, records)
@@ -362,6 +381,10 @@ class Meeting:
                 f"the job at {self.spec.endpoint} started attempt {attempt} with nodes "
                 f"{[n.node_rank for n in nodes]} without this one (node {mine.node_rank} on {self.host})",
                 "start every agent within --start-timeout of the first"), 1)
+        return self.world_of(attempt, data, nodes)
+
+    def world_of(self, attempt: int, data: dict[str, Any], nodes: tuple[NodeRecord, ...]) -> World:
+        """The :class:`World` of ``attempt`` from its published ``data``, with these ``nodes``."""
         host = self.spec.endpoint_host
         return World(attempt=attempt, nodes=nodes, nproc=self.spec.nproc, store_addr=host,
                      store_port=int(data["store_port"]), master_addr=host, master_port=int(data["master_port"]),
@@ -395,8 +418,9 @@ class Meeting:
             self._conn.set(f"agents/exit/{self.agent_id}", "1")
             if self.serving is not None:
                 attempt = int(json.loads(self._conn.get("agents/attempt", timeout=1.0)))
-                world = self.get_json(_key(attempt, "world"))
-                # no world yet (the agents disagreed, or one timed out): those that joined
+                world = self.get_json(_key(attempt, "members")) or self.get_json(_key(attempt, "world"))
+                # no world yet (the agents disagreed, or one timed out): those that joined;
+                # with --nnodes MIN:MAX, the members as they ended
                 nodes = world["nodes"] if world else [asdict(r) for r in self._records(attempt, self.spec.max_nodes)
                                                       .values()]
                 ids = [f"agents/exit/{n['agent_id']}" for n in nodes]

@@ -9,6 +9,11 @@ failure anywhere stops every node's workers: the agent that saw it publishes its
 entries and the stop; every agent stops its workers and prints the same root cause. With
 ``--max-restarts N`` the agents then start the next attempt (at most N times), and the workers
 read ``TORCHELASTIC_RESTART_COUNT`` / ``ACCORD_RESTART_COUNT`` to resume from their checkpoint.
+
+With ``--nnodes MIN:MAX`` the workers are elastic workers and a failure does not stop the job
+while MIN nodes remain (:meth:`NodeAgent._watch_elastic`, :mod:`accord.run.agent.membership`):
+the failed worker's node leaves, a lost node is dropped, an agent that arrives is admitted, and
+the other nodes' workers re-form in memory under ``hvd.elastic.run``.
 """
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ import signal
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from types import FrameType
 from typing import Any, BinaryIO, TextIO
 
@@ -26,6 +31,7 @@ from accord import config, worker_contract
 from accord.errors import with_hint
 from accord.run.agent.cluster_vars import AgentSpec
 from accord.run.agent.meeting import LOST_AFTER_S, AgentError, Meeting, World
+from accord.run.agent.membership import ElasticNode, ask_to_join, left_key
 from accord.run.config.launch_config import LaunchConfig
 from accord.run.processes.failures import Failure, exit_status, format_root_cause, pick_root_cause, signal_name
 from accord.run.processes.output import OutputMux
@@ -107,6 +113,10 @@ class NodeAgent:
         self._log.write(f"accordrun ({where}): {text}\n")
         self._log.flush()
 
+    def _signalled(self) -> int:
+        """The first signal this agent received, 0 if none."""
+        return self._signals[0] if self._signals else 0
+
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signals.append(signum)
 
@@ -122,12 +132,19 @@ class NodeAgent:
                           f"{self.spec.endpoint} can join or stop this job")
             attempt = meeting.current_attempt()
             while True:
-                world = meeting.join(attempt, lambda: self._signals[0] if self._signals else 0)
+                world, joining = None, None
+                if not (self.spec.elastic and meeting.serving is None and meeting.running(attempt)):
+                    world = meeting.join(attempt, self._signalled)
+                if world is None:  # --nnodes MIN:MAX and the attempt runs: this node joins it
+                    world, joining = ask_to_join(meeting, self.spec, attempt, self._signalled)
                 self._node = next(n.node_rank for n in world.nodes if n.agent_id == meeting.agent_id)
+                if joining is not None:
+                    self._say(f"joined the running job as node {self._node} (--nnodes {self.spec.nnodes_text}); "
+                              "its workers are admitted at the next re-formation")
                 if self.cfg.verbose:
                     self._say(f"attempt {attempt}: {len(world.nodes)} nodes x {world.nproc} workers; "
                               f"workers' store {world.store_addr}:{world.store_port}")
-                outcome = self._attempt(world)
+                outcome = self._attempt(world, joining)
                 if not outcome.restartable:
                     return outcome.code
                 if attempt >= self.spec.max_restarts:
@@ -146,9 +163,10 @@ class NodeAgent:
                 signal.signal(sig, handler)
 
     # --- one attempt -------------------------------------------------------------------------
-    def _attempt(self, world: World) -> _Outcome:
+    def _attempt(self, world: World, joining: tuple[int, ...] | None = None) -> _Outcome:
         cfg = self.cfg
         environ = config.snapshot()
+        elastic = ElasticNode.open(self._meeting, self.spec, world, joining, self._say) if self.spec.elastic else None
         jobdir = tempfile.mkdtemp(prefix=f"accord-{world.job_id}-n{self._node}-")
         supervisor = Supervisor(cfg.grace_period)
         supervisor.guardian.remove_on_death(jobdir)
@@ -156,22 +174,26 @@ class NodeAgent:
                         ranks_filter=self._ranks_filter, output_dir=cfg.output_dir, size=world.size)
         try:
             try:
-                self._start_workers(world, supervisor, mux, jobdir, environ)
+                self._start_workers(world, supervisor, mux, jobdir, environ, elastic)
             except AgentError as exc:  # the others stop too, with this as the cause
                 self._meeting.set_first(f"agents/a{world.attempt}/stop", {
                     "reason": "start", "node": self._node, "text": f"node {self._node} could not start its "
                                                                   f"workers: {exc}"})
                 raise
             mux.start()
+            if elastic is not None:
+                return self._watch_elastic(world, supervisor, mux, elastic)
             return self._watch(world, supervisor, mux)
         finally:
             supervisor.kill()
             mux.close(timeout=0.5)
             supervisor.close()
+            if elastic is not None:
+                elastic.close()
             shutil.rmtree(jobdir, ignore_errors=True)
 
     def _start_workers(self, world: World, supervisor: Supervisor, mux: OutputMux, jobdir: str,
-                       environ: dict[str, str]) -> None:
+                       environ: dict[str, str], elastic: ElasticNode | None = None) -> None:
         cfg = self.cfg
         job = JobEnv(job_id=world.job_id, master_addr=world.master_addr, master_port=world.master_port,
                      store_addr=world.store_addr, store_port=world.store_port)
@@ -181,6 +203,8 @@ class NodeAgent:
                       f"workers per node) = {omp_threads(cpus, world.nproc)} thread(s); set OMP_NUM_THREADS to choose")
         index = [n.node_rank for n in world.nodes].index(self._node)
         mine = [s for s in world_slots(world) if s.host_index == index]
+        if elastic is not None:
+            elastic.take_slots([s.rank for s in mine])
         options = StartOptions(cwd=cfg.cwd, worker_cwd=cfg.worker_cwd, grace=cfg.grace_period, ssh=cfg.ssh,
                                secret_hex=self.spec.secret.hex())
         for slot in mine:
@@ -188,6 +212,8 @@ class NodeAgent:
             added = worker_env(slot, job, tuning=cfg.tuning, user_env=environ, cpu_count=cpus,
                                devices=cfg.devices, error_file=err_path)
             added.update(restart_env(world.attempt, self.spec.max_restarts))
+            if elastic is not None:
+                added.update(elastic.worker_env(slot.rank))
             files = mux.open_files(slot.rank)
             try:
                 member = supervisor.start("worker", slot.rank, slot.rank, "localhost", cfg.worker_command,
@@ -216,9 +242,7 @@ class NodeAgent:
         try:
             while reason is None:
                 if self._signals:
-                    reason = meeting.set_first(f"agents/a{attempt}/stop", {
-                        "reason": "signal", "node": self._node, "host": host,
-                        "text": f"the agent of node {self._node} on {host} received {signal_name(self._signals[0])}"})
+                    reason = self._signal_stop(attempt, host)
                     break
                 for m in supervisor.reap():
                     if m.returncode != 0:
@@ -259,6 +283,118 @@ class NodeAgent:
             return _Outcome(1)
         assert reason is not None
         return self._stopped(world, supervisor, mux, failures, published, reason, host)
+
+    def _watch_elastic(self, world: World, supervisor: Supervisor, mux: OutputMux, elastic: ElasticNode) -> _Outcome:
+        """:meth:`_watch` with ``--nnodes MIN:MAX``: nodes leave and join the running attempt
+        (:mod:`accord.run.agent.membership`) and the workers re-form in memory."""
+        meeting, attempt = self._meeting, world.attempt
+        host = node_labels(world)[[n.node_rank for n in world.nodes].index(self._node)]
+        governor = elastic.governor
+        failures: list[Failure] = []
+        left: int | None = None  # this node's exit status once it left the job after a failure
+        done = False
+        next_poll = 0.0
+        reason: dict[str, Any] | None = None
+        try:
+            while reason is None:
+                if self._signals:
+                    reason = self._signal_stop(attempt, host)
+                    break
+                for m in supervisor.reap():
+                    if m.returncode != 0:
+                        failures.append(self._failure(m, host))
+                    else:  # ended its training: re-formations stop waiting for it
+                        elastic.workers.dead(elastic.ids[m.index])
+                if failures and left is None:
+                    left = self._leave(world, supervisor, mux, failures, host, elastic)
+                    if governor is None:
+                        return _Outcome(left)
+                    stop = governor.leave_self()
+                    if stop is not None:
+                        reason = meeting.set_first(f"agents/a{attempt}/stop", stop)
+                        break
+                if left is None and not done and all(w.returncode == 0 for w in supervisor.of_kind("worker")):
+                    meeting.set_json(f"agents/a{attempt}/done/{self._node}", 1)
+                    done = True
+                if time.monotonic() >= next_poll:
+                    next_poll = time.monotonic() + _STORE_POLL
+                    meeting.beat()
+                    stop = governor.turn() if governor is not None else None
+                    if stop is not None:
+                        meeting.set_first(f"agents/a{attempt}/stop", stop)
+                    reason = meeting.stop_reason(attempt)
+                    if reason is not None:
+                        break
+                    members = elastic.refresh()
+                    if left is None and not elastic.is_member():
+                        self._stop(supervisor)
+                        mux.close(timeout=2.0)
+                        self._say(with_hint("error: the job went on without this node (node rank 0's agent "
+                                            f"saw its heartbeat stand still for {LOST_AFTER_S:g}s); stopped "
+                                            "this node's workers", "start this agent again to join the job"))
+                        return _Outcome(1)
+                    finished = [meeting.get(f"agents/a{attempt}/done/{n.node_rank}") is not None
+                                for n in members.nodes if left is None or n.agent_id != meeting.agent_id]
+                    if finished and all(finished) and (done or left is not None):
+                        mux.close(timeout=2.0)
+                        return _Outcome(left or 0)
+                    if not done and left is None and any(finished) and not elastic.admitted():
+                        return self._too_late(world, supervisor, mux, elastic)
+                time.sleep(_POLL)
+        except AgentError as exc:
+            self._stop(supervisor)
+            mux.close(timeout=2.0)
+            self._say(f"error: {exc}; stopped this node's workers")
+            return _Outcome(1)
+        assert reason is not None
+        every = replace(world, nodes=tuple(elastic.seen[r] for r in sorted(elastic.seen)))
+        return self._stopped(every, supervisor, mux, failures, left is not None, reason, host)
+
+    def _leave(self, world: World, supervisor: Supervisor, mux: OutputMux, failures: list[Failure], host: str,
+               elastic: ElasticNode) -> int:
+        """This node's workers failed: it leaves the elastic job. Its other workers are marked
+        leaving (and the change announced) before any is marked dead, so that the survivors'
+        re-formation leaves them all out at once; then they are stopped. Return the exit status."""
+        meeting, attempt = self._meeting, world.attempt
+        running = [m for m in supervisor.of_kind("worker") if m.returncode is None]
+        for m in running:
+            elastic.workers.leaving(elastic.ids[m.index])
+        if running:
+            elastic.workers.announce("removed")
+        for f in failures:
+            elastic.workers.dead(elastic.ids[f.rank])
+        stopped = self._stop(supervisor)
+        for m in running:
+            elastic.workers.dead(elastic.ids[m.index])
+        mux.close(timeout=2.0)
+        for f in failures:
+            f.stderr_tail = mux.stderr_tail(f.rank)[-20:]
+        meeting.set_json(f"agents/a{attempt}/fail/{self._node}", [failure_record(f) for f in failures])
+        root = pick_root_cause(failures)
+        code = exit_status(root.returncode) or 1
+        title = (f"accordrun: node {self._node} leaves the job after its workers failed (--nnodes "
+                 f"{self.spec.nnodes_text}: the others go on without it while at least "
+                 f"{self.spec.min_nodes} nodes remain)")
+        self._log.write(format_root_cause(root, [f for f in failures if f is not root], stopped, title=title) + "\n")
+        self._log.flush()
+        meeting.set_json(left_key(attempt, meeting.agent_id), {"code": code})
+        return code
+
+    def _too_late(self, world: World, supervisor: Supervisor, mux: OutputMux, elastic: ElasticNode) -> _Outcome:
+        """The job finished its training before this joining node's workers were admitted."""
+        stopped = self._stop(supervisor)
+        for rank in stopped:
+            elastic.workers.dead(elastic.ids[rank])
+        mux.close(timeout=2.0)
+        self._meeting.set_json(left_key(world.attempt, self._meeting.agent_id), {"code": 0})
+        self._say("the job finished its training before this node's workers were admitted; stopped them")
+        return _Outcome(0)
+
+    def _signal_stop(self, attempt: int, host: str) -> dict[str, Any]:
+        """Stop ``attempt`` for the signal this agent received; return the stop reason that holds."""
+        return self._meeting.set_first(f"agents/a{attempt}/stop", {
+            "reason": "signal", "node": self._node, "host": host,
+            "text": f"the agent of node {self._node} on {host} received {signal_name(self._signals[0])}"})
 
     def _stop(self, supervisor: Supervisor) -> list[int]:
         sig = self._signals[0] if self._signals else signal.SIGTERM
