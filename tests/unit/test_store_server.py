@@ -198,11 +198,52 @@ def test_silent_clients_are_dropped_after_the_handshake_timeout(caplog):
             c.set("k", b"w")  # an authenticated client may idle longer than the timeout
             assert c.get("k") == b"w"
         assert silent.recv(100)[:4] == wire.MAGIC  # the server's hello
-        assert silent.recv(100) == b""  # then closed after the timeout
-        assert hello_only.recv(100) == b""
+        # then reset after the timeout (a reset, which an honest client retries)
+        with pytest.raises(ConnectionResetError):
+            silent.recv(100)
+        with pytest.raises(ConnectionResetError):
+            hello_only.recv(100)
         silent.close()
         hello_only.close()
         _wait_for_log(caplog, "no authenticated request")
+
+
+def test_a_client_kept_past_the_handshake_timeout_connects_again(monkeypatch):
+    # A loaded machine can keep an honest client from sending its first request in time: the
+    # server resets that connection, and the client tries again within its own deadline.
+    from accord.store import connection
+
+    real, stalls = connection._connect, []
+
+    def slow_first(*args, **kwargs):
+        channel = real(*args, **kwargs)
+        if not stalls:
+            stalls.append(1)
+            time.sleep(0.8)  # past the server's 0.3 s, between the hello and the first request
+        return channel
+
+    monkeypatch.setattr(connection, "_connect", slow_first)
+    with StoreServer(secret=SECRET, handshake_timeout=0.3) as srv:
+        with StoreConnection("127.0.0.1", srv.port, SECRET, timeout=5) as c:
+            c.set("k", b"v")
+            assert c.get("k") == b"v"
+    assert stalls == [1]
+
+
+def test_a_wrong_secret_is_refused_at_once_not_retried(monkeypatch):
+    from accord.store import connection
+
+    real, attempts = connection._connect, []
+
+    def counted(*args, **kwargs):
+        attempts.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(connection, "_connect", counted)
+    with StoreServer(secret=SECRET, handshake_timeout=5) as srv:
+        with pytest.raises(RendezvousError, match="wrong secret"):
+            StoreConnection("127.0.0.1", srv.port, b"x" * len(SECRET), timeout=30)
+    assert attempts == [1]  # refused on the first answer, not retried until the deadline
 
 
 def test_connections_beyond_the_limit_are_refused(caplog):

@@ -55,7 +55,8 @@ class StoreConnection:
                 return
             except RendezvousError as exc:
                 # a reset before our first answer: a flood of new connections pushed ours out
-                # of the server's bounded handshake queue (store/handshake.py); try again
+                # of the server's bounded handshake queue (store/handshake.py), or a loaded
+                # machine kept us past its handshake timeout; try again
                 if not isinstance(exc.__context__, ConnectionResetError) or time.monotonic() >= deadline:
                     raise
 

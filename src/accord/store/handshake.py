@@ -260,6 +260,10 @@ class HandshakePool:
                 break
             due.append(p)
         for p in due:
+            # A reset, as for an eviction: an honest client that a loaded machine kept from
+            # answering in time connects again within its own deadline (a wrong secret, by
+            # contrast, gets an orderly close and fails at once)
+            _reset_on_close(p.sock)
             self._refuse(p, "accord store dropped connection from %s: no authenticated request "
                             "within %.1fs", p.peer, self._timeout)
 
@@ -268,8 +272,7 @@ class HandshakePool:
             oldest = next(iter(tier.values()))
             # A reset, not an orderly close: the client tells "make room, try again" (a reset
             # during its first round trip) from a refusal of its secret (the connection ends).
-            with contextlib.suppress(OSError):
-                oldest.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            _reset_on_close(oldest.sock)
             self._refuse(oldest, "accord store dropped the oldest unauthenticated connection, from "
                                  "%s: %s", oldest.peer, why)
 
@@ -284,3 +287,9 @@ class HandshakePool:
     def _drop(self, p: _Pending) -> None:
         self._forget(p)
         p.sock.close()
+
+
+def _reset_on_close(sock: socket.socket) -> None:
+    """Make closing ``sock`` send a reset (SO_LINGER 0), which a client reads as "try again"."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
