@@ -8,9 +8,12 @@ from __future__ import annotations
 import os
 import pwd
 import selectors
+import shutil
 import socket
 import struct
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -205,7 +208,19 @@ def _socket_in(directory: str) -> str:
     return path
 
 
-def test_a_worker_takes_an_advertised_unix_socket_only_from_a_private_directory_it_owns(tmp_path):
+@pytest.fixture
+def short_path():
+    """A folder with a short path: a Unix socket's path must stay under 108 bytes, which
+    pytest's nested tmp_path (longer still under pytest-xdist) can exceed."""
+    path = tempfile.mkdtemp(prefix="hp-")
+    try:
+        yield Path(path)
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def test_a_worker_takes_an_advertised_unix_socket_only_from_a_private_directory_it_owns(short_path):
+    tmp_path = short_path
     tcp = "tcp://127.0.0.1:5555"
     private = tmp_path / "private"
     private.mkdir(mode=0o700)
