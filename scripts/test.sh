@@ -19,7 +19,14 @@ if [ $# -eq 0 ]; then
   .venv/bin/python -m ruff check . || status=$?
 fi
 first=0
-.venv/bin/python -m pytest -p no:cacheprovider "$@" || first=$?
+# The whole suite runs in two pytest-xdist workers, one test file per worker at a time (a file's
+# module fixtures stay in one process): most tests wait on processes they start, so two files at
+# once keep both cores busy. Named tests run in one process, as pytest runs them.
+parallel=()
+if [ $# -eq 0 ]; then
+  parallel=(-n 2 --dist loadfile)
+fi
+.venv/bin/python -m pytest -p no:cacheprovider "${parallel[@]}" "$@" || first=$?
 mxnet_args=()
 if [ $# -eq 0 ]; then
   mxnet_args=(tests/with_mxnet)
