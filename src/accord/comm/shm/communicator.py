@@ -13,7 +13,9 @@ barrier per chunk and none at the end of an op.
   reduces all slots straight into its own tensor (torch ops on ``torch.frombuffer`` views: the
   reductions are vectorised). With more than ``direct_max_ranks`` ranks and large tensors, rank
   ``i`` instead reduces part ``i`` of the chunk into the result area and every rank copies the
-  result out (less work per rank, one more phase).
+  result out (less work per rank, one more phase). Two ranks reducing in place (a sum or product
+  into the inputs themselves) add the peer's slot into their own tensor: the same bits, since
+  the op commutes, with no scratch pass.
 - reduce_scatter: each rank reduces only its own rows, straight into its output.
 - broadcast / allgather / gather / scatter / alltoall: copies through the same slots.
 
@@ -301,8 +303,9 @@ class ShmCommunicator(BaseCommunicator):
         areas = self._areas(wire)
 
         direct = self._direct or numel * itemsize < self._split_min_bytes
+        in_place = all(o is i and o.dtype == wire for o, i in zip(outputs, inputs))
         stages = reduction_stages(ins, outs, pieces, areas, me, size, per, op, receives, direct,
-                                  self._scratch(wire))
+                                  self._scratch(wire), in_place)
         return self._run(kind, _op_code(wire, op), numel * itemsize, -1 if root is None else root,
                          _chunks(numel * itemsize, per * itemsize), stages, extra=vote or 0, vote=vote is not None)
 
