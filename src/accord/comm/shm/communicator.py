@@ -193,26 +193,38 @@ class ShmCommunicator(BaseCommunicator):
         """Whether :meth:`allreduce_many` reduces ``dtype`` (the wire dtype) with ``op`` natively."""
         return self._native(dtype, op)
 
+    # allreduce_many takes ``postscale`` (the engine reads this to hand over its scaling)
+    allreduce_many_scales = True
+
     def allreduce_many(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
-                       op: ReduceOp, wire_dtype: torch.dtype | None = None) -> None:
+                       op: ReduceOp, wire_dtype: torch.dtype | None = None, postscale: float = 1.0) -> None:
         """Allreduce the concatenation of ``inputs`` into ``outputs`` as one op.
 
         Chunks are filled straight from the inputs and reduced straight into the outputs, so a
         batch of gradients needs no fusion buffer. ``wire_dtype`` (default: the inputs' dtype)
         is what the shared slots hold and what the sum is computed in: floating inputs of
         another dtype are cast on the way in, and the result is cast into the outputs on the
-        way out, so compression costs no pass of its own. Every rank must pass the same total
-        size and wire dtype.
+        way out, so compression costs no pass of its own. ``postscale``: the outputs (floating)
+        are multiplied by it, each chunk right after it is reduced, while it is in cache, with
+        the bits of ``torch._foreach_mul_(outputs, postscale)`` after the op. Every rank must
+        pass the same total size and wire dtype.
 
         Raises:
             ValueError: empty lists, different lengths or sizes, mixed dtypes without a wire
-                dtype, a cast of a non-floating tensor, non-contiguous tensors, or a
-                (dtype, op) pair that :meth:`supports_allreduce_many` refuses.
+                dtype, a cast of a non-floating tensor, non-contiguous tensors, a (dtype, op)
+                pair that :meth:`supports_allreduce_many` refuses, or a postscale for outputs
+                that are not floating.
         """
         wire = self._check_many("allreduce_many", inputs, outputs, op, wire_dtype)
+        postscale = float(postscale)
+        if postscale != 1.0 and not all(o.is_floating_point() or o.is_complex() for o in outputs):
+            raise ValueError(with_hint(
+                f"allreduce_many: postscale {postscale} for outputs of dtype "
+                f"{sorted({str(o.dtype) for o in outputs})}",
+                "scale integer results yourself (only floating outputs are scaled in the op)"))
         try:
             with torch.no_grad():
-                self._reduce_into(inputs, outputs, op, None, wire)
+                self._reduce_into(inputs, outputs, op, None, wire, postscale=postscale)
         except (BackendError, MismatchError, ValueError):
             raise
         except RuntimeError as exc:
@@ -283,7 +295,8 @@ class ShmCommunicator(BaseCommunicator):
         return area
 
     def _reduce_into(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor], op: ReduceOp,
-                     root: int | None, wire: torch.dtype | None = None, vote: int | None = None) -> bool:
+                     root: int | None, wire: torch.dtype | None = None, vote: int | None = None,
+                     postscale: float = 1.0) -> bool:
         # (a 1-D tensor is its own flat view: every torch op saved counts for small ops)
         ins = [t if t.dim() == 1 else t.view(-1) for t in inputs]
         outs = [t if t.dim() == 1 else t.view(-1) for t in outputs]
@@ -297,15 +310,18 @@ class ShmCommunicator(BaseCommunicator):
             # One tensor in one chunk (latency-bound ops): slot views of exactly its size, kept.
             n = ins[0].numel()
             stages = small_stages(ins[0], outs[0], self._small_views(wire, n), me, size, op, receives)
-            return self._run(kind, _op_code(wire, op), n * itemsize, -1 if root is None else root, 1, stages,
-                             extra=vote or 0, vote=vote is not None)
+            ran = self._run(kind, _op_code(wire, op), n * itemsize, -1 if root is None else root, 1, stages,
+                            extra=vote or 0, vote=vote is not None)
+            if ran and postscale != 1.0 and receives:
+                outs[0].mul_(postscale)
+            return ran
         pieces, numel = chunk_pieces([t.numel() for t in ins], per)
         areas = self._areas(wire)
 
         direct = self._direct or numel * itemsize < self._split_min_bytes
         in_place = all(o is i and o.dtype == wire for o, i in zip(outputs, inputs))
         stages = reduction_stages(ins, outs, pieces, areas, me, size, per, op, receives, direct,
-                                  self._scratch(wire), in_place)
+                                  self._scratch(wire), in_place, postscale)
         return self._run(kind, _op_code(wire, op), numel * itemsize, -1 if root is None else root,
                          _chunks(numel * itemsize, per * itemsize), stages, extra=vote or 0, vote=vote is not None)
 

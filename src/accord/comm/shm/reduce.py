@@ -81,7 +81,8 @@ def small_stages(src: torch.Tensor, out: torch.Tensor, views: Sequence[Sequence[
 def reduction_stages(ins: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
                      pieces: Sequence[Sequence[Piece]], areas: Sequence[Sequence[torch.Tensor]],
                      me: int, size: int, per: int, op: ReduceOp, receives: bool,
-                     direct: bool, scratch: torch.Tensor, in_place: bool = False) -> list[Stage]:
+                     direct: bool, scratch: torch.Tensor, in_place: bool = False,
+                     postscale: float = 1.0) -> list[Stage]:
     """The pipeline stages of an allreduce/reduce of the flat ``ins`` into the flat ``outs``.
 
     ``areas[bank][i]``: rank i's slot (i < size) or the result area (i == size), typed in the
@@ -90,7 +91,8 @@ def reduction_stages(ins: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
     chunk-sized area in the wire dtype. ``direct``: every receiving rank reduces whole chunks
     itself (copy in, reduce out); otherwise rank i reduces part i of each chunk into the result
     area and every rank copies it out. ``in_place``: each output is its input (the same tensor),
-    of the wire dtype.
+    of the wire dtype. ``postscale``: the outputs are multiplied by it, chunk by chunk once each
+    is written (while it is in cache), in the outputs' dtype: the bits of scaling them after the op.
     """
     sizes = [t.numel() for t in ins]
     numel = sum(sizes)
@@ -158,14 +160,24 @@ def reduction_stages(ins: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
         peer = areas[b][1 - me]
         if len(ps) == 1:
             i, lo, hi, at = ps[0]
-            foreach([part(outs, i, lo, hi)], [peer[at:at + hi - lo]])
+            mine = [part(outs, i, lo, hi)]
+            foreach(mine, [peer[at:at + hi - lo]])
         else:
-            views = peer[:used(ps)].split([hi - lo for _, lo, hi, _ in ps])
-            foreach([part(outs, i, lo, hi) for i, lo, hi, _ in ps], list(views))
+            mine = [part(outs, i, lo, hi) for i, lo, hi, _ in ps]
+            foreach(mine, list(peer[:used(ps)].split([hi - lo for _, lo, hi, _ in ps])))
+        if postscale != 1.0:
+            torch._foreach_mul_(mine, postscale)
+
+    def scaled(stage: Stage) -> Stage:
+        def run(c: int, b: int) -> None:
+            stage(c, b)
+            if receives and pieces[c]:
+                torch._foreach_mul_([part(outs, i, lo, hi) for i, lo, hi, _ in pieces[c]], postscale)
+        return run
 
     foreach = _FOREACH_IN_PLACE.get(op)
     if direct and receives and size == 2 and in_place and foreach is not None:
         return [copy_in, add_peer]
     if direct:
-        return [copy_in, reduce_out]
-    return [copy_in, reduce_part, copy_out]
+        return [copy_in, reduce_out if postscale == 1.0 else scaled(reduce_out)]
+    return [copy_in, reduce_part, copy_out if postscale == 1.0 else scaled(copy_out)]

@@ -323,9 +323,13 @@ class Executor:
         outputs = [r.tensor if r.owned else memory.empty_like(r.tensor) for r in batch]
         if pre != 1.0:  # only owned (overwritable) batches come here with a prescale
             torch._foreach_mul_(inputs, pre)
-        _comm_call(comm.allreduce_many, inputs, outputs, op, wire)
-        if post != 1.0:
-            torch._foreach_mul_(outputs, post)
+        if post != 1.0 and getattr(comm, "allreduce_many_scales", False):
+            # scaled chunk by chunk inside the op, while each is in cache: no pass of its own
+            _comm_call(comm.allreduce_many, inputs, outputs, op, wire, post)
+        else:
+            _comm_call(comm.allreduce_many, inputs, outputs, op, wire)
+            if post != 1.0:
+                torch._foreach_mul_(outputs, post)
         self.collectives += 1
         if self.timeline is not None:
             self._span(batch, "ALLREDUCE", t1, time.monotonic())
