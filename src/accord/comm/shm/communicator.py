@@ -216,12 +216,7 @@ class ShmCommunicator(BaseCommunicator):
                 that are not floating.
         """
         wire = self._check_many("allreduce_many", inputs, outputs, op, wire_dtype)
-        postscale = float(postscale)
-        if postscale != 1.0 and not all(o.is_floating_point() or o.is_complex() for o in outputs):
-            raise ValueError(with_hint(
-                f"allreduce_many: postscale {postscale} for outputs of dtype "
-                f"{sorted({str(o.dtype) for o in outputs})}",
-                "scale integer results yourself (only floating outputs are scaled in the op)"))
+        postscale = self._check_postscale("allreduce_many", outputs, postscale)
         try:
             with torch.no_grad():
                 self._reduce_into(inputs, outputs, op, None, wire, postscale=postscale)
@@ -231,7 +226,7 @@ class ShmCommunicator(BaseCommunicator):
             raise self._failure("allreduce", exc) from exc
 
     def allreduce_voted(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor], op: ReduceOp,
-                        vote: int, wire_dtype: torch.dtype | None = None) -> bool:
+                        vote: int, wire_dtype: torch.dtype | None = None, postscale: float = 1.0) -> bool:
         """:meth:`allreduce_many`, unless some rank votes against: every rank passes ``vote``
         (0: go ahead), which travels in the op's descriptor, not in the data. When any rank's
         vote is non-zero, no output is written on any rank and every rank returns False (the
@@ -239,16 +234,18 @@ class ShmCommunicator(BaseCommunicator):
 
         The engine's planned cycles use this to ask "did every member follow the plan?" inside
         the data collective itself, without a control element appended to a staging copy.
+        ``postscale``: as for :meth:`allreduce_many`.
 
         Raises:
             ValueError: as :meth:`allreduce_many`.
         """
         wire = self._check_many("allreduce_voted", inputs, outputs, op, wire_dtype)
+        postscale = self._check_postscale("allreduce_voted", outputs, postscale)
         try:
             if not torch.is_grad_enabled():  # the engine's case: no context manager to build
-                return self._reduce_into(inputs, outputs, op, None, wire, vote=int(vote))
+                return self._reduce_into(inputs, outputs, op, None, wire, vote=int(vote), postscale=postscale)
             with torch.no_grad():
-                return self._reduce_into(inputs, outputs, op, None, wire, vote=int(vote))
+                return self._reduce_into(inputs, outputs, op, None, wire, vote=int(vote), postscale=postscale)
         except (BackendError, MismatchError, ValueError):
             raise
         except RuntimeError as exc:
@@ -275,6 +272,15 @@ class ShmCommunicator(BaseCommunicator):
         if not self._native(wire, op):
             raise ValueError(f"{what}: the shm backend does not reduce {wire} with {op.name} natively")
         return wire
+
+    @staticmethod
+    def _check_postscale(what: str, outputs: Sequence[torch.Tensor], postscale: float) -> float:
+        postscale = float(postscale)
+        if postscale != 1.0 and not all(o.is_floating_point() or o.is_complex() for o in outputs):
+            raise ValueError(with_hint(
+                f"{what}: postscale {postscale} for outputs of dtype {sorted({str(o.dtype) for o in outputs})}",
+                "scale integer results yourself (only floating outputs are scaled in the op)"))
+        return postscale
 
     def _small_views(self, dtype: torch.dtype, n: int) -> list[list[torch.Tensor]]:
         """``[bank][i]``: the first ``n`` elements of rank i's slot, typed; kept for the few
