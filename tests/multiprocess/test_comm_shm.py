@@ -92,6 +92,24 @@ def _many_checks(comm, rank, size, tag):
                                     f"({sizes[i]} elements): got {got.numpy()[:4]}, want {want[:4]}")
         if not np.array_equal(separate[1].numpy(), mine[1].numpy()):
             failures.append(f"[{tag} rank {rank}] separate outputs differ from in-place results")
+    # a postscale, in place and into separate outputs: the bits of numpy's sum times 0.25
+    mine = [torch.from_numpy(a.copy()) for a in ins[rank]]
+    separate = [torch.empty_like(t) for t in mine]
+    comm.allreduce_many(mine, separate, ReduceOp.SUM, postscale=0.25)
+    comm.allreduce_many(mine, mine, ReduceOp.SUM, postscale=0.25)
+    for i in range(len(sizes)):
+        want = sum(ins[r][i] for r in range(size)) * np.float32(0.25)
+        for what, got in (("in place", mine[i]), ("separate", separate[i])):
+            if not np.array_equal(got.numpy(), want):
+                failures.append(f"[{tag} rank {rank}] allreduce_many SUM postscale {what} tensor {i}: "
+                                f"got {got.numpy()[:4]}, want {want[:4]}")
+    try:
+        comm.allreduce_many([torch.zeros(3, dtype=torch.int32)], [torch.zeros(3, dtype=torch.int32)],
+                            ReduceOp.SUM, postscale=0.5)
+        failures.append(f"[{tag}] allreduce_many scaled integer outputs")
+    except ValueError as exc:
+        if "HINT:" not in str(exc) or "int32" not in str(exc):
+            failures.append(f"[{tag}] the integer postscale error names neither dtype nor hint: {exc}")
     if not comm.supports_allreduce_many(torch.float32, ReduceOp.SUM) or comm.supports_allreduce_many(
             torch.float32, ReduceOp.AVERAGE):
         failures.append(f"[{tag}] supports_allreduce_many: want float32 SUM yes, AVERAGE no (emulated)")

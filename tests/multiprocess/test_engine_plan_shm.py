@@ -117,3 +117,82 @@ def test_planned_cycles_on_shm_vote_beside_the_data():
         assert res["planned_again"], res
         assert res["mismatch"] == "Mismatched allreduce shapes for 'v': rank 0 sent [4], rank 1 sent [5]", res
         assert res["after_mismatch"] == [2.0] * 4, res
+
+
+def _batch_checks(rank, size):
+    """A repeated batch of async in-place Average allreduces with shm's own cycle settings."""
+    import torch
+    from helpers import groups
+    from helpers.engine_comm import make_comm
+
+    from accord.comm import get_backend
+    from accord.comm.ops import ReduceOp
+    from accord.engine.engine import Engine
+    from accord.engine.request import Op, build_request
+    from accord.engine.sets import ProcessSetRegistry
+    from accord.engine.settings import EngineSettings
+
+    registry = ProcessSetRegistry(size)
+    registry.set_communicator(0, "cpu", groups.create(get_backend("shm"), range(size)))
+    eng = Engine(rank, size, make_comm(range(size)), registry, EngineSettings.from_config("shm"))
+    eng.start()
+    sizes = [300, 1, 1500, 0, 777]  # with 4 KB slots: pieces straddle chunks
+
+    def submit(tensors, prefix, in_place=True):
+        return [eng.enqueue_many([build_request(Op.ALLREDUCE, t, f"{prefix}.{i}", in_place=in_place,
+                                                reduce_op=ReduceOp.AVERAGE)])[0] for i, t in enumerate(tensors)]
+
+    def inputs(step, r):
+        return [torch.arange(n, dtype=torch.float32) * (r + 1) + step for n in sizes]
+
+    def expected(step):  # Average over the ranks, in float64 (every value is exact in float32)
+        return [(sum(inputs(step, r)[i].double() for r in range(size)) / size).tolist() for i in range(len(sizes))]
+
+    out = {"wrong": []}
+    for step in range(8):
+        grads = inputs(step, rank)
+        handles = submit(grads, "g")
+        results = [eng.synchronize(h) for h in handles]
+        if not all(res is g for res, g in zip(results, grads)) or [g.tolist() for g in grads] != expected(step):
+            out["wrong"].append(f"step {step} in place")
+    stats = eng.stats()
+    out["planned"], out["lent"], out["allocations"] = stats["planned_cycles"], stats["lent_cycles"], \
+        stats["fusion_allocations"]
+    # rank 1 leaves the plan (another name first): nothing is written on rank 0, reduced once
+    grads = inputs(100, rank)
+    if rank == 0:
+        handles = submit(grads, "g") + submit([torch.full((2,), 10.0)], "other", in_place=False)
+    else:
+        handles = submit([torch.full((2,), 20.0)], "other", in_place=False)
+        time.sleep(0.3)
+        handles = submit(grads, "g") + handles
+    results = [eng.synchronize(h) for h in handles]
+    if [g.tolist() for g in grads] != expected(100) or results[-1].tolist() != [15.0, 15.0]:
+        out["wrong"].append("after the deviation")
+    # out of place: fresh results, inputs untouched
+    for step in range(6):
+        grads = inputs(step, rank)
+        results = [eng.synchronize(h) for h in submit(grads, "o", in_place=False)]
+        if [r.tolist() for r in results] != expected(step) or [g.tolist() for g in grads] != \
+                [t.tolist() for t in inputs(step, rank)]:
+            out["wrong"].append(f"step {step} out of place")
+    # submitted and never waited on (nor polled): the engine still runs them
+    planned = eng.stats()["planned_cycles"]
+    grads = inputs(7, rank)
+    handles = submit(grads, "o", in_place=False)
+    out["unwaited_done"] = all(h.wait(30) for h in handles)
+    out["unwaited_right"] = out["unwaited_done"] and [h.result().tolist() for h in handles] == expected(7)
+    out["unwaited_planned"] = eng.stats()["planned_cycles"] > planned
+    eng.shutdown()
+    return out
+
+
+def test_a_repeated_batch_is_planned_on_shm_and_run_by_the_waiting_caller():
+    """shm's cycle settings: a repeated batch runs planned, on the caller that waits, straight from
+    its tensors (no fusion buffer), exactly; a rank that leaves the plan leaves nothing written;
+    requests nobody waits on still run."""
+    results = run_ranks(_batch_checks, 2, timeout=120, env={"ACCORD_SHM_CHUNK_BYTES": "4096"})
+    for res in results:
+        assert res["wrong"] == [], res
+        assert res["planned"] >= 4 and res["lent"] >= 4 and res["allocations"] == 0, res
+        assert res["unwaited_done"] and res["unwaited_right"] and res["unwaited_planned"], res

@@ -13,7 +13,9 @@ barrier per chunk and none at the end of an op.
   reduces all slots straight into its own tensor (torch ops on ``torch.frombuffer`` views: the
   reductions are vectorised). With more than ``direct_max_ranks`` ranks and large tensors, rank
   ``i`` instead reduces part ``i`` of the chunk into the result area and every rank copies the
-  result out (less work per rank, one more phase).
+  result out (less work per rank, one more phase). Two ranks reducing in place (a sum or product
+  into the inputs themselves) add the peer's slot into their own tensor: the same bits, since
+  the op commutes, with no scratch pass.
 - reduce_scatter: each rank reduces only its own rows, straight into its output.
 - broadcast / allgather / gather / scatter / alltoall: copies through the same slots.
 
@@ -191,33 +193,40 @@ class ShmCommunicator(BaseCommunicator):
         """Whether :meth:`allreduce_many` reduces ``dtype`` (the wire dtype) with ``op`` natively."""
         return self._native(dtype, op)
 
+    # allreduce_many takes ``postscale`` (the engine reads this to hand over its scaling)
+    allreduce_many_scales = True
+
     def allreduce_many(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
-                       op: ReduceOp, wire_dtype: torch.dtype | None = None) -> None:
+                       op: ReduceOp, wire_dtype: torch.dtype | None = None, postscale: float = 1.0) -> None:
         """Allreduce the concatenation of ``inputs`` into ``outputs`` as one op.
 
         Chunks are filled straight from the inputs and reduced straight into the outputs, so a
         batch of gradients needs no fusion buffer. ``wire_dtype`` (default: the inputs' dtype)
         is what the shared slots hold and what the sum is computed in: floating inputs of
         another dtype are cast on the way in, and the result is cast into the outputs on the
-        way out, so compression costs no pass of its own. Every rank must pass the same total
-        size and wire dtype.
+        way out, so compression costs no pass of its own. ``postscale``: the outputs (floating)
+        are multiplied by it, each chunk right after it is reduced, while it is in cache, with
+        the bits of ``torch._foreach_mul_(outputs, postscale)`` after the op. Every rank must
+        pass the same total size and wire dtype.
 
         Raises:
             ValueError: empty lists, different lengths or sizes, mixed dtypes without a wire
-                dtype, a cast of a non-floating tensor, non-contiguous tensors, or a
-                (dtype, op) pair that :meth:`supports_allreduce_many` refuses.
+                dtype, a cast of a non-floating tensor, non-contiguous tensors, a (dtype, op)
+                pair that :meth:`supports_allreduce_many` refuses, or a postscale for outputs
+                that are not floating.
         """
         wire = self._check_many("allreduce_many", inputs, outputs, op, wire_dtype)
+        postscale = self._check_postscale("allreduce_many", outputs, postscale)
         try:
             with torch.no_grad():
-                self._reduce_into(inputs, outputs, op, None, wire)
+                self._reduce_into(inputs, outputs, op, None, wire, postscale=postscale)
         except (BackendError, MismatchError, ValueError):
             raise
         except RuntimeError as exc:
             raise self._failure("allreduce", exc) from exc
 
     def allreduce_voted(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor], op: ReduceOp,
-                        vote: int, wire_dtype: torch.dtype | None = None) -> bool:
+                        vote: int, wire_dtype: torch.dtype | None = None, postscale: float = 1.0) -> bool:
         """:meth:`allreduce_many`, unless some rank votes against: every rank passes ``vote``
         (0: go ahead), which travels in the op's descriptor, not in the data. When any rank's
         vote is non-zero, no output is written on any rank and every rank returns False (the
@@ -225,16 +234,18 @@ class ShmCommunicator(BaseCommunicator):
 
         The engine's planned cycles use this to ask "did every member follow the plan?" inside
         the data collective itself, without a control element appended to a staging copy.
+        ``postscale``: as for :meth:`allreduce_many`.
 
         Raises:
             ValueError: as :meth:`allreduce_many`.
         """
         wire = self._check_many("allreduce_voted", inputs, outputs, op, wire_dtype)
+        postscale = self._check_postscale("allreduce_voted", outputs, postscale)
         try:
             if not torch.is_grad_enabled():  # the engine's case: no context manager to build
-                return self._reduce_into(inputs, outputs, op, None, wire, vote=int(vote))
+                return self._reduce_into(inputs, outputs, op, None, wire, vote=int(vote), postscale=postscale)
             with torch.no_grad():
-                return self._reduce_into(inputs, outputs, op, None, wire, vote=int(vote))
+                return self._reduce_into(inputs, outputs, op, None, wire, vote=int(vote), postscale=postscale)
         except (BackendError, MismatchError, ValueError):
             raise
         except RuntimeError as exc:
@@ -262,6 +273,15 @@ class ShmCommunicator(BaseCommunicator):
             raise ValueError(f"{what}: the shm backend does not reduce {wire} with {op.name} natively")
         return wire
 
+    @staticmethod
+    def _check_postscale(what: str, outputs: Sequence[torch.Tensor], postscale: float) -> float:
+        postscale = float(postscale)
+        if postscale != 1.0 and not all(o.is_floating_point() or o.is_complex() for o in outputs):
+            raise ValueError(with_hint(
+                f"{what}: postscale {postscale} for outputs of dtype {sorted({str(o.dtype) for o in outputs})}",
+                "scale integer results yourself (only floating outputs are scaled in the op)"))
+        return postscale
+
     def _small_views(self, dtype: torch.dtype, n: int) -> list[list[torch.Tensor]]:
         """``[bank][i]``: the first ``n`` elements of rank i's slot, typed; kept for the few
         sizes a job repeats (slicing them anew costs a torch op per slot and call)."""
@@ -281,7 +301,8 @@ class ShmCommunicator(BaseCommunicator):
         return area
 
     def _reduce_into(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor], op: ReduceOp,
-                     root: int | None, wire: torch.dtype | None = None, vote: int | None = None) -> bool:
+                     root: int | None, wire: torch.dtype | None = None, vote: int | None = None,
+                     postscale: float = 1.0) -> bool:
         # (a 1-D tensor is its own flat view: every torch op saved counts for small ops)
         ins = [t if t.dim() == 1 else t.view(-1) for t in inputs]
         outs = [t if t.dim() == 1 else t.view(-1) for t in outputs]
@@ -295,14 +316,18 @@ class ShmCommunicator(BaseCommunicator):
             # One tensor in one chunk (latency-bound ops): slot views of exactly its size, kept.
             n = ins[0].numel()
             stages = small_stages(ins[0], outs[0], self._small_views(wire, n), me, size, op, receives)
-            return self._run(kind, _op_code(wire, op), n * itemsize, -1 if root is None else root, 1, stages,
-                             extra=vote or 0, vote=vote is not None)
+            ran = self._run(kind, _op_code(wire, op), n * itemsize, -1 if root is None else root, 1, stages,
+                            extra=vote or 0, vote=vote is not None)
+            if ran and postscale != 1.0 and receives:
+                outs[0].mul_(postscale)
+            return ran
         pieces, numel = chunk_pieces([t.numel() for t in ins], per)
         areas = self._areas(wire)
 
         direct = self._direct or numel * itemsize < self._split_min_bytes
+        in_place = all(o is i and o.dtype == wire for o, i in zip(outputs, inputs))
         stages = reduction_stages(ins, outs, pieces, areas, me, size, per, op, receives, direct,
-                                  self._scratch(wire))
+                                  self._scratch(wire), in_place, postscale)
         return self._run(kind, _op_code(wire, op), numel * itemsize, -1 if root is None else root,
                          _chunks(numel * itemsize, per * itemsize), stages, extra=vote or 0, vote=vote is not None)
 

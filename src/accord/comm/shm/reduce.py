@@ -17,6 +17,9 @@ from accord.comm.ops import ReduceOp
 Piece = tuple[int, int, int, int]  # (tensor index, first element, end element, offset in the chunk)
 Stage = Callable[[int, int], None]  # (chunk, bank)
 
+# Ops whose result does not depend on the operands' order, bit for bit (IEEE addition and
+# multiplication commute exactly; minimum/maximum do not: the sign of a zero depends on it).
+_FOREACH_IN_PLACE = {ReduceOp.SUM: torch._foreach_add_, ReduceOp.PRODUCT: torch._foreach_mul_}
 _FNS = {ReduceOp.SUM: torch.add, ReduceOp.MIN: torch.minimum, ReduceOp.MAX: torch.maximum,
         ReduceOp.PRODUCT: torch.mul, ReduceOp.BAND: torch.bitwise_and, ReduceOp.BOR: torch.bitwise_or,
         ReduceOp.BXOR: torch.bitwise_xor}
@@ -78,7 +81,8 @@ def small_stages(src: torch.Tensor, out: torch.Tensor, views: Sequence[Sequence[
 def reduction_stages(ins: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
                      pieces: Sequence[Sequence[Piece]], areas: Sequence[Sequence[torch.Tensor]],
                      me: int, size: int, per: int, op: ReduceOp, receives: bool,
-                     direct: bool, scratch: torch.Tensor) -> list[Stage]:
+                     direct: bool, scratch: torch.Tensor, in_place: bool = False,
+                     postscale: float = 1.0) -> list[Stage]:
     """The pipeline stages of an allreduce/reduce of the flat ``ins`` into the flat ``outs``.
 
     ``areas[bank][i]``: rank i's slot (i < size) or the result area (i == size), typed in the
@@ -86,7 +90,9 @@ def reduction_stages(ins: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
     compressed allreduce needs no separate cast pass over the tensors. ``scratch``: a private
     chunk-sized area in the wire dtype. ``direct``: every receiving rank reduces whole chunks
     itself (copy in, reduce out); otherwise rank i reduces part i of each chunk into the result
-    area and every rank copies it out.
+    area and every rank copies it out. ``in_place``: each output is its input (the same tensor),
+    of the wire dtype. ``postscale``: the outputs are multiplied by it, chunk by chunk once each
+    is written (while it is in cache), in the outputs' dtype: the bits of scaling them after the op.
     """
     sizes = [t.numel() for t in ins]
     numel = sum(sizes)
@@ -144,6 +150,34 @@ def reduction_stages(ins: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
             for i, lo, hi, at in pieces[c]:
                 outs[i][lo:hi].copy_(result[at:at + hi - lo])  # casts to the output's dtype
 
+    def add_peer(c: int, b: int) -> None:
+        # Two ranks, outputs that still hold this rank's inputs: ``out = out op peer`` is
+        # ``slot_0 op slot_1`` bit for bit (the op commutes), one call per chunk, and each output
+        # is read and written once, with no scratch pass.
+        ps = pieces[c]
+        if not ps:
+            return
+        peer = areas[b][1 - me]
+        if len(ps) == 1:
+            i, lo, hi, at = ps[0]
+            mine = [part(outs, i, lo, hi)]
+            foreach(mine, [peer[at:at + hi - lo]])
+        else:
+            mine = [part(outs, i, lo, hi) for i, lo, hi, _ in ps]
+            foreach(mine, list(peer[:used(ps)].split([hi - lo for _, lo, hi, _ in ps])))
+        if postscale != 1.0:
+            torch._foreach_mul_(mine, postscale)
+
+    def scaled(stage: Stage) -> Stage:
+        def run(c: int, b: int) -> None:
+            stage(c, b)
+            if receives and pieces[c]:
+                torch._foreach_mul_([part(outs, i, lo, hi) for i, lo, hi, _ in pieces[c]], postscale)
+        return run
+
+    foreach = _FOREACH_IN_PLACE.get(op)
+    if direct and receives and size == 2 and in_place and foreach is not None:
+        return [copy_in, add_peer]
     if direct:
-        return [copy_in, reduce_out]
-    return [copy_in, reduce_part, copy_out]
+        return [copy_in, reduce_out if postscale == 1.0 else scaled(reduce_out)]
+    return [copy_in, reduce_part, copy_out if postscale == 1.0 else scaled(copy_out)]

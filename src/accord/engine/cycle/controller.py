@@ -177,14 +177,15 @@ class Controller:
     def put(self, requests: Sequence[Request], waited: bool = False) -> None:
         """Queue ``requests`` all or none (the caller holds ``cond`` and checked :meth:`accepting`).
         ``waited``: the caller synchronizes at once; in the planned state the thread is then
-        not woken, so the caller may run the cycle itself (see :mod:`accord.engine.cycle.caller_runs`).
+        not woken, so the caller may run the cycle itself (see :mod:`accord.engine.cycle.caller_runs`);
+        nor for any submission where :attr:`PlannedCycles.quiet_arrivals` says so.
 
         Raises:
             InvalidArgumentError: a name is already in flight on this rank, or a group of
                 another size under the same name (see :mod:`accord.engine.cycle.in_flight`).
         """
         self._in_flight.add(requests, self._state.rank)
-        wake = not (waited and self.planned.plan is not None)
+        wake = not (self.planned.plan is not None and (waited or self.planned.quiet_arrivals))
         for request in requests:
             request.handle.owner = self
             self._state.intake.put(request, wake)

@@ -213,6 +213,10 @@ class Executor:
         if lone is not None and sig.prescale == 1.0:  # a prescale must not touch the caller's tensor first
             out = first.output if first.output is not None else memory.empty_like(lone)
             ins, outs = [lone], [out]
+        elif len(item) > 1 and sig.prescale == 1.0 and _scattered_ok(comm, item, wire, op, 1.0, post):
+            # A batch straight from its tensors into its outputs, as an unplanned cycle runs it
+            # (no fusion buffer); each rank's choice may differ, the op on the wire does not.
+            return self._voted_scattered(item, comm, wire, op, post, control, t0)
         else:
             tensors = [r.tensor for r in item]
             buf = self.buffers.get(first.tensor.device, wire, sum(t.numel() for t in tensors))
@@ -234,6 +238,27 @@ class Executor:
             if buf is not None:
                 self._span(item, "MEMCPY_OUT_FUSION_BUFFER", t2, time.monotonic())
         self.complete(outcomes)
+        return True
+
+    def _voted_scattered(self, item: list[Request], comm: Any, wire: torch.dtype, op: ReduceOp, post: float,
+                         control: float, t0: float) -> bool:
+        """:meth:`_voted` for a batch the communicator reduces piecewise (see
+        :meth:`_allreduce_scattered`): nothing is written unless every member voted 0."""
+        inputs = [r.tensor for r in item]
+        outputs = [r.tensor if r.owned else memory.empty_like(r.tensor) for r in item]
+        scales = post != 1.0 and getattr(comm, "allreduce_many_scales", False)
+        if scales:
+            ran = _comm_call(comm.allreduce_voted, inputs, outputs, op, int(control != 0), wire, post)
+        else:
+            ran = _comm_call(comm.allreduce_voted, inputs, outputs, op, int(control != 0), wire)
+        self.collectives += 1
+        if not ran:
+            return False
+        if post != 1.0 and not scales:
+            torch._foreach_mul_(outputs, post)
+        if self.timeline is not None:
+            self._span(item, "ALLREDUCE", t0, time.monotonic())
+        self.complete([(r, self._finish(r, o), None) for r, o in zip(item, outputs)])
         return True
 
     # --- helpers -------------------------------------------------------------------------
@@ -323,9 +348,13 @@ class Executor:
         outputs = [r.tensor if r.owned else memory.empty_like(r.tensor) for r in batch]
         if pre != 1.0:  # only owned (overwritable) batches come here with a prescale
             torch._foreach_mul_(inputs, pre)
-        _comm_call(comm.allreduce_many, inputs, outputs, op, wire)
-        if post != 1.0:
-            torch._foreach_mul_(outputs, post)
+        if post != 1.0 and getattr(comm, "allreduce_many_scales", False):
+            # scaled chunk by chunk inside the op, while each is in cache: no pass of its own
+            _comm_call(comm.allreduce_many, inputs, outputs, op, wire, post)
+        else:
+            _comm_call(comm.allreduce_many, inputs, outputs, op, wire)
+            if post != 1.0:
+                torch._foreach_mul_(outputs, post)
         self.collectives += 1
         if self.timeline is not None:
             self._span(batch, "ALLREDUCE", t1, time.monotonic())

@@ -16,7 +16,8 @@ members stop negotiating and only verify, inside the data collective itself:
   element, this rank's *control* value (0), so the one collective both moves the data and
   tells every member whether all followed the plan (:meth:`Executor.run`). A communicator
   with ``allreduce_voted`` (shm) carries the control value beside the data instead, in the
-  op's descriptor, and a plain lone request is then reduced straight into its output.
+  op's descriptor, and a plain lone request or a batch is then reduced straight from its
+  tensors into its outputs.
 - **Leaving.** A member that cannot follow the plan (another or a changed name is pending, a
   caller waits on a handle while the plan is incomplete, shutdown, join, part of the plan has waited an idle
   tick for the rest, or nothing came for a quarter of the collective timeout) joins the same first collective
@@ -48,6 +49,10 @@ STREAK = 3  # identical negotiated cycles before planning
 # costs ~20 us of copies against ~100 us for the negotiation and the two thread hand-offs
 # (measured on an H200, benchmarks/results/gpu).
 LONE_MAX_BYTES = {"cpu": 256 * 1024, "cuda": 16 * 1024 * 1024}
+# Where a cycle gathers until a caller waits (no early start: shm), an arrival in the planned
+# state does not wake the thread (see :meth:`PlannedCycles.quiet_arrivals`), which then looks
+# at least every cycle time; only for cycle times this long, so that an idle plan wakes rarely.
+QUIET_MIN_CYCLE_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -67,8 +72,9 @@ def plannable(ready: Sequence[Request], fusion_threshold: int,
     """The first work item's (name, signature) pairs when ``ready`` may run as a plan, else None.
 
     Decided from signatures only (identical on every member). ``scattered``: the set's
-    communicator reduces batches without a fusion buffer (shm), which a plan would give up;
-    there negotiating costs microseconds, so only small lone requests are planned.
+    communicator reduces batches without a fusion buffer, which a plan would give up; there
+    negotiating costs microseconds, so only small lone requests are planned. (shm carries the
+    plan's vote beside a batch's data, so it plans batches: see :meth:`PlannedCycles._scattered`.)
     """
     if not ready:
         return None
@@ -164,16 +170,28 @@ class PlannedCycles:
 
     def _scattered(self, device: str = "cpu") -> bool:
         """Whether the set's communicator for ``device`` reduces batches in place of a fusion
-        buffer."""
+        buffer, which a plan would give up: not where it also carries the plan's vote beside a
+        batch's data (``allreduce_voted``, shm), since a planned batch then needs no buffer either."""
         comm = self._state.sets.communicator(self._state.set_id, device)
-        return getattr(comm, "supports_allreduce_many", None) is not None
+        return (getattr(comm, "supports_allreduce_many", None) is not None
+                and getattr(comm, "allreduce_voted", None) is None)
+
+    @property
+    def quiet_arrivals(self) -> bool:
+        """Whether submissions leave the thread parked in the planned state: where cycles wait
+        for a caller anyway (``start_bytes`` 0), a caller that waits then runs the planned cycle
+        on its own thread (:mod:`accord.engine.cycle.caller_runs`), with no hand-off to this
+        thread and back; requests nobody waits on are found within a cycle time (:meth:`pause`)."""
+        s = self._state.settings
+        return self.planner.plan is not None and s.start_bytes == 0 and s.cycle_time >= QUIET_MIN_CYCLE_S
 
     def pause(self) -> float:
         """How long to wait for submissions: none once the plan is complete here."""
         plan = self.planner.plan
         if plan is not None and all(n in self._state.pending for n in plan.names):
             return 0.0
-        return max(self._deadline() - time.monotonic(), 0.0)
+        wait = max(self._deadline() - time.monotonic(), 0.0)
+        return min(wait, self._state.settings.cycle_time) if self.quiet_arrivals else wait
 
     def _deadline(self) -> float:
         """When this rank stops waiting for the plan and leaves it. Part of the plan pending:
