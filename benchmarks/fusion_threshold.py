@@ -40,13 +40,15 @@ def _worker(iters: int, warmup: int) -> dict:
     baseline = start_baseline_group()  # the raw torch.distributed baseline's default group
     engine = session.engine()
     base = engine.settings
+    controller = engine._global  # every rank's set: where these requests are fused
     grads = [torch.ones(p.shape) for p in reversed(list(get_model("resnet50").parameters()))]
 
     def use(threshold: int) -> None:
         # every rank switches in lock step (between barriers): fusion must agree across ranks
         settings = dataclasses.replace(base, fusion_threshold=threshold)
-        engine.settings = engine._intake._settings = settings
-        engine.executor.fusion_threshold = threshold
+        state = controller._state
+        engine.settings = state.settings = state.intake._settings = settings
+        controller.executor.fusion_threshold = threshold
 
     samples: dict[int, list[float]] = {t: [] for t in THRESHOLDS}
     collectives: dict[int, int] = {}
@@ -55,14 +57,14 @@ def _worker(iters: int, warmup: int) -> dict:
         for threshold in THRESHOLDS[shift:] + THRESHOLDS[:shift]:
             use(threshold)
             dist.barrier()
-            before = engine.executor.collectives
+            before = controller.executor.collectives
             start = time.perf_counter()
             handles = [session.submit("allreduce", g, f"grad.{i}", in_place=True) for i, g in enumerate(grads)]
             for h in handles:
                 session.synchronize(h)
             if it >= warmup:
                 samples[threshold].append(time.perf_counter() - start)
-                collectives[threshold] = engine.executor.collectives - before
+                collectives[threshold] = controller.executor.collectives - before
     use(base.fusion_threshold)
     backend = session.backend_name("cpu")
     rank = session.topology().rank
