@@ -7,12 +7,13 @@ of that (far beyond a busy machine's delays) shows the cycle did not wait it out
 is cut only by a caller that waits (not by a pause in the submissions on a loaded machine).
 """
 import pytest
+from helpers.marks import mark, wait_marked
 from helpers.ranks import run_ranks
 
 pytestmark = pytest.mark.timeout(90)
 
 
-def _gathering_checks(rank, size):
+def _gathering_checks(rank, size, folder):
     import time
 
     import torch
@@ -45,7 +46,11 @@ def _gathering_checks(rank, size):
     before = engine.stats()["collectives"]
     tensors = [torch.full((100 + k,), float(rank * k)) for k in range(12)]
     handles = [session.submit("allreduce", x, f"burst.{k}", in_place=True) for k, x in enumerate(tensors)]
-    time.sleep(0.3)  # the engine must not start while the caller is still busy elsewhere
+    # every rank has queued all 12 before any waits (a loaded machine may hold one rank back
+    # between its submissions); then the engine must not start while the callers are busy elsewhere
+    mark(folder, f"burst queued {rank}")
+    assert wait_marked(folder, *[f"burst queued {r}" for r in range(size)], timeout=30)
+    time.sleep(0.3)
     for k, (x, hk) in enumerate(zip(tensors, handles)):
         session.synchronize(hk)
         assert x.tolist() == [float(sum(r * k for r in range(size)))] * (100 + k)
@@ -54,9 +59,9 @@ def _gathering_checks(rank, size):
     return report
 
 
-def test_waiting_callers_start_the_cycle_and_bursts_are_gathered():
+def test_waiting_callers_start_the_cycle_and_bursts_are_gathered(tmp_path):
     env = {"ACCORD_CPU_BACKEND": "shm", "ACCORD_CYCLE_TIME": "90000", "ACCORD_CYCLE_QUIET_TIME": "90000"}
-    for report in run_ranks(_gathering_checks, 2, init="accord", env=env, timeout=80):
+    for report in run_ranks(_gathering_checks, 2, str(tmp_path), init="accord", env=env, timeout=80):
         assert report["sync_s"] < 30.0, report  # one of the 10 cycles that waited would take 90 s
         assert report["poll_s"] < 30.0, report  # one that waited would take 90 s
         assert report["burst_collectives"] == 1, report

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from accord.errors import ConfigError
-from accord.torch.zero.checkpoint import check_names, rows_of
+from accord.torch.zero.checkpoint import check_names, row_span
 from accord.torch.zero.scaling import clip_by_global_norm, has_nonfinite, scaler_attributes
 
 
@@ -16,7 +16,7 @@ def test_rows_are_torch_chunk_split_padded_with_empty_ranks(world):
     for rows in range(13):
         chunks = list(torch.arange(rows).chunk(world)) if rows else []
         for rank in range(world):
-            start, end = rows_of(rows, world, rank)
+            start, end = row_span(rows, world, rank)
             want = chunks[rank].tolist() if rank < len(chunks) else []
             assert list(range(start, end)) == want, (rows, world, rank)
 

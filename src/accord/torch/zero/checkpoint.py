@@ -39,7 +39,7 @@ def dtensor_api() -> tuple[Any, Any, Any]:
     return DTensor, Shard, Replicate
 
 
-def rows_of(rows: int, world: int, rank: int) -> tuple[int, int]:
+def row_span(rows: int, world: int, rank: int) -> tuple[int, int]:
     """The rows ``[start, end)`` of dim 0 that ``Shard(0)`` gives ``rank``: ``torch.chunk``'s
     split, ``ceil(rows / world)`` each, the last ranks' shorter or empty."""
     each = -(-rows // world)
@@ -101,7 +101,7 @@ def to_sharded(values: Iterable[tuple[Slot, str, Any, bool]], layout: Layout, na
             if full.dim() == 0:
                 local, placement = full.clone(), Replicate()
             else:
-                start, end = rows_of(full.shape[0], world, rank)
+                start, end = row_span(full.shape[0], world, rank)
                 local, placement = full[start:end].clone(), Shard(0)
             value = DTensor.from_local(local, mesh, [placement], run_check=False, shape=full.shape,
                                        stride=full.stride())
