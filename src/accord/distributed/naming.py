@@ -26,6 +26,7 @@ the same calls in the same order, so that wait always ends.
 from __future__ import annotations
 
 import collections
+import enum
 from typing import Any, Hashable
 
 MAX_PERIOD = 256  # the longest repeating sequence of calls that is recognised
@@ -117,6 +118,6 @@ def describe(op: str, tensors: Any, **arguments: Any) -> Hashable:
 def _hashable(value: Any) -> Hashable:
     if isinstance(value, (list, tuple)):
         return tuple(_hashable(v) for v in value)
-    if isinstance(value, (str, int, float, bool, type(None))):
+    if isinstance(value, (str, int, float, bool, type(None), enum.Enum)):
         return value
     return repr(value)
