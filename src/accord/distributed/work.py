@@ -56,7 +56,10 @@ class AccordWork(dist.Work):
     """A collective in flight: the engine's handles, what to do once they are done, and a future.
 
     A synchronous call (torch's wrapper waits at once) never asks for the future, so it is made
-    on the first :meth:`get_future` only (already completed when the work is).
+    on the first :meth:`get_future` only (already completed when the work is). Once complete, the
+    work lets go of its handles and its ``finish``: a work outlives its call (torch's caller, the
+    group's names wait on it before a name recurs), and the handles hold the engine's results,
+    which for the gathers and reduce-scatters are tensors as large as the call's output.
 
     Args:
         handles: the engine requests of this call.
@@ -125,6 +128,7 @@ class AccordWork(dist.Work):
                           "see the error above; every rank of the group raises it"))
         if self._error is not None and self._on_error is not None:
             self._on_error()
+        self._handles, self._finish_fn = (), None
         with self._lock:
             self._finished = True
             source = self._source
