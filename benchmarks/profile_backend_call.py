@@ -2,6 +2,7 @@
 Gloo and ``hvd.allreduce_`` on the same engine, 2 ranks of one host, in one run.
 
     python benchmarks/profile_backend_call.py [--bytes 1024] [--ops 200] [--reps 7] [--cprofile 500]
+                                              [--nprocs 2]
 
 One pair of ranks (1 torch thread each, env:// on a free port): the default group is accord's,
 ``hvd.init()`` joins the same engine, a ``gloo`` group beside them. Timed cases, interleaved (the
@@ -14,12 +15,17 @@ repetitions, the first dropped):
 - ``accord_group_call``: ``pg.allreduce([t], opts).wait()`` (the wrapper left out);
 - ``hvd_allreduce_``: ``hvd.allreduce_(t, op=Sum, name=...)`` on the same engine.
 
+Each case reports wall time per call and the calling thread's CPU time per call
+(``time.thread_time``: a synchronous call runs the engine's planned cycle on that thread, so on a
+loaded machine it shows the path's own cost where wall time mostly shows the scheduler).
+
 Then a traced pass of ``accord``: wrappers record ``perf_counter_ns`` at the boundaries of the
 path (torch's wrapper, the group's method, the call's name, the engine's submission, the
 ``Work``, its completion, ``wait``), and the table gives the median time of each segment (the
 wrappers' own cost is the difference between the traced total and the untraced ``accord``).
 ``--cprofile N`` profiles N ``accord`` calls on rank 0 and lists the functions with the most own
-time. Writes benchmarks/results/profile_backend_call.json.
+time. ``--nprocs 1`` is the proxy for a busy machine: no peer to wait on, so what is left is
+each path's own Python and torch work per call. Writes benchmarks/results/profile_backend_call.json.
 """
 from __future__ import annotations
 
@@ -55,8 +61,9 @@ profile_engine_call.SEGMENTS["backend"] = [
 ]
 
 
-def _worker(rank: int, port: int, nbytes: int, ops: int, reps: int, cprofile_ops: int, queue: Any) -> None:
-    _setup(rank, port)
+def _worker(rank: int, port: int, size: int, nbytes: int, ops: int, reps: int, cprofile_ops: int,
+            queue: Any) -> None:
+    _setup(rank, port, size)
     import torch
     import torch.distributed as dist
 
@@ -68,7 +75,7 @@ def _worker(rank: int, port: int, nbytes: int, ops: int, reps: int, cprofile_ops
     load_before = os.getloadavg()[0]
     dist.init_process_group("accord", timeout=timedelta(seconds=300))
     hvd.init()
-    gloo = dist.new_group([0, 1], backend="gloo")
+    gloo = dist.new_group(list(range(size)), backend="gloo")
     pg = dist.distributed_c10d._get_default_group()
     tensor = torch.ones(max(nbytes // 4, 1))
     opts = dist.AllreduceOptions()
@@ -83,15 +90,17 @@ def _worker(rank: int, port: int, nbytes: int, ops: int, reps: int, cprofile_ops
         "hvd_allreduce_": lambda: hvd.allreduce_(tensor, op=hvd.Sum, name="h_"),
     }
     samples: dict[str, list[float]] = {k: [] for k in cases}
+    cpu: dict[str, list[float]] = {k: [] for k in cases}  # the calling thread's CPU time
     for rep in range(reps + 1):
         for name in cases if rep % 2 == 0 else reversed(list(cases)):
             fn = cases[name]
             dist.barrier(group=gloo)
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.thread_time()
             for _ in range(ops):
                 fn()
             if rep:  # the first repetition warms up (and lets the engine's plans form)
                 samples[name].append((time.perf_counter() - start) / ops)
+                cpu[name].append((time.thread_time() - start_cpu) / ops)
 
     tracer = Tracer()
     group_cls = process_group.AccordProcessGroup
@@ -137,10 +146,11 @@ def _worker(rank: int, port: int, nbytes: int, ops: int, reps: int, cprofile_ops
     spread = {k: [round(min(v) * 1e3, 4), round(max(v) * 1e3, 4)] for k, v in samples.items()}
     queue.put((rank, {
         "median_ms_per_call": med, "min_max_ms_per_call": spread,
+        "median_thread_cpu_us_per_call": {k: round(statistics.median(v) * 1e6, 2) for k, v in cpu.items()},
         "accord_over_gloo_time": round(med["accord"] / med["gloo"], 3),
         "traced_us": traced, "engine_stats": stats, "cprofile_rank0": profile_text,
         "environment": {"torch": torch.__version__, "python": platform.python_version(),
-                        "bytes": tensor.numel() * 4, "ops_per_sample": ops, "reps": reps,
+                        "world_size": size, "bytes": tensor.numel() * 4, "ops_per_sample": ops, "reps": reps,
                         "cpus": os.cpu_count(), "threads_per_rank": 1,
                         "load_before_after": [load_before, os.getloadavg()[0]]},
     }))
@@ -152,14 +162,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ops", type=int, default=200, help="calls per timed batch")
     parser.add_argument("--reps", type=int, default=7, help="timed batches per case (after one warm-up)")
     parser.add_argument("--cprofile", type=int, default=500, help="accord calls to profile on rank 0 (0: none)")
+    parser.add_argument("--nprocs", type=int, default=2,
+                        help="ranks; 1 measures the path's own Python and torch work, with no peer to wait on")
     parser.add_argument("--out", default=RESULTS)
     args = parser.parse_args(argv)
-    result = _spawn(_worker, args.bytes, args.ops, args.reps, args.cprofile)[0][0]
+    result = _spawn(_worker, args.nprocs, args.bytes, args.ops, args.reps, args.cprofile, nprocs=args.nprocs)[0][0]
     record(result, args.out, "profile_backend_call.py", argv)
-    print(f"{'case':<20} {'ms/call':>9}  min..max")
+    print(f"{'case':<20} {'ms/call':>9}  min..max          caller's CPU us/call")
     for name, ms in result["median_ms_per_call"].items():
         low, high = result["min_max_ms_per_call"][name]
-        print(f"{name:<20} {ms:9.4f}  {low:.4f}..{high:.4f}")
+        print(f"{name:<20} {ms:9.4f}  {low:.4f}..{high:.4f}  {result['median_thread_cpu_us_per_call'][name]:8.1f}")
     print(f"accord / gloo time: {result['accord_over_gloo_time']:.2f}")
     print("\naccord path (median us per segment, one call):")
     for label, us in result["traced_us"].items():

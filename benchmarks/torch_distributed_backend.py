@@ -40,9 +40,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _setup(rank: int, port: int) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
-                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2", OMP_NUM_THREADS="1")
+def _setup(rank: int, port: int, size: int = 2) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(size),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(size), OMP_NUM_THREADS="1")
     import torch
 
     torch.set_num_threads(1)
@@ -165,13 +165,13 @@ def _collectives(rank: int, port: int, reps: int, queue) -> None:
     queue.put((rank, results))
 
 
-def _spawn(target, *args):
+def _spawn(target, *args, nprocs: int = 2):
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     port = _free_port()
-    procs = [ctx.Process(target=target, args=(rank, port, *args, queue)) for rank in range(2)]
+    procs = [ctx.Process(target=target, args=(rank, port, *args, queue)) for rank in range(nprocs)]
     for p in procs:
         p.start()
     got = dict((r, rest) for r, *rest in (queue.get() for _ in procs))
