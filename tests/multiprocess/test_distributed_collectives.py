@@ -650,17 +650,25 @@ def _repeated_steps(rank, size):
         outputs += [weakref.ref(whole), weakref.ref(part)]
         del whole, part
     gc.collect()
+    # a future asked for only after the work completed (the work makes it then, completed)
+    t = torch.full((2,), float(rank + 1))
+    work = dist.all_reduce(t, async_op=True)
+    work.wait()
+    future = work.get_future()
+    late_future = [future.done(), future.wait()[0].tolist()]
     return {"all_reduce": out, "gathered": gathered, "scattered": scattered,
-            "outputs_alive": sum(ref() is not None for ref in outputs)}
+            "outputs_alive": sum(ref() is not None for ref in outputs), "late_future": late_future}
 
 
 def test_a_repeated_step_of_barriers_and_allreduces_runs_planned():
     """A step that starts with a barrier (no tensor, so no device): the planner used to look up a
     communicator for device '' and stopped the engine. Then repeated gathers and reduce-scatters
-    give the right values, and leave nothing alive of the outputs their caller dropped."""
+    give the right values, and leave nothing alive of the outputs their caller dropped; a future
+    asked for after its work completed holds the result."""
     results = run_ranks(_repeated_steps, 2, init="torch:accord", timeout=120)
     for rank, got in enumerate(results):
         assert got["all_reduce"] == [float(1 + 2 * step) for step in range(12)]
         assert got["gathered"] == [[float(10 * r + step) for r in range(2) for _ in range(3)] for step in range(8)]
         assert got["scattered"] == [[2.0 * (3 * rank + i + step) for i in range(3)] for step in range(8)]
         assert got["outputs_alive"] == 0, f"rank {rank}: {got['outputs_alive']} dropped outputs still alive"
+        assert got["late_future"] == [True, [3.0, 3.0]]
