@@ -40,9 +40,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _setup(rank: int, port: int) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
-                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2", OMP_NUM_THREADS="1")
+def _setup(rank: int, port: int, size: int = 2) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(size),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(size), OMP_NUM_THREADS="1")
     import torch
 
     torch.set_num_threads(1)
@@ -91,12 +91,15 @@ def _train(rank: int, port: int, case: str, model: str, steps: int, queue) -> No
             run = fully_shard(net)
         opt = torch.optim.SGD(run.parameters(), lr=0.01)
     times = []
+    memory: dict[str, float] = {}
     for _ in range(steps + 3):
         start = time.perf_counter()
         opt.zero_grad()
         F.cross_entropy(run(x), y).backward()
         opt.step()
         times.append(time.perf_counter() - start)
+        for key, mb in _smaps_mb().items():  # after the timed step (reading it walks every mapping)
+            memory[key] = max(memory.get(key, 0.0), mb)
     if case == "hvd":
         import accord.torch as hvd
 
@@ -104,7 +107,21 @@ def _train(rank: int, port: int, case: str, model: str, steps: int, queue) -> No
     else:
         dist.destroy_process_group()
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    queue.put((rank, times[3:], rss_mb))
+    queue.put((rank, times[3:], rss_mb, memory))
+
+
+def _smaps_mb() -> dict[str, float]:
+    """This process's memory now, from /proc/self/smaps_rollup (MB): ``rss`` (every resident
+    page mapped, shared ones too: accord's shm segments count in every rank that touched them),
+    ``pss`` (shared pages split among the processes mapping them), ``uss`` (private pages only),
+    ``shmem_pss`` (the part of ``pss`` that is shared memory). Empty where the file is missing."""
+    try:
+        with open("/proc/self/smaps_rollup") as fh:
+            kb = {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in fh.readlines()[1:])}
+    except (OSError, ValueError):
+        return {}
+    return {"rss": kb["Rss"] / 1024, "pss": kb["Pss"] / 1024,
+            "uss": (kb["Private_Clean"] + kb["Private_Dirty"]) / 1024, "shmem_pss": kb.get("Pss_Shmem", 0) / 1024}
 
 
 def _collectives(rank: int, port: int, reps: int, queue) -> None:
@@ -148,13 +165,13 @@ def _collectives(rank: int, port: int, reps: int, queue) -> None:
     queue.put((rank, results))
 
 
-def _spawn(target, *args):
+def _spawn(target, *args, nprocs: int = 2):
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     port = _free_port()
-    procs = [ctx.Process(target=target, args=(rank, port, *args, queue)) for rank in range(2)]
+    procs = [ctx.Process(target=target, args=(rank, port, *args, queue)) for rank in range(nprocs)]
     for p in procs:
         p.start()
     got = dict((r, rest) for r, *rest in (queue.get() for _ in procs))
@@ -171,6 +188,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--models", default="mlp,resnet50")
     parser.add_argument("--reps", type=int, default=10, help="timed 64 MB all_reduces per case and round")
+    parser.add_argument("--cases", default="",
+                        help="training cases to run, comma-separated (default: all): ddp-accord, ddp-gloo, hvd, "
+                             "fsdp-accord, fsdp-gloo")
+    parser.add_argument("--no-collectives", action="store_true", help="skip the all_reduce cases")
     parser.add_argument("--json", default=RESULTS)
     args = parser.parse_args(argv)
     import torch
@@ -179,25 +200,47 @@ def main(argv: list[str] | None = None) -> int:
     cases = [(model, case) for model in args.models.split(",") for case in ("ddp-accord", "ddp-gloo", "hvd")]
     if "mlp" in args.models.split(","):
         cases += [("mlp", "fsdp-accord"), ("mlp", "fsdp-gloo")]
-    pooled: dict[tuple[str, str], dict] = {key: {"times": [], "rss": []} for key in cases}
+    if args.cases:
+        cases = [key for key in cases if key[1] in args.cases.split(",")]
+    pooled: dict[tuple[str, str], dict] = {key: {"times": [], "rss": [], "smaps": []} for key in cases}
     for repeat in range(args.repeats):
         for key in cases if repeat % 2 == 0 else cases[::-1]:
             got = _spawn(_train, key[1], key[0], args.steps)
             pooled[key]["times"] += [max(a, b) for a, b in zip(got[0][0], got[1][0])]  # a step ends on both
             pooled[key]["rss"] += [got[r][1] for r in got]
+            pooled[key]["smaps"] += [got[r][2] for r in got]
             print(f"{key[0]} {key[1]}: {statistics.median(pooled[key]['times']) * 1e3:.1f} ms/step", flush=True)
     for (model, case), data in pooled.items():
         result["training"].setdefault(model, {})[case] = {
             "step_ms_median": statistics.median(data["times"]) * 1e3, "steps": len(data["times"]),
-            "peak_rss_mb_max": max(data["rss"])}
+            "peak_rss_mb_max": max(data["rss"]),
+            "step_ms_min_max": [min(data["times"]) * 1e3, max(data["times"]) * 1e3],
+            # the largest over the steps (sampled after each) and over ranks and repeats
+            "smaps_peak_mb": {k: max(m.get(k, 0.0) for m in data["smaps"]) for k in ("rss", "pss", "uss", "shmem_pss")}}
     for by_case in result["training"].values():
-        base = by_case["ddp-gloo"]["step_ms_median"]
         for case, row in by_case.items():
-            if case.startswith("fsdp"):
-                row["speedup_vs_fsdp_gloo"] = by_case["fsdp-gloo"]["step_ms_median"] / row["step_ms_median"]
-            else:
-                row["speedup_vs_ddp_gloo"] = base / row["step_ms_median"]
-    got = _spawn(_collectives, args.reps)
+            base = by_case.get("fsdp-gloo" if case.startswith("fsdp") else "ddp-gloo")
+            if base is not None:
+                row["speedup_vs_fsdp_gloo" if case.startswith("fsdp") else "speedup_vs_ddp_gloo"] = (
+                    base["step_ms_median"] / row["step_ms_median"])
+    if not args.no_collectives:
+        _collective_cases(result, args.reps)
+    result["load_after"] = os.getloadavg()[0]
+    for model, by_case in result["training"].items():
+        for case, row in by_case.items():
+            ratio = row.get("speedup_vs_ddp_gloo", row.get("speedup_vs_fsdp_gloo", float("nan")))
+            mem = row["smaps_peak_mb"]
+            print(f"{model:9s} {case:12s} {row['step_ms_median']:8.1f} ms/step  x{ratio:.2f}  "
+                  f"peak RSS {row['peak_rss_mb_max']:.0f} MB (smaps: RSS {mem['rss']:.0f}, PSS {mem['pss']:.0f}, "
+                  f"USS {mem['uss']:.0f}, shm PSS {mem['shmem_pss']:.0f})")
+    for name, value in result["collectives"].get("ratios", {}).items():
+        print(f"{name}: {value:.2f}")
+    record(result, args.json, "torch_distributed_backend.py", argv)
+    return 0
+
+
+def _collective_cases(result: dict, reps: int) -> None:
+    got = _spawn(_collectives, reps)
     for name in got[0][0]:
         times = [max(a, b) for a, b in zip(got[0][0][name], got[1][0][name])]
         result["collectives"][name] = {"ms_median": statistics.median(times) * 1e3, "calls": len(times)}
@@ -208,16 +251,6 @@ def main(argv: list[str] | None = None) -> int:
         "64MB_bandwidth_accord_over_gloo": ms["allreduce_64MB_gloo"] / ms["allreduce_64MB_accord"],
         "1KB_accord_over_gloo_time": ms["allreduce_1KB_accord"] / ms["allreduce_1KB_gloo"],
     }
-    result["load_after"] = os.getloadavg()[0]
-    for model, by_case in result["training"].items():
-        for case, row in by_case.items():
-            ratio = row.get("speedup_vs_ddp_gloo", row.get("speedup_vs_fsdp_gloo"))
-            print(f"{model:9s} {case:12s} {row['step_ms_median']:8.1f} ms/step  x{ratio:.2f}  "
-                  f"peak RSS {row['peak_rss_mb_max']:.0f} MB")
-    for name, value in c["ratios"].items():
-        print(f"{name}: {value:.2f}")
-    record(result, args.json, "torch_distributed_backend.py", argv)
-    return 0
 
 
 if __name__ == "__main__":

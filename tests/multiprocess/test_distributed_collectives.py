@@ -626,6 +626,9 @@ def test_three_ranks_match_numpy_and_each_other():
 
 
 def _repeated_steps(rank, size):
+    import gc
+    import weakref
+
     import torch
     import torch.distributed as dist
 
@@ -635,11 +638,37 @@ def _repeated_steps(rank, size):
         t = torch.full((4,), float(rank + step))
         dist.all_reduce(t)
         out.append(t[0].item())
-    return out
+    # A repeated step of gathers and reduce-scatters (their names recur, as FSDP's do): the
+    # outputs the caller lets go of must be freed, not kept by the group until the name recurs.
+    gathered, scattered, outputs = [], [], []
+    for step in range(8):
+        whole, part = torch.empty(3 * size), torch.empty(3)
+        dist.all_gather_into_tensor(whole, torch.full((3,), float(10 * rank + step)))
+        dist.reduce_scatter_tensor(part, torch.arange(3.0 * size) + step)
+        gathered.append(whole.tolist())
+        scattered.append(part.tolist())
+        outputs += [weakref.ref(whole), weakref.ref(part)]
+        del whole, part
+    gc.collect()
+    # a future asked for only after the work completed (the work makes it then, completed)
+    t = torch.full((2,), float(rank + 1))
+    work = dist.all_reduce(t, async_op=True)
+    work.wait()
+    future = work.get_future()
+    late_future = [future.done(), future.wait()[0].tolist()]
+    return {"all_reduce": out, "gathered": gathered, "scattered": scattered,
+            "outputs_alive": sum(ref() is not None for ref in outputs), "late_future": late_future}
 
 
 def test_a_repeated_step_of_barriers_and_allreduces_runs_planned():
     """A step that starts with a barrier (no tensor, so no device): the planner used to look up a
-    communicator for device '' and stopped the engine."""
+    communicator for device '' and stopped the engine. Then repeated gathers and reduce-scatters
+    give the right values, and leave nothing alive of the outputs their caller dropped; a future
+    asked for after its work completed holds the result."""
     results = run_ranks(_repeated_steps, 2, init="torch:accord", timeout=120)
-    assert results[0] == results[1] == [float(1 + 2 * step) for step in range(12)]
+    for rank, got in enumerate(results):
+        assert got["all_reduce"] == [float(1 + 2 * step) for step in range(12)]
+        assert got["gathered"] == [[float(10 * r + step) for r in range(2) for _ in range(3)] for step in range(8)]
+        assert got["scattered"] == [[2.0 * (3 * rank + i + step) for i in range(3)] for step in range(8)]
+        assert got["outputs_alive"] == 0, f"rank {rank}: {got['outputs_alive']} dropped outputs still alive"
+        assert got["late_future"] == [True, [3.0, 3.0]]

@@ -53,15 +53,37 @@ def test_forget_starts_again_from_numbers():
     assert [names.next("x") for _ in range(3)] == ["g.5", "g.6", "g.s1.0"]
 
 
+class _Work:
+    """Stands in for a work object (the names hold it weakly)."""
+
+
 def test_recurring_names_remember_their_last_work_and_numbered_ones_do_not():
     names = GroupNames("g")
     first = names.next("x")
-    names.submitted(first, "w1")
+    w1, w3 = _Work(), _Work()
+    names.submitted(first, w1)
     assert names.previous_work(first) is None
     names.next("x")
     recurring = names.next("x")
-    names.submitted(recurring, "w3")
-    assert names.previous_work(recurring) == "w3"
+    names.submitted(recurring, w3)
+    assert names.previous_work(recurring) is w3
+
+
+def test_a_work_nothing_else_holds_is_not_kept_alive_by_its_name():
+    """A pending work is held by the engine's callbacks; once done and let go by its caller, it
+    (and the outputs it refers to) must be freed, not kept until the name recurs."""
+    import gc
+    import weakref
+
+    names = GroupNames("g")
+    recurring = [names.next("x") for _ in range(3)][-1]
+    work = _Work()
+    alive = weakref.ref(work)
+    names.submitted(recurring, work)
+    del work
+    gc.collect()
+    assert alive() is None
+    assert names.previous_work(recurring) is None
 
 
 def test_periods_longer_than_the_limit_are_not_recognised():

@@ -26,6 +26,8 @@ the same calls in the same order, so that wait always ends.
 from __future__ import annotations
 
 import collections
+import enum
+import weakref
 from typing import Any, Hashable
 
 MAX_PERIOD = 256  # the longest repeating sequence of calls that is recognised
@@ -41,7 +43,10 @@ class GroupNames:
         self._calls = 0
         self._period = 0  # the repeating sequence's length (0: none)
         self._phase = 0  # the next call's place in it
-        self._last: dict[str, Any] = {}  # recurring name -> the work of its last request
+        # recurring name -> the work of its last request, weakly: a work pending in the engine is
+        # held by its requests' callbacks, so one that is gone has completed; holding it here would
+        # keep its outputs alive (a layer's gathered parameters, under FSDP) after the caller let go
+        self._last: dict[str, weakref.ref] = {}
 
     def next(self, description: Hashable) -> str:
         """The name of the next call, whose arguments ``description`` gives."""
@@ -59,13 +64,15 @@ class GroupNames:
 
     def previous_work(self, name: str) -> Any:
         """The work of the last request under recurring ``name`` (None for a name used once):
-        the caller waits for it before submitting the name again."""
-        return self._last.get(name)
+        the caller waits for it before submitting the name again. None too once nothing else
+        holds that work (it has completed, see ``__init__``)."""
+        ref = self._last.get(name)
+        return None if ref is None else ref()
 
     def submitted(self, name: str, work: Any) -> None:
-        """Record the work submitted under ``name`` (kept for recurring names only)."""
+        """Record the work submitted under ``name`` (kept, weakly, for recurring names only)."""
         if ".s" in name[len(self.group):]:
-            self._last[name] = work
+            self._last[name] = weakref.ref(work)
 
     def _name(self) -> str:
         if self._period:
@@ -117,6 +124,6 @@ def describe(op: str, tensors: Any, **arguments: Any) -> Hashable:
 def _hashable(value: Any) -> Hashable:
     if isinstance(value, (list, tuple)):
         return tuple(_hashable(v) for v in value)
-    if isinstance(value, (str, int, float, bool, type(None))):
+    if isinstance(value, (str, int, float, bool, type(None), enum.Enum)):
         return value
     return repr(value)

@@ -23,6 +23,9 @@ _OPS = {
     _TYPES.BXOR: ReduceOp.BXOR,
 }
 
+_PLAIN = {kind: (engine_op, 1.0, "") for kind, engine_op in _OPS.items()}  # the answers without a factor
+_REFUSED: dict[tuple[torch.dtype, ReduceOp], str] = {}  # refused()'s answer per dtype and op
+
 
 def reduction(op: Any) -> tuple[ReduceOp, float, str]:
     """``(engine op, prescale factor, problem)`` for a torch reduce op (a ``ReduceOp`` or its
@@ -33,8 +36,9 @@ def reduction(op: Any) -> tuple[ReduceOp, float, str]:
     supported.
     """
     kind = getattr(op, "op", op)
-    if kind in _OPS:
-        return _OPS[kind], 1.0, ""
+    plain = _PLAIN.get(kind)
+    if plain is not None:
+        return plain
     if kind == _TYPES.PREMUL_SUM:
         try:
             factor = op.factor
@@ -55,11 +59,19 @@ def refused(tensors: Sequence[torch.Tensor], op: ReduceOp) -> str:
     """Why ``op`` cannot reduce these tensors' dtype ("" when it can): the same answer on every
     rank that passes the same dtype, so all of them fail the call together."""
     for t in tensors:
-        try:
-            plan_reduction(t.dtype, op, lambda dtype, lib_op: True)
-        except (ValueError, RuntimeError) as exc:
-            return str(exc)
+        key = (t.dtype, op)
+        answer = _REFUSED.get(key)
+        if answer is None:
+            try:
+                plan_reduction(t.dtype, op, lambda dtype, lib_op: True)
+                answer = ""
+            except (ValueError, RuntimeError) as exc:
+                answer = str(exc)
+            _REFUSED[key] = answer  # the same for every call: dtype and op decide it
+        if answer:
+            return answer
     return ""
+
 
 
 def group_rank_to_global(members: Sequence[int], rank: int, what: str) -> tuple[int, str]:

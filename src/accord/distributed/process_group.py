@@ -99,14 +99,14 @@ class AccordProcessGroup(dist.ProcessGroup):
     # --- the engine's door ---------------------------------------------------------------------
 
     def _submit(self, op: str, tensors: Sequence[torch.Tensor | None], finish: Callable[[Any], list[torch.Tensor]],
-                what: str, *, problems: Sequence[str] | None = None, **kwargs: Any) -> AccordWork:
+                what: str, opts: Any = None, *, problems: Sequence[str] | None = None, **kwargs: Any) -> AccordWork:
         """Submit one request per tensor, as one group; ``finish(results)`` gives the future's value."""
         self._check_open(what)
         name = self._names.next(describe(op, tensors, **kwargs))
         earlier = self._names.previous_work(name)
         if earlier is not None and not earlier.is_completed():
             earlier.drive()  # its name comes again: the earlier request must be done here first
-        waited = _caller_waits()
+        waited = _caller_waits(opts)
         handles = engine.submit_group(op, list(tensors), name, process_set_id=self.set_id,
                                       grouped=len(tensors) > 1, problems=problems, waited=waited, **kwargs)
         work = AccordWork(handles, lambda: finish([h.result() for h in handles]), f"{what} on group {self._name!r}",
@@ -135,7 +135,7 @@ class AccordProcessGroup(dist.ProcessGroup):
         """Reduce every rank's ``tensors`` in place (one engine request each, fused)."""
         op, scale, problem = ops.reduction((opts or dist.AllreduceOptions()).reduceOp)
         problem = problem or ops.refused(tensors, op)
-        return self._submit("allreduce", tensors, lambda _: list(tensors), "allreduce", in_place=True,
+        return self._submit("allreduce", tensors, lambda _: list(tensors), "allreduce", opts, in_place=True,
                             reduce_op=op, prescale_factor=scale, problems=[problem] * len(tensors))
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> AccordWork:
@@ -155,7 +155,7 @@ class AccordProcessGroup(dist.ProcessGroup):
                     t.copy_(r)
             return list(tensors)
 
-        return self._submit("reduce", tensors, finish, "reduce", reduce_op=op, prescale_factor=scale,
+        return self._submit("reduce", tensors, finish, "reduce", opts, reduce_op=op, prescale_factor=scale,
                             root_rank=root, problems=[problem] * len(tensors))
 
     def reduce_scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
@@ -178,7 +178,7 @@ class AccordProcessGroup(dist.ProcessGroup):
                 out.copy_(r.reshape(-1)[:out.numel()].view_as(out))
             return list(outputs)
 
-        return self._submit("reducescatter", wires, finish, "reduce_scatter", reduce_op=op,
+        return self._submit("reducescatter", wires, finish, "reduce_scatter", opts, reduce_op=op,
                             prescale_factor=scale, problems=problems)
 
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> AccordWork:  # noqa: A002
@@ -200,7 +200,7 @@ class AccordProcessGroup(dist.ProcessGroup):
                 out.copy_(r.view_as(out))
             return list(outputs)
 
-        return self._submit("reducescatter", wires, finish, "reduce_scatter_tensor", reduce_op=op,
+        return self._submit("reducescatter", wires, finish, "reduce_scatter_tensor", opts, reduce_op=op,
                             prescale_factor=scale, problems=problems)
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
@@ -210,24 +210,24 @@ class AccordProcessGroup(dist.ProcessGroup):
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> AccordWork:
         """Overwrite every rank's ``tensors`` with the root's."""
         root, problem = self._root((opts or dist.BroadcastOptions()).rootRank, "root rank")
-        return self._submit("broadcast", tensors, lambda _: list(tensors), "broadcast", in_place=True,
+        return self._submit("broadcast", tensors, lambda _: list(tensors), "broadcast", opts, in_place=True,
                             root_rank=root, problems=[problem] * len(tensors))
 
     def allgather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
                   opts: Any = None) -> AccordWork:
         """Every rank's ``inputs[i]`` into every rank's ``output_lists[i]`` (one output per rank),
         in rank order."""
-        return self._allgather(output_lists, inputs, "allgather")
+        return self._allgather(output_lists, inputs, "allgather", opts)
 
     def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
                             opts: Any = None) -> AccordWork:
         """``all_gather_coalesced``: rank ``r``'s ``inputs`` into ``output_lists[r]``, in input
         order. torch's layout is one list per rank, where ``allgather``'s is one list per input."""
         per_input = [[outs[i] for outs in output_lists if i < len(outs)] for i in range(len(inputs))]
-        return self._allgather(per_input, inputs, "all_gather_coalesced")
+        return self._allgather(per_input, inputs, "all_gather_coalesced", opts)
 
     def _allgather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
-                   what: str) -> AccordWork:
+                   what: str, opts: Any) -> AccordWork:
         """List allgathers as one group: ``output_lists[i]`` takes every rank's ``inputs[i]``."""
         problems = ["" if len(outs) == self._size else with_hint(
             f"{what} got {len(outs)} outputs for a group of {self._size}", "pass one output per rank")
@@ -238,7 +238,7 @@ class AccordProcessGroup(dist.ProcessGroup):
                 _copy_parts(r, outs)
             return [t for outs in output_lists for t in outs]
 
-        return self._submit("allgather", [t.reshape(-1) for t in inputs], finish, what, problems=problems)
+        return self._submit("allgather", [t.reshape(-1) for t in inputs], finish, what, opts, problems=problems)
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> AccordWork:  # noqa: A002
         """``all_gather_into_tensor``: every rank's ``input`` into ``output``, in rank order."""
@@ -258,7 +258,7 @@ class AccordProcessGroup(dist.ProcessGroup):
             return list(outputs)
 
         return self._submit("allgather", [i.reshape(-1) for i in inputs], finish, "all_gather_into_tensor",
-                            problems=problems)
+                            opts, problems=problems)
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
@@ -273,7 +273,8 @@ class AccordProcessGroup(dist.ProcessGroup):
             _copy_parts(results[0], output_lists[0])
             return list(output_lists[0])
 
-        return self._submit("gather", [inputs[0].reshape(-1)], finish, "gather", root_rank=root, problems=[problem])
+        return self._submit("gather", [inputs[0].reshape(-1)], finish, "gather", opts, root_rank=root,
+                            problems=[problem])
 
     def scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
                 opts: Any = None) -> AccordWork:
@@ -295,7 +296,7 @@ class AccordProcessGroup(dist.ProcessGroup):
             out.copy_(results[0].view_as(out))
             return [out]
 
-        return self._submit("scatter", [wire], finish, "scatter", root_rank=root, splits=splits,
+        return self._submit("scatter", [wire], finish, "scatter", opts, root_rank=root, splits=splits,
                             problems=[problem])
 
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],  # noqa: A002
@@ -309,7 +310,7 @@ class AccordProcessGroup(dist.ProcessGroup):
             output.copy_(received.view_as(output))
             return [output]
 
-        return self._submit("alltoall", [input], finish, "all_to_all_single", splits=splits)
+        return self._submit("alltoall", [input], finish, "all_to_all_single", opts, splits=splits)
 
     all_to_all_single = alltoall_base
 
@@ -326,11 +327,12 @@ class AccordProcessGroup(dist.ProcessGroup):
             _copy_parts(received, outputs)
             return list(outputs)
 
-        return self._submit("alltoall", [wire], finish, "all_to_all", splits=splits, problems=[problem])
+        return self._submit("alltoall", [wire], finish, "all_to_all", opts, splits=splits,
+                            problems=[problem])
 
     def barrier(self, opts: Any = None) -> AccordWork:
         """Return once every rank of the group has entered."""
-        return self._submit("barrier", [None], lambda _: [], "barrier")
+        return self._submit("barrier", [None], lambda _: [], "barrier", opts)
 
     # --- point to point ------------------------------------------------------------------------
 
@@ -369,11 +371,16 @@ _THIS_PACKAGE = os.path.dirname(os.path.abspath(__file__))
 _TORCH_WRAPPERS = "distributed_c10d.py"
 
 
-def _caller_waits() -> bool:
+def _caller_waits(opts: Any) -> bool:
     """Whether the call came from one of torch's synchronous collectives (``async_op=False``),
     which call ``wait()`` at once: then the engine may wait for that, and the caller's thread runs
     the engine's planned cycle itself, as ``hvd.allreduce`` does (two thread hand-offs fewer for
-    a small tensor). The first frame outside this package is torch's Python wrapper, if any."""
+    a small tensor). A torch whose options carry ``asyncOp`` says so there (True by default, so C++
+    callers such as DDP's reducer are never taken for waiting ones); on one without, the first frame
+    outside this package is torch's Python wrapper, if any, and its ``async_op`` says it."""
+    async_op = getattr(opts, "asyncOp", None)
+    if async_op is not None:
+        return async_op is False
     frame = sys._getframe(1)
     while frame is not None and frame.f_code.co_filename.startswith(_THIS_PACKAGE):
         frame = frame.f_back

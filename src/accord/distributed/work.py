@@ -55,6 +55,12 @@ def _raise_failure(future: torch.futures.Future) -> Any:
 class AccordWork(dist.Work):
     """A collective in flight: the engine's handles, what to do once they are done, and a future.
 
+    A synchronous call (torch's wrapper waits at once) never asks for the future, so it is made
+    on the first :meth:`get_future` only (already completed when the work is). Once complete, the
+    work lets go of its handles and its ``finish``: a work outlives its call (torch's caller, the
+    group's names wait on it before a name recurs), and the handles hold the engine's results,
+    which for the gathers and reduce-scatters are tensors as large as the call's output.
+
     Args:
         handles: the engine requests of this call.
         finish: run once every handle has succeeded (on the engine's thread); returns the
@@ -67,21 +73,27 @@ class AccordWork(dist.Work):
                  on_error: Callable[[], None] | None = None) -> None:
         super().__init__()
         self._on_error = on_error
-        self._handles = list(handles)
-        self._finish_fn = finish
+        self._handles: Sequence[Any] = handles
+        self._finish_fn: Finish | None = finish
         self._what = what
-        self._done = threading.Event()
+        # A bare lock held until completion (as the engine's Handle): cheaper to make than an Event
+        self._gate = threading.Lock()
+        self._gate.acquire()
+        self._finished = False
         self._error: BaseException | None = None
         self._value: list[torch.Tensor] = []
         self._cuda_event: Any = None
-        self._source = _FutureSource()
-        self._remaining = len(self._handles)
-        self._lock = threading.Lock()
+        self._source: _FutureSource | None = None
+        self._lock = threading.Lock()  # guards _source against completion
+        self._remaining = len(handles)
         keep_alive(self)
-        if not self._handles:
+        if not handles:
             self._complete()
-        for handle in self._handles:
-            handle.add_done_callback(self._one_done)
+        elif len(handles) == 1:
+            handles[0].add_done_callback(self._last_done)
+        else:
+            for handle in handles:
+                handle.add_done_callback(self._one_done)
 
     @classmethod
     def done_with(cls, value: list[torch.Tensor], what: str) -> "AccordWork":
@@ -97,23 +109,36 @@ class AccordWork(dist.Work):
         if last:
             self._complete()
 
+    def _last_done(self, _handle: Any) -> None:
+        self._complete()
+
     def _complete(self) -> None:
         try:
             for handle in self._handles:
                 handle.result()  # raises the engine's error
-            self._value = self._finish_fn()
-            if any(t.is_cuda for t in self._value):
-                self._cuda_event = torch.cuda.Event()
-                self._cuda_event.record()
+            self._value = self._finish_fn()  # type: ignore[misc]
+            for t in self._value:
+                if t.is_cuda:
+                    self._cuda_event = torch.cuda.Event()
+                    self._cuda_event.record()
+                    break
         except BaseException as exc:  # noqa: BLE001 (handed to every waiter)
             self._error = exc if isinstance(exc, RuntimeError) else CollectiveError(
                 with_hint(f"{self._what} failed: {type(exc).__name__}: {exc}",
                           "see the error above; every rank of the group raises it"))
         if self._error is not None and self._on_error is not None:
             self._on_error()
-        self._done.set()
+        self._handles, self._finish_fn = (), None
+        with self._lock:
+            self._finished = True
+            source = self._source
+        self._gate.release()
         done_keeping(self)
-        self._source.set(self._value if self._error is None else _Failure(self._error))
+        if source is not None:
+            source.set(self._outcome())
+
+    def _outcome(self) -> Any:
+        return self._value if self._error is None else _Failure(self._error)
 
     # --- torch's Work API ---------------------------------------------------------------------
 
@@ -125,14 +150,14 @@ class AccordWork(dist.Work):
             RuntimeError: the collective failed (accord's error, on every rank of the group), or
                 did not finish within ``timeout``.
         """
-        seconds = None if timeout is None or timeout.total_seconds() <= 0 else timeout.total_seconds()
-        if seconds is None:
-            self.drive()
-        elif not self._wait_for(seconds):
-            raise CollectiveError(with_hint(
-                f"{self._what} did not finish within the {seconds:g} s timeout of this wait",
-                "a rank may not have called it (every rank of the group must make the same calls "
-                "in the same order); the engine's stall report names the missing ranks"))
+        if not self._finished:
+            if timeout is None or timeout.total_seconds() <= 0:
+                self.drive()
+            elif not self._wait_for(timeout.total_seconds()):
+                raise CollectiveError(with_hint(
+                    f"{self._what} did not finish within the {timeout.total_seconds():g} s timeout of "
+                    "this wait", "a rank may not have called it (every rank of the group must make the "
+                    "same calls in the same order); the engine's stall report names the missing ranks"))
         if self._error is not None:
             raise self._error
         if self._cuda_event is not None:
@@ -147,20 +172,25 @@ class AccordWork(dist.Work):
                     engine.synchronize(handle)
                 except Exception:  # noqa: BLE001 (the work keeps its own error for its waiters)
                     pass
-        self._done.wait()
+        self._wait_gate(None)
 
     def _wait_for(self, seconds: float) -> bool:
         for handle in self._handles:
             engine.poll(handle)  # a caller waits: the engine's gathering ends now
-        return self._done.wait(seconds)
+        return self._wait_gate(seconds)
+
+    def _wait_gate(self, seconds: float | None) -> bool:
+        if not self._finished and self._gate.acquire(timeout=-1 if seconds is None else seconds):
+            self._gate.release()  # let the next waiter through
+        return self._finished
 
     def is_completed(self) -> bool:
         """Whether the collective has finished (successfully or not)."""
-        return self._done.is_set()
+        return self._finished
 
     def is_success(self) -> bool:
         """Whether it finished without error (False while pending)."""
-        return self._done.is_set() and self._error is None
+        return self._finished and self._error is None
 
     def exception(self) -> BaseException | None:
         """The collective's error, or None (also while pending)."""
@@ -173,18 +203,29 @@ class AccordWork(dist.Work):
 
     def get_future(self) -> torch.futures.Future:
         """A future completed with the output tensors (DDP's reducer and comm hooks use it)."""
-        return self._source.future
+        with self._lock:
+            source = self._source
+            if source is None:
+                source = self._source = _FutureSource()
+                finished = self._finished
+            else:
+                finished = False  # completed, or to be completed, by whoever made it
+        if finished:
+            source.set(self._outcome())
+        return source.future
 
     def _source_rank(self) -> int:
         return -1
 
     def __repr__(self) -> str:
-        state = "failed" if self._error is not None else "done" if self._done.is_set() else "pending"
+        state = "failed" if self._error is not None else "done" if self._finished else "pending"
         return f"AccordWork({self._what}, {state})"
 
 
 class _FutureSource:
     """The future torch sees, and the one completed on this side (see the module docstring)."""
+
+    __slots__ = ("_inner", "future")
 
     def __init__(self) -> None:
         self._inner = torch.futures.Future()
