@@ -231,9 +231,20 @@ class NodeAgent:
         return Failure(rank=m.index, host=host, pid=m.proc.pid, returncode=m.returncode, error=error,
                        local_rank=m.index % self.spec.nproc)
 
+    def _label(self, world: World) -> str:
+        """This node's host label in ``world``'s output."""
+        return node_labels(world)[[n.node_rank for n in world.nodes].index(self._node)]
+
+    def _abandon(self, supervisor: Supervisor, mux: OutputMux, message: str) -> _Outcome:
+        """Stop this node's workers, say ``message``; the agent exits 1."""
+        self._stop(supervisor)
+        mux.close(timeout=2.0)
+        self._say(message)
+        return _Outcome(1)
+
     def _watch(self, world: World, supervisor: Supervisor, mux: OutputMux) -> _Outcome:
         meeting, attempt = self._meeting, world.attempt
-        host = node_labels(world)[[n.node_rank for n in world.nodes].index(self._node)]
+        host = self._label(world)
         failures: list[Failure] = []
         settle_until: float | None = None
         published = done = False
@@ -277,10 +288,7 @@ class NodeAgent:
                                     f"{LOST_AFTER_S:g}s (killed, or its host went away?)"})
                 time.sleep(_POLL)
         except AgentError as exc:
-            self._stop(supervisor)
-            mux.close(timeout=2.0)
-            self._say(f"error: {exc}; stopped this node's workers")
-            return _Outcome(1)
+            return self._abandon(supervisor, mux, f"error: {exc}; stopped this node's workers")
         assert reason is not None
         return self._stopped(world, supervisor, mux, failures, published, reason, host)
 
@@ -288,7 +296,7 @@ class NodeAgent:
         """:meth:`_watch` with ``--nnodes MIN:MAX``: nodes leave and join the running attempt
         (:mod:`accord.run.agent.membership`) and the workers re-form in memory."""
         meeting, attempt = self._meeting, world.attempt
-        host = node_labels(world)[[n.node_rank for n in world.nodes].index(self._node)]
+        host = self._label(world)
         governor = elastic.governor
         failures: list[Failure] = []
         left: int | None = None  # this node's exit status once it left the job after a failure
@@ -327,12 +335,10 @@ class NodeAgent:
                         break
                     members = elastic.refresh()
                     if left is None and not elastic.is_member():
-                        self._stop(supervisor)
-                        mux.close(timeout=2.0)
-                        self._say(with_hint("error: the job went on without this node (node rank 0's agent "
-                                            f"saw its heartbeat stand still for {LOST_AFTER_S:g}s); stopped "
-                                            "this node's workers", "start this agent again to join the job"))
-                        return _Outcome(1)
+                        return self._abandon(supervisor, mux, with_hint(
+                            "error: the job went on without this node (node rank 0's agent saw its "
+                            f"heartbeat stand still for {LOST_AFTER_S:g}s); stopped this node's workers",
+                            "start this agent again to join the job"))
                     finished = [meeting.get(f"agents/a{attempt}/done/{n.node_rank}") is not None
                                 for n in members.nodes if left is None or n.agent_id != meeting.agent_id]
                     if finished and all(finished) and (done or left is not None):
@@ -342,10 +348,7 @@ class NodeAgent:
                         return self._too_late(world, supervisor, mux, elastic)
                 time.sleep(_POLL)
         except AgentError as exc:
-            self._stop(supervisor)
-            mux.close(timeout=2.0)
-            self._say(f"error: {exc}; stopped this node's workers")
-            return _Outcome(1)
+            return self._abandon(supervisor, mux, f"error: {exc}; stopped this node's workers")
         assert reason is not None
         every = replace(world, nodes=tuple(elastic.seen[r] for r in sorted(elastic.seen)))
         return self._stopped(every, supervisor, mux, failures, left is not None, reason, host)
