@@ -113,3 +113,82 @@ def test_a_missing_ray_is_an_import_error_with_the_pip_line(monkeypatch):
     with pytest.raises(ImportError) as info:
         requirement.need_ray()
     assert "pip install 'accord[ray]'" in str(info.value) and "\nHINT: " in str(info.value)
+
+
+class _CallRay:
+    """Just what StaticJob.call uses of Ray: refs resolve to outcomes, first come first waited."""
+
+    class exceptions:  # noqa: N801 - Ray's own spelling
+        class RayError(Exception):
+            pass
+
+        class RayActorError(RayError):
+            pass
+
+    def __init__(self, outcomes):
+        self.outcomes = outcomes  # ref -> ("ok"/"error", value) or an exception to raise
+        self.timeouts = []
+
+    def wait(self, refs, num_returns=1, timeout=None):
+        self.timeouts.append(timeout)
+        ordered = sorted(refs)
+        return ordered[:num_returns], ordered[num_returns:]
+
+    def get(self, ref):
+        outcome = self.outcomes[ref]
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+
+class _Actor:
+    def __init__(self, ref):
+        self.call = type("M", (), {"remote": staticmethod(lambda *a: ref)})()
+
+
+def _job_with(fake, monkeypatch):
+    from accord.ray import static
+
+    monkeypatch.setattr(static, "need_ray", lambda: fake)
+    job = static.StaticJob(create_settings(), 2, None, 1, 1, False, 0, False)
+    job.workers = [_Actor(ref) for ref in sorted(fake.outcomes)]
+    job.descriptions = [{"ip": "10.0.0.1", "pid": 100}, {"ip": "10.0.0.2", "pid": 101}]
+    job.stopped = []
+    monkeypatch.setattr(job, "_stop", lambda ray: job.stopped.append(True))
+    return job
+
+
+def test_a_rank_that_lost_its_peer_yields_to_the_peers_own_death(monkeypatch):
+    from accord.errors import RankFailedError, WorkerFailedError
+    from accord.ray.actor import describe_exception
+
+    peer_lost = describe_exception(RankFailedError("a collective failed on rank 0 of 2: rank 1 stopped answering"))
+    fake = _CallRay({0: ("error", peer_lost), 1: _CallRay.exceptions.RayActorError("actor died")})
+    job = _job_with(fake, monkeypatch)
+    with pytest.raises(WorkerFailedError) as info:
+        job.call(print, (), {}, False)
+    assert info.value.rank == 1 and "rank 1 of 2 (node 10.0.0.2, pid 101) died" in str(info.value)
+    assert job.stopped == [True] and fake.timeouts[-1] is not None  # the wait for the cause is bounded
+
+
+def test_a_peer_lost_error_is_raised_when_no_other_rank_fails(monkeypatch):
+    from accord.errors import RankFailedError, WorkerFailedError
+    from accord.ray.actor import describe_exception
+
+    peer_lost = describe_exception(RankFailedError("a collective failed on rank 0 of 2"))
+    fake = _CallRay({0: ("error", peer_lost), 1: ("ok", 7)})
+    with pytest.raises(WorkerFailedError) as info:
+        _job_with(fake, monkeypatch).call(print, (), {}, False)
+    assert info.value.rank == 0 and "RankFailedError" in str(info.value)
+
+
+def test_an_error_of_its_own_is_raised_at_once(monkeypatch):
+    from accord.errors import WorkerFailedError
+    from accord.ray.actor import describe_exception
+
+    fake = _CallRay({0: ("error", describe_exception(ValueError("bad input"))),
+                     1: _CallRay.exceptions.RayActorError("actor died")})
+    with pytest.raises(WorkerFailedError) as info:
+        _job_with(fake, monkeypatch).call(print, (), {}, False)
+    assert info.value.rank == 0 and "ValueError: bad input" in str(info.value)
+    assert fake.timeouts == [None]  # no wait for other ranks

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from accord.errors import ConfigError, LaunchError, with_hint
+from accord.errors import ConfigError, LaunchError, RankFailedError, ShutdownError, WorkerFailedError, with_hint
 from accord.ray import failures
 from accord.ray.actor import ERROR, LEFT, Worker
 from accord.ray.hosting import HostedStore, bind_address
@@ -24,6 +24,14 @@ from accord.run.spec.worker_env import JobEnv
 
 CLOSE_TIMEOUT_S = 10.0  # how long a worker may take to shut its engine down at shutdown()
 DEAD_TIMEOUT_S = 30.0  # how long Ray may take to confirm a killed actor is gone
+# how long a rank that lost its peer waits for the peer's own failure to be reported, so that
+# the error names the rank that died rather than the one that noticed
+ROOT_CAUSE_WAIT_S = 15.0
+
+
+def error_is_secondary(error: WorkerFailedError) -> bool:
+    """Whether ``error`` is a rank's collective failing because another rank failed first."""
+    return isinstance(error.__cause__, (RankFailedError, ShutdownError))
 
 
 def check_driver(ray: Any) -> None:
@@ -170,16 +178,34 @@ class StaticJob:
             ready, _ = ray.wait(list(pending), num_returns=1)
             for ref in ready:
                 rank = pending.pop(ref)
-                try:
-                    status, value = ray.get(ref)
-                except ray.exceptions.RayActorError as exc:
-                    raise self._fail(ray, failures.died(self._who(rank), rank, self._where(rank), exc)) from None
-                except ray.exceptions.RayError as exc:  # the actor lives, its result did not come
-                    raise self._fail(ray, failures.unsent(self._who(rank), rank, self._where(rank), exc)) from None
-                if status == ERROR:
-                    raise self._fail(ray, failures.raised(self._who(rank), rank, value, self._where(rank)))
-                results[rank] = None if status == LEFT else value
+                error, value = self._outcome(ray, ref, rank)
+                if error is not None:
+                    if error_is_secondary(error):
+                        error = self._root_cause(ray, pending, error)
+                    raise self._fail(ray, error)
+                results[rank] = value
         return [results[r] for r in chosen]
+
+    def _outcome(self, ray: Any, ref: Any, rank: int) -> tuple[WorkerFailedError | None, Any]:
+        """What ``rank``'s call gave: ``(None, result)``, or the failure to raise."""
+        who, where = self._who(rank), self._where(rank)
+        try:
+            status, value = ray.get(ref)
+        except ray.exceptions.RayActorError as exc:
+            return failures.died(who, rank, where, exc), None
+        except ray.exceptions.RayError as exc:  # the actor lives, its result did not come
+            return failures.unsent(who, rank, where, exc), None
+        if status == ERROR:
+            return failures.raised(who, rank, value, where), None
+        return None, None if status == LEFT else value
+
+    def _root_cause(self, ray: Any, pending: dict[Any, int], first: WorkerFailedError) -> WorkerFailedError:
+        """The failure that caused ``first`` (a rank that lost its peer), when another rank's
+        call ends badly within :data:`ROOT_CAUSE_WAIT_S`: the dead actor, not its survivor."""
+        ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=ROOT_CAUSE_WAIT_S)
+        later = [e for e in (self._outcome(ray, ref, pending[ref])[0] for ref in ready) if e is not None]
+        primary = [e for e in later if not error_is_secondary(e)]
+        return primary[0] if primary else first
 
     def call_remote(self, fn: Callable[..., Any], args: Any, kwargs: Any) -> list[Any]:
         """One ObjectRef per rank (Ray's own error handling)."""
