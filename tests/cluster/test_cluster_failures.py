@@ -1,12 +1,11 @@
 """Failures that cross simulated hosts: a host that refuses ssh or cannot be resolved, the
 launcher SIGKILLed, a parameter server's host lost. Each time: a clear error naming the host,
 fast, and nothing left running on any host (the ``cluster`` fixture checks every host after
-each test). "Fast" is under 40 s: a third of the 120 s the other workers would otherwise run
-(fail_on.py, kv_loop.py), far beyond what a busy machine adds to the start of a job."""
+each test). "Fast": the other workers were stopped, not left to run out their 120 s (fail_on.py
+prints "waited to the end" when it does; the tests' own 120 s timeout bounds the rest)."""
 from __future__ import annotations
 
 import signal
-import time
 
 import pytest
 from helpers.cluster_jobs import PYTHON, accordrun, script, start_accordrun, wait_for_files
@@ -16,26 +15,22 @@ pytestmark = pytest.mark.timeout(120)
 
 def test_host_refusing_ssh_stops_the_job_fast(cluster):
     cluster.stop_host("h2")  # down, cable in: connections are refused
-    started = time.monotonic()
     res = accordrun(cluster, "-H", "h1:1,h2:1", "--grace-period", "1", PYTHON, script("fail_on.py"), "9", "0")
-    took = time.monotonic() - started
     assert res.returncode == 255, res.stderr
     root = res.stderr[res.stderr.index("Root Cause"):]
     assert "rank       : 1 (local_rank 0, host h2)" in root, root
     assert "ssh: connect to host h2 port 22: Connection refused" in root, root
     assert "could not reach h2 through ssh" in root, root
-    assert took < 40, f"took {took:.1f}s"
+    assert "waited to the end" not in res.stdout, res.stdout
 
 
 def test_unreachable_host_stops_the_job_after_the_ssh_connect_timeout(cluster):
     cluster.stop_host("h2", unplug=True)  # packets to it vanish: ssh waits for its ConnectTimeout
-    started = time.monotonic()
     res = accordrun(cluster, "-H", "h1:1,h2:1", "--grace-period", "1", PYTHON, script("fail_on.py"), "9", "0")
-    took = time.monotonic() - started
     assert res.returncode == 255, res.stderr
     root = res.stderr[res.stderr.index("Root Cause"):]
     assert "host h2" in root and "timed out" in root and "could not reach h2 through ssh" in root, root
-    assert took < 40, f"took {took:.1f}s (ssh's ConnectTimeout is 10 s)"
+    assert "waited to the end" not in res.stdout, res.stdout  # stopped after ssh's 10 s ConnectTimeout
 
 
 def test_unknown_host_name_stops_the_job_fast(cluster):
@@ -68,10 +63,8 @@ def test_parameter_server_host_lost(cluster, shared_dir):
         wait_for_files([shared_dir / f"ready.{r}" for r in range(2)], timeout=60, proc=proc)
         servers = [cmd for _, cmd in cluster.processes("h2") if "accord.kvstore.server" in cmd]
         assert servers, cluster.processes("h2")
-        started = time.monotonic()
         cluster.stop_host("h2")
-        out, err = proc.communicate(timeout=60)
-        took = time.monotonic() - started
+        out, err = proc.communicate(timeout=60)  # the workers would loop for 120 s
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -79,4 +72,3 @@ def test_parameter_server_host_lost(cluster, shared_dir):
     assert proc.returncode != 0, err
     root = err[err.index("Root Cause"):]
     assert "server     : 0 (parameter server, host h2)" in root, root
-    assert took < 40, f"took {took:.1f}s"

