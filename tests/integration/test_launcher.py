@@ -1,5 +1,7 @@
 """accordrun through the real CLI (`python -m accord.run`): jobs on localhost, output, env."""
+import errno
 import importlib.util
+import json
 import os
 import signal
 import socket
@@ -101,6 +103,22 @@ def test_omp_threads_default_is_said_once_and_explicit_setting_wins():
     proc = lib.accordrun("-np", "2", lib.PYTHON, REPORT, env=lib.cli_env(OMP_NUM_THREADS="3"))
     assert {e["OMP_NUM_THREADS"] for e in lib.env_reports(proc.stdout).values()} == {"3"}
     assert "OMP_NUM_THREADS is not set" not in proc.stderr
+
+
+@pytest.mark.timeout(30)
+def test_master_port_is_held_for_the_job_and_rank_0_can_serve_on_it():
+    # Between the launcher picking MASTER_PORT and rank 0 binding it, the OS must not hand the
+    # port to anyone else (another job's store did, once): the launcher keeps it bound.
+    proc = lib.accordrun("-np", "2", lib.PYTHON, lib.script("master_port_state.py"))
+    assert proc.returncode == 0, proc.stderr
+    seen = {}
+    for line in proc.stdout.splitlines():
+        if "MASTER " in line:
+            data = json.loads(line.split("MASTER ", 1)[1])
+            seen[data["rank"]] = data
+    assert sorted(seen) == [0, 1]
+    assert {d["plain_error"] for d in seen.values()} == {errno.EADDRINUSE}
+    assert seen[0]["served"] == seen[0]["port"] == seen[1]["port"]
 
 
 @pytest.mark.timeout(30)

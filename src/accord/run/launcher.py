@@ -106,6 +106,7 @@ class _Job:
         self._signals: list[int] = []
         self._stopped_servers: list[int] = []
         self._store: job_store.JobStore | None = None
+        self._master_hold: job_store.ReservedPort | None = None
         self._supervisor: Supervisor | None = None
         self._mux: OutputMux | None = None
         self._jobdir: str | None = None
@@ -175,9 +176,11 @@ class _Job:
         # MASTER_ADDR (for env:// scripts; accord's workers meet at the store) names this host.
         rank0 = cfg.slots[0].hostname if cfg.slots else "localhost"
         rank0_local = is_local(rank0)
-        if cfg.master_port and rank0_local:
-            job_store.check_port_free(cfg.master_port, "--master-port")
-        master_port = cfg.master_port or job_store.free_port()
+        if rank0_local:
+            self._master_hold = job_store.ReservedPort(cfg.master_port, "--master-port")
+            master_port = self._master_hold.port
+        else:
+            master_port = cfg.master_port or job_store.free_port()
         master_addr = cfg.master_addr or (address if rank0_local else rank0)
         self._store = job_store.start_store(bind, cfg.store_port, secret)
         if self._store is None and cfg.verbose:
@@ -392,6 +395,8 @@ class _Job:
             self._supervisor.close()
         if self._store is not None:
             self._store.close()
+        if self._master_hold is not None:
+            self._master_hold.release()
         if self._jobdir is not None:
             shutil.rmtree(self._jobdir, ignore_errors=True)
         for sig, handler in self._previous.items():

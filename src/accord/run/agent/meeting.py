@@ -132,6 +132,7 @@ class Meeting:
         self.host = socket.gethostname()
         self.serving: job_store.JobStore | None = None
         self._workers_store: job_store.JobStore | None = None
+        self._master_hold: job_store.ReservedPort | None = None
         self._conn: Any = None
         self._deadline = 0.0
         self._beats = 0
@@ -367,12 +368,14 @@ class Meeting:
         """The serving agent: a fresh store for this attempt's workers, and the world."""
         if self._workers_store is not None:
             self._workers_store.close()
+        if self._master_hold is not None:
+            self._master_hold.release()
         bind = bind_address(self.spec.endpoint_host, self._interface_ip)
         self._workers_store = job_store.JobStore(bind, 0, self.spec.secret)
-        master_port = job_store.free_port("" if bind == "0.0.0.0" else bind)
+        self._master_hold = job_store.ReservedPort(host="" if bind == "0.0.0.0" else bind)
         self.set_first(_key(attempt, "world"), {
             "nodes": [asdict(records[r]) for r in sorted(records)], "store_port": self._workers_store.port,
-            "master_port": master_port, "job_id": uuid.uuid4().hex[:12]})
+            "master_port": self._master_hold.port, "job_id": uuid.uuid4().hex[:12]})
 
     def _world(self, attempt: int, data: dict[str, Any], mine: NodeRecord) -> World:
         nodes = tuple(NodeRecord(**n) for n in data["nodes"])
@@ -439,3 +442,6 @@ class Meeting:
             if store is not None:
                 store.close()
         self._workers_store = self.serving = None
+        if self._master_hold is not None:
+            self._master_hold.release()
+            self._master_hold = None

@@ -151,13 +151,16 @@ class SpawnContext:
         conns: per worker, the pipe its result or error comes back on.
         store: the job's rendezvous store, closed with the context (None when there is none).
         supervisor: what stops the remaining workers after a failure.
+        master: the held ``MASTER_PORT``, released with the context (None when there is none).
     """
 
     def __init__(self, processes: Sequence[Any], conns: Sequence[Any],
-                 store: job_store.JobStore | None, supervisor: Supervisor) -> None:
+                 store: job_store.JobStore | None, supervisor: Supervisor,
+                 master: job_store.ReservedPort | None = None) -> None:
         self.processes = list(processes)
         self._conns = list(conns)
         self._store = store
+        self._master = master
         self._supervisor: Supervisor | None = supervisor
         self._got: dict[int, tuple[str, Any]] = {}
         self.results: list[Any] | None = None
@@ -242,7 +245,7 @@ class SpawnContext:
         raise error from original
 
     def close(self) -> None:
-        """Stop every worker still running (SIGTERM, grace period, SIGKILL) and release the store."""
+        """Stop every worker still running (SIGTERM, grace period, SIGKILL); release the store and port."""
         if self._supervisor is not None:
             self._supervisor.stop()
             self._supervisor.close()
@@ -252,6 +255,9 @@ class SpawnContext:
         if self._store is not None:
             self._store.close()
             self._store = None
+        if self._master is not None:
+            self._master.release()
+            self._master = None
 
 
 def spawn(
@@ -300,7 +306,8 @@ def spawn(
     payload = function_payload(fn, args)
     secret = secrets.token_bytes(32)
     store = job_store.start_store("127.0.0.1", 0, secret)
-    job = JobEnv(job_id=uuid.uuid4().hex[:12], master_addr="127.0.0.1", master_port=job_store.free_port(),
+    master = job_store.ReservedPort(host="127.0.0.1")
+    job = JobEnv(job_id=uuid.uuid4().hex[:12], master_addr="127.0.0.1", master_port=master.port,
                  store_addr="127.0.0.1" if store else None, store_port=store.port if store else None)
     environ = config.snapshot()
     supervisor = Supervisor(opts.grace)
@@ -328,9 +335,9 @@ def spawn(
             conns.append(reader)
     except BaseException:
         supervisor.grace = 0.0
-        SpawnContext(processes, conns, store, supervisor).close()
+        SpawnContext(processes, conns, store, supervisor, master).close()
         raise
-    context = SpawnContext(processes, conns, store, supervisor)
+    context = SpawnContext(processes, conns, store, supervisor, master)
     if not join:
         return context
     context.join()

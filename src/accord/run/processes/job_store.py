@@ -24,22 +24,43 @@ def free_port(host: str = "") -> int:
         return sock.getsockname()[1]
 
 
-def check_port_free(port: int, flag: str, host: str = "") -> None:
-    """Raise a clear LaunchError when ``port`` cannot be bound on ``host``.
+class ReservedPort:
+    """A port kept bound (not listening) by the launcher until the job ends.
 
-    Binding with SO_REUSEADDR, like the servers that will use the port, so sockets lingering in
-    TIME_WAIT do not count as "in use".
+    A port the OS handed out and we let go can go to the next process that asks for one (another
+    job's store, say) before rank 0 of an ``env://`` script binds it. Holding it bound with
+    ``SO_REUSEADDR`` closes that window: the kernel gives no other ``bind(0)`` a port that a
+    socket holds, while torch's TCPStore, which also sets ``SO_REUSEADDR``, can still bind and
+    listen on it (only a listening socket blocks a reusing bind). Not inherited by children.
+
+    Args:
+        port: the port to hold; 0 takes a free one from the OS.
+        flag: the option that named ``port``, for the error.
+        host: the address to bind (all interfaces by default).
+
+    Raises:
+        LaunchError: ``port`` is in use on this host.
     """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+
+    def __init__(self, port: int = 0, flag: str = "--master-port", host: str = "") -> None:
+        self._sock: socket.socket | None = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind((host, port))
+            self._sock.bind((host, port))
         except OSError as exc:
+            self._sock.close()
             raise LaunchError(with_hint(
                 f"port {port} ({flag}) is already in use on this host: {exc.strerror}",
                 f"pass another port to {flag}, or leave {flag} out (or pass 0) to let the OS pick a "
                 f"free one; `ss -ltnp 'sport = :{port}'` shows who holds it",
             )) from None
+        self.port: int = self._sock.getsockname()[1]
+
+    def release(self) -> None:
+        """Let the port go (idempotent)."""
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
 
 
 class JobStore:
