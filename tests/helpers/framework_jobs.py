@@ -10,13 +10,14 @@ from __future__ import annotations
 import importlib.util
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from helpers.ports import held_port
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "integration" / "scripts"
 PYTHON = sys.executable
@@ -39,13 +40,6 @@ def common() -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on now (for launchers that cannot choose their own)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def run(argv: list[str], timeout: float, cwd: str | Path = SCRIPTS,
@@ -84,7 +78,7 @@ def accelerate_launch(script: str, *args: str, timeout: float) -> subprocess.Com
     """``accelerate launch`` with 2 processes (torchrun underneath, CPU processes included)."""
     return run([PYTHON, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                 "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-                "--main_process_port", str(free_port()), script, *args], timeout)
+                "--main_process_port", str(held_port()), script, *args], timeout)
 
 
 def succeeded(proc: subprocess.CompletedProcess[str]) -> None:

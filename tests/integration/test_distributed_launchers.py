@@ -11,13 +11,13 @@ import importlib.util
 import json
 import re
 import signal
-import socket
 import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 from helpers.mpirun import mpi_ready, run_under_mpirun
+from helpers.ports import held_port
 
 _spec = importlib.util.spec_from_file_location(
     "launcher_testlib", Path(__file__).parent / "scripts" / "launcher_testlib.py")
@@ -32,12 +32,6 @@ pytestmark = pytest.mark.slow
 def _torchrun(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
     argv = [lib.PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(SIZE), *args]
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=lib.cli_env())
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _results(out: Path) -> list[dict]:
@@ -120,7 +114,7 @@ def test_ddp_on_accord_under_mpirun_reaches_accordruns_weights(tmp_path, expecte
     # env:// under mpirun: the script takes RANK and WORLD_SIZE from Open MPI's variables, the
     # store's address is given here
     proc = run_under_mpirun(SCRIPT, SIZE, "--out", str(tmp_path), timeout=100,
-                            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+                            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(held_port()))
     assert proc.returncode == 0, f"stdout:\n{proc.stdout[-2000:]}\nstderr:\n{proc.stderr[-3000:]}"
     assert _same(_check_trained(_results(tmp_path), expected), under_accordrun)
 

@@ -2,17 +2,10 @@
 fake hosts, missing ranks, and the torchrun / SLURM (rank 0 hosts the store) paths."""
 from __future__ import annotations
 
-import socket
-
 import pytest
 from helpers import groups
+from helpers.ports import held_port
 from helpers.ranks import run_ranks
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _expected_topology(hostnames: list[str]) -> list[tuple[int, int, int, int]]:
@@ -183,7 +176,7 @@ def _slurm_env(port: int):
 @pytest.mark.timeout(150)
 def test_torchrun_environment_uses_torch_store():
     results = run_ranks(_bootstrap_allreduce, 2, init="none",
-                        per_rank_env=_torchrun_env(_free_port()), timeout=130)
+                        per_rank_env=_torchrun_env(held_port()), timeout=130)
     for out in results:
         for source, size, local_size, total, _ in out:
             assert (source, size, local_size, total) == ("torchrun", 2, 2, 3.0)
@@ -194,7 +187,7 @@ def test_torchrun_environment_uses_torch_store():
 @pytest.mark.timeout(150)
 def test_slurm_environment_rank0_hosts_store():
     results = run_ranks(_bootstrap_allreduce, 2, init="accord",
-                        per_rank_env=_slurm_env(_free_port()), timeout=130)
+                        per_rank_env=_slurm_env(held_port()), timeout=130)
     for out in results:
         for source, size, local_size, total, _ in out:
             assert (source, size, local_size, total) == ("slurm", 2, 2, 3.0)
@@ -224,7 +217,7 @@ def _rank1_leaves_without_close(rank: int, size: int) -> tuple[float, list[str]]
 @pytest.mark.timeout(60)
 def test_store_owner_does_not_wait_for_a_rank_that_exited():
     results = run_ranks(_rank1_leaves_without_close, 2, init="accord",
-                        per_rank_env=_slurm_env(_free_port()), timeout=60)
+                        per_rank_env=_slurm_env(held_port()), timeout=60)
     _, warnings = results[0]
     # it saw rank 1's connections drop; waiting out the 90 s would have logged "not every rank left"
     assert not any("not every rank left" in w for w in warnings), warnings

@@ -7,11 +7,12 @@ import os
 import re
 import secrets
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
 from typing import Sequence
+
+from helpers.ports import held_port
 
 _spec = importlib.util.spec_from_file_location("launcher_testlib", Path(__file__).parent / "launcher_testlib.py")
 lib = importlib.util.module_from_spec(_spec)
@@ -19,10 +20,8 @@ _spec.loader.exec_module(lib)
 
 
 def free_port() -> int:
-    """A port the OS says is free on loopback."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port free on loopback, held from other processes until this one ends."""
+    return held_port()
 
 
 def secret_file(folder: Path, name: str = "secret") -> str:
