@@ -16,6 +16,9 @@
 A run that does not finish within 180 s, fails, or shows no step after the kill, is counted in
 ``restarts_without_a_next_step`` (in the in-memory part, the agent of the killed worker's node
 ends with that worker's status: expected). Medians over ``--repeats``, alternating the launchers.
+On the simulated hosts torchrun 2.13's restarted workers fail in Gloo's connectFullMesh until its
+restarts run out (workers of different attempts meet in the agents' one store, which has no
+per-attempt prefix; benchmarks/RESULTS.md says more), so its kill-to-next-step is usually None.
 Writes benchmarks/results/cluster_agents.json. Targets (issue #34): start-up <= 0.7x torchrun's;
 kill to next step <= 0.5x torchrun's (``in_memory_kill_to_next_step_s``).
 """
