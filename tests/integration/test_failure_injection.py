@@ -1,9 +1,9 @@
 """Failures injected into real accordrun jobs at moments the launcher tests do not reach: inside a
 collective, inside the shm backend's set-up, during a worker's exit. The job must stop fast with the
 failing rank as the root cause, its survivors must not wait out a timeout, and nothing may be left
-behind (processes, /dev/shm segments). "Fast" is a bound of a third of the collective timeout,
-which these tests raise to 90-120 s so that the bound sits far beyond a busy machine's delays
-(starting the workers included), beside what the output says ended the wait.
+behind (processes, /dev/shm segments). "Fast": these tests raise the collective timeout beyond
+the bound on the whole accordrun job (its ``timeout=``), so a job that returns at all did not wait
+one out, and the output says what ended the wait.
 
 The worker scripts are written to the test's folder; they inject the failure themselves (a patched
 library call, a signal to their own process) so that the moment is exact.
@@ -16,7 +16,6 @@ import os
 import re
 import signal
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -34,7 +33,7 @@ _spec.loader.exec_module(lib)
 # the collective, hvd.elastic.run shuts it down and re-forms the job: rank 0 must learn at once
 # that rank 1 left, not after ACCORD_COLLECTIVE_TIMEOUT.
 LOCAL_FAILURE = """
-import json, time
+import json
 import torch
 import accord.torch as hvd
 from accord.comm import torch_backend
@@ -66,9 +65,8 @@ def train(state):
         state.step += 1
         state.commit()
 
-start = time.monotonic()
 train(state)
-print("DONE " + json.dumps({"rank": first, "size": hvd.size(), "seconds": time.monotonic() - start}), flush=True)
+print("DONE " + json.dumps({"rank": first, "size": hvd.size()}), flush=True)
 hvd.shutdown()
 """
 
@@ -160,15 +158,15 @@ def _env(tmpdir: str, **extra: str) -> dict[str, str]:
 @pytest.mark.timeout(180)
 def test_a_rank_leaving_a_broken_collective_frees_its_peer_at_once(tmp_path, killed_tmpdir):
     script = _write(tmp_path, "local_failure.py", LOCAL_FAILURE)
-    env = _env(killed_tmpdir, ACCORD_CPU_BACKEND="gloo", ACCORD_COLLECTIVE_TIMEOUT="90",
+    # rank 0 must not wait for ACCORD_COLLECTIVE_TIMEOUT in the allreduce rank 1 has left: at
+    # 300 s it outlasts the job's 150 s bound, so only a rank 0 told at once finishes
+    env = _env(killed_tmpdir, ACCORD_CPU_BACKEND="gloo", ACCORD_COLLECTIVE_TIMEOUT="300",
                ACCORD_ELASTIC_TIMEOUT="30")
     proc = lib.accordrun("-np", "2", "--min-np", "2", lib.PYTHON, script, timeout=150, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     done = [json.loads(line.split("DONE ", 1)[1]) for line in proc.stdout.splitlines() if "DONE {" in line]
     assert sorted(d["rank"] for d in done) == [0, 1] and all(d["size"] == 2 for d in done), proc.stdout
     assert "Timed out" not in proc.stderr, proc.stderr[-3000:]  # no wait ran out
-    # rank 0 must not wait for ACCORD_COLLECTIVE_TIMEOUT (90 s) in the allreduce rank 1 has left
-    assert max(d["seconds"] for d in done) < 30, (done, proc.stderr[-3000:])
 
 
 @pytest.mark.timeout(60)
@@ -179,10 +177,9 @@ def test_a_rank_leaving_a_broken_collective_frees_its_peer_at_once(tmp_path, kil
 def test_the_rank_that_ended_is_the_root_cause_even_when_its_peer_exits_first(
         tmp_path, killed_tmpdir, how, status, error):
     script = _write(tmp_path, "slow_exit.py", SLOW_EXIT)
-    start = time.monotonic()
+    # the 120 s collective timeout outlasts the job's 50 s bound: rank 0 did not wait it out
     proc = lib.accordrun("-np", "2", lib.PYTHON, script, how, timeout=50,
                          env=_env(killed_tmpdir, ACCORD_COLLECTIVE_TIMEOUT="120"))
-    assert time.monotonic() - start < 40  # a third of the collective timeout rank 0 did not wait out
     cause = _cause(proc.stderr)
     assert proc.returncode == status, proc.stderr[-3000:]
     assert "rank       : 1 (local_rank 1, host localhost)" in cause, cause
@@ -217,10 +214,9 @@ def test_a_rank_killed_mid_collective_stops_the_job_fast_and_leaves_nothing(
         tmp_path, killed_tmpdir, backend, sig):
     script = _write(tmp_path, "mid_collective.py", MID_COLLECTIVE)
     segments = leftovers.shm_segments()
-    start = time.monotonic()
+    # the 120 s collective timeout outlasts the job's 50 s bound: the survivors did not wait it out
     proc = lib.accordrun("-np", "3", lib.PYTHON, script, sig, timeout=50,
                          env=_env(killed_tmpdir, ACCORD_CPU_BACKEND=backend, ACCORD_COLLECTIVE_TIMEOUT="120"))
-    assert time.monotonic() - start < 40  # a third of the collective timeout the survivors did not wait out
     number = getattr(signal, sig)
     assert proc.returncode == 128 + number, proc.stderr[-3000:]
     cause = _cause(proc.stderr)

@@ -6,7 +6,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-import time
 import warnings
 
 import pytest
@@ -128,11 +127,10 @@ def fail_on_rank_1():
 
 @pytest.mark.timeout(60)
 def test_a_failing_rank_raises_runtime_error_naming_it_and_stops_the_others():
-    # horovod.run raises RuntimeError when a process fails; scripts catch that
-    start = time.monotonic()
+    # horovod.run raises RuntimeError when a process fails; scripts catch that. Rank 0 sleeps
+    # 120 s, past the test's 60 s timeout: the call returns only if rank 0 was stopped.
     with pytest.raises(RuntimeError, match="(?s)rank 1 of 2 failed: KeyError.*missing 42"):
         accord.run(fail_on_rank_1, num_proc=2)
-    assert time.monotonic() - start < 40  # rank 0's 120 s sleep was cut short (a third of it)
 
 
 def many_lines():

@@ -53,10 +53,9 @@ def test_results_in_rank_order_with_contract():
 
 @pytest.mark.timeout(60)
 def test_worker_exception_reraised_with_rank_and_traceback():
-    start = time.monotonic()
+    # rank 0 sleeps 120 s, past the test's 60 s timeout: spawn returns only if it was stopped
     with pytest.raises(WorkerFailedError) as info:
         accord.spawn(fail_on_rank_1, args=("bad input 42",), nprocs=2, grace_period=1)
-    assert time.monotonic() - start < 40  # rank 0 (which sleeps 120 s) was stopped, not waited for
     err = info.value
     assert err.rank == 1 and err.exit_code == 1
     text = str(err)

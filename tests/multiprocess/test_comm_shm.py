@@ -186,8 +186,6 @@ def test_members_on_different_hosts_are_refused():
 
 
 def _mismatch_and_close(rank, size):
-    import time
-
     import torch
 
     from accord.comm import ReduceOp
@@ -222,15 +220,13 @@ def _mismatch_and_close(rank, size):
         # polled would go to sleep hundreds of times a second
         assert seen["sleeps"] <= seen["seconds"] / _SLICE_S + 5, seen
     comm.barrier()
-    # A rank that closes makes peers still waiting on it raise at once, not at the timeout
-    # (the message says the peer aborted; the bound is a third of the 90 s timeout).
+    # A rank that closes makes peers still waiting on it raise at once, not at the timeout: the
+    # message says the peer aborted (the 90 s timeout, beyond run_ranks' 50 s, would say "timed out").
     if rank == 1:
         comm.close()
         return "closed"
-    start = time.monotonic()
     with pytest.raises(RankFailedError) as info:
         comm.allreduce(torch.ones(2), ReduceOp.SUM)
-    assert time.monotonic() - start < 30
     return str(info.value)
 
 
@@ -245,7 +241,6 @@ def test_mismatches_raise_everywhere_and_waiting_does_not_spin():
 
 def _peer_dies(rank, size, how):
     import signal
-    import time
 
     import torch
 
@@ -258,13 +253,11 @@ def _peer_dies(rank, size, how):
     assert t.tolist() == [float(size)] * 3
     if rank == 1:
         os.kill(os.getpid(), getattr(signal, how))
-    start = time.monotonic()
     with pytest.raises(RankFailedError) as info:
         comm.allreduce(torch.ones(1 << 20), ReduceOp.SUM)
-    elapsed = time.monotonic() - start
     with pytest.raises(RankFailedError, match="unusable after an earlier failure"):
         comm.broadcast(torch.ones(2), 0)
-    return {"elapsed": elapsed, "message": str(info.value), "leftovers": glob.glob(f"{comm.segment_path}*")}
+    return {"message": str(info.value), "leftovers": glob.glob(f"{comm.segment_path}*")}
 
 
 @pytest.mark.timeout(60)
@@ -277,8 +270,9 @@ def test_lost_peer_raises_rank_failed(how, limit):
     assert "HINT:" in res["message"] and "ACCORD_COLLECTIVE_TIMEOUT" in res["message"]
     assert res["leftovers"] == []
     if how == "SIGKILL":  # a dead process is noticed from /proc, long before the 90 s limit
-        assert "peer rank 1 (pid " in res["message"] and "exited" in res["message"]
-        assert res["elapsed"] < 30, res  # a third of the limit: far beyond a busy machine's delays
+        # (which run_ranks' 50 s never reaches, and whose message says "timed out")
+        assert "peer rank 1 (pid " in res["message"] and "exited" in res["message"], res
+        assert "timed out" not in res["message"], res
     else:  # a stopped process still exists: what ends the wait is ACCORD_COLLECTIVE_TIMEOUT,
         # and the error names the peer that did not arrive (the launcher's report reads it)
         assert "timed out after 2s (ACCORD_COLLECTIVE_TIMEOUT)" in res["message"], res

@@ -2,9 +2,9 @@
 unfinished handle) starts the cycle at once, however long the cycle time; async bursts that
 nobody waits on yet are gathered into one collective.
 
-The cycle time and the quiet time are set to 90 s here, so a check that passes in under a third
-of that (far beyond a busy machine's delays) shows the cycle did not wait it out, and a burst
-is cut only by a caller that waits (not by a pause in the submissions on a loaded machine).
+The cycle time and the quiet time are set to 90 s here, longer than run_ranks' 80 s bound, so
+a job that returns at all shows no cycle waited it out, and a burst is cut only by a caller that
+waits (not by a pause in the submissions on a loaded machine).
 """
 import pytest
 from helpers.marks import mark, wait_marked
@@ -26,21 +26,19 @@ def _gathering_checks(rank, size, folder):
     report = {}
 
     # a synchronous op: submit, then wait: the wait starts the cycle
-    start = time.monotonic()
     for i in range(10):
         t = torch.full((4,), float(rank + i))
         session.synchronize(session.submit("allreduce", t, "sync", in_place=True))
         assert t.tolist() == [float(sum(r + i for r in range(size)))] * 4
-    report["sync_s"] = time.monotonic() - start
+    report["synchronized"] = i + 1
 
     # polling an unfinished handle is waiting too
-    start = time.monotonic()
     t = torch.full((3,), float(rank))
     h = session.submit("allreduce", t, "polled", in_place=True)
     while not session.poll(h):
         time.sleep(0.001)
     assert session.synchronize(h).tolist() == [float(sum(range(size)))] * 3
-    report["poll_s"] = time.monotonic() - start
+    report["polled"] = True
 
     # an async burst is gathered until the caller waits: one data collective for all 12
     before = engine.stats()["collectives"]
@@ -62,6 +60,7 @@ def _gathering_checks(rank, size, folder):
 def test_waiting_callers_start_the_cycle_and_bursts_are_gathered(tmp_path):
     env = {"ACCORD_CPU_BACKEND": "shm", "ACCORD_CYCLE_TIME": "90000", "ACCORD_CYCLE_QUIET_TIME": "90000"}
     for report in run_ranks(_gathering_checks, 2, str(tmp_path), init="accord", env=env, timeout=80):
-        assert report["sync_s"] < 30.0, report  # one of the 10 cycles that waited would take 90 s
-        assert report["poll_s"] < 30.0, report  # one that waited would take 90 s
+        # all 10 synchronous ops and the polled one done: any cycle that waited would have
+        # taken 90 s, past run_ranks' bound
+        assert report["synchronized"] == 10 and report["polled"], report
         assert report["burst_collectives"] == 1, report

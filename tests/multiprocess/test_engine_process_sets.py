@@ -189,11 +189,10 @@ def _errors_within_a_set(rank, size):
         pending.append(session.submit("allreduce", torch.ones(1), "never.a", process_set_id=a.process_set_id))
         pending.append(session.submit("allreduce", torch.ones(1), "never.b", process_set_id=b.process_set_id))
         time.sleep(0.5)  # (the controllers take them meanwhile; taken or not, they must fail)
-    threads = [c.thread for c in controllers(session.engine()).values()]
-    start = time.monotonic()
+    ctrls = list(controllers(session.engine()).values())
     hvd.shutdown()
-    out["shutdown_s"] = time.monotonic() - start
-    out["threads_left"] = [t.name for t in threads if t.is_alive()]
+    out["threads_left"] = [c.thread.name for c in ctrls if c.thread.is_alive()]
+    out["stop_errors"] = [repr(c.stop_error) for c in ctrls if c.stop_error is not None]
     errors = []
     for h in pending:
         with pytest.raises(ShutdownError) as info:
@@ -212,10 +211,12 @@ def test_errors_and_shutdown_stay_correct_with_several_sets():
     for rank in (1, 2):
         assert results[rank]["pending_errors"] == ["ShutdownError", "ShutdownError"]
     for res in results:
-        assert res["threads_left"] == [], res  # every set's thread stopped on every rank
-        # shutdown waits up to the collective timeout + 10 s (70 s) for each thread: it must
-        # not have had to (a third of that is far beyond a busy machine's delays)
-        assert res["shutdown_s"] < 20.0, res
+        # Every set's thread stopped on every rank, by the negotiated stop: a thread still in a
+        # collective would end only at the collective timeout, with a RankFailedError as its
+        # stop error (and the pending requests failing with it, not with a ShutdownError), or
+        # outlive shutdown's wait and be listed here.
+        assert res["threads_left"] == [], res
+        assert res["stop_errors"] == [], res
 
 
 def _stall_in_a_set(rank, size):

@@ -95,6 +95,9 @@ VARIANTS = {  # variant -> (correct runs first, environment)
     # Gloo: a group is planned only where batches go through a fusion buffer (not shm's)
     "planned": (8, {"ACCORD_CPU_BACKEND": "gloo"}),
 }
+# The failure must be found at once, in the negotiation, not at the stall inspector's first full
+# exchange (its check time): that is set beyond run_ranks' 60 s, so only the prompt path returns.
+SLOW_STALL_ENV = {"ACCORD_STALL_CHECK_TIME_SECONDS": "300"}
 
 
 def _engine_handles(handle):
@@ -123,7 +126,7 @@ def _one_case(rank, size, case, variant):
     bad, good, _, _, _ = CASES[case]
     repeats, _ = VARIANTS[variant]
     hvd.init()
-    hvd.allreduce(torch.ones(2), name="warm", op=hvd.Sum)  # both ranks up before the clock starts
+    hvd.allreduce(torch.ones(2), name="warm", op=hvd.Sum)  # both ranks up before the case
     planned = session.engine().stats()["planned_cycles"]
     for _ in range(repeats):
         good(hvd, rank)
@@ -132,7 +135,6 @@ def _one_case(rank, size, case, variant):
         hvd.barrier()  # leaves nothing pending: the bad call starts from a cached name
     if repeats and rank != BAD_RANK:
         time.sleep(2.0)
-    start = time.monotonic()
     handle, tensors = bad(hvd, rank)
     before = [t.clone() for t in tensors]
     members = _engine_handles(handle)
@@ -141,15 +143,13 @@ def _one_case(rank, size, case, variant):
         raised = ("ok", False, "")
     except Exception as exc:  # the outcome is what the parent compares
         raised = (type(exc).__name__, isinstance(exc, ValueError), str(exc))
-    elapsed = time.monotonic() - start
     for m in members:
         m.wait(10.0)
     outcomes = [_member_outcome(m) for m in members]
     unchanged = [torch.equal(t, b) for t, b in zip(tensors, before)]
     after = good(hvd, rank)
     hvd.shutdown()
-    return dict(raised=raised, members=outcomes, unchanged=unchanged, after=after, elapsed=elapsed,
-                planned=planned)
+    return dict(raised=raised, members=outcomes, unchanged=unchanged, after=after, planned=planned)
 
 
 # every case fresh and cached; planned: one case suffices (allgathers are never planned)
@@ -161,7 +161,7 @@ RUNS = [(c, v) for c in CASES for v in ("fresh", "cached")] + [("allreduce_.nonc
 def test_a_group_with_a_failing_member_fails_as_a_whole_on_every_rank(case, variant):
     _, _, good_result, kind, culprit_error = CASES[case]
     _, env = VARIANTS[variant]
-    results = run_ranks(_one_case, 2, case, variant, init="accord", timeout=60, env=env)
+    results = run_ranks(_one_case, 2, case, variant, init="accord", timeout=60, env={**SLOW_STALL_ENV, **env})
     op = case.split(".")[0].rstrip("_")
     sibling_start = (f"{op} '{op}.g_1of3' did not run: its group '{op}.g' runs all of its tensors or none, "
                      f"and its member '{op}.g_2of3' failed on every rank:\n{culprit_error}")
@@ -177,9 +177,6 @@ def test_a_group_with_a_failing_member_fails_as_a_whole_on_every_rank(case, vari
         assert res["members"][2][1].startswith(sibling_start.replace("g_1of3", "g_3of3", 1)), (rank, res["members"])
         assert res["unchanged"] == [True] * 3, (rank, res["unchanged"])  # nothing of the group ran
         assert res["after"] == good_result, (rank, res["after"])  # the next group runs, correctly
-        # at once, not at the stall inspector's first full exchange (60 s: the default check
-        # time); the bound is a third of that (2 s of it the peer's delay)
-        assert res["elapsed"] < 20.0, (rank, res["elapsed"])
         if variant == "planned":
             assert res["planned"] > 0, (rank, res["planned"])
     assert results[0]["members"] == results[1]["members"], results  # the same messages on both ranks

@@ -142,7 +142,6 @@ def _round_worker(rank, size):
 
     kv = kvs.create("dist_sync")
     kv.init("k", np.zeros(4, np.float32))
-    start = time.monotonic()
     with pytest.raises(ServerError) as info:
         if rank == 1:  # 6 elements, as a worker that got the shape wrong sends them
             fields = {**kv._space, "key": "s:k#0", "rop": "sum", "dtype": "<f4"}
@@ -150,17 +149,17 @@ def _round_worker(rank, size):
         else:
             kv.push("k", np.ones(4, np.float32))
             kv.pull("k")
-    return time.monotonic() - start, str(info.value)
+    return str(info.value)
 
 
 def test_a_push_one_worker_cannot_join_fails_the_round_for_every_worker_at_once():
     with _cluster(1, 2) as cl:
+        # ACCORD_KVSTORE_TIMEOUT outlasts run_ranks' 50 s: rank 0 returns at all only if told
         env = dict(cl.worker_env(), ACCORD_KVSTORE_TIMEOUT="60")
-        results = run_ranks(_round_worker, 2, init="none", env=env, timeout=50)
-    (elapsed0, message0), (elapsed1, message1) = results
+        message0, message1 = run_ranks(_round_worker, 2, init="none", env=env, timeout=50)
     assert "with 6 elements, but it was initialised with 4" in message1 and "HINT:" in message1
+    # told by the server, not timed out (which would say "no answer ... within")
     assert "the push of rank 1 in it was refused" in message0 and "no answer" not in message0, message0
-    assert elapsed0 < 30, message0  # told at once, not after ACCORD_KVSTORE_TIMEOUT (60 s)
 
 
 # --- a wrong secret is refused (in this process: no torch, no threads) --------------------------

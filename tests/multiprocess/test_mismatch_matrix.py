@@ -333,27 +333,30 @@ def _stall_while_planned(rank, size):
     for _ in range(6):
         hvd.allreduce(_t(2), name="w", op=hvd.Sum)
     out = {"planned": session.engine().stats()["planned_cycles"]}
-    start = time.monotonic()
     if rank == 0:  # submits the repeated name once more; rank 1 never does
         with pytest.raises(hvd.HorovodInternalError) as info:
             hvd.allreduce(_t(2), name="w", op=hvd.Sum)
     else:
         from helpers.stacks import wait_until
 
-        wait_until(lambda: not session.engine().running, timeout=60)
+        # stopped by the stall verdict while this rank submits nothing; its "late" call below
+        # would end a stall that nothing else ended, so the test must not need it
+        out["stopped_alone"] = wait_until(lambda: not session.engine().running, timeout=60)
         with pytest.raises(hvd.HorovodInternalError) as info:
             hvd.allreduce(_t(2), name="late", op=hvd.Sum)
-    out.update(elapsed=time.monotonic() - start, error=type(info.value).__name__, message=str(info.value))
+    out.update(error=type(info.value).__name__, message=str(info.value))
     hvd.shutdown()
     return out
 
 
 def test_a_stall_during_planned_cycles_stops_every_rank_on_time():
-    # The rank with nothing pending must leave the plan at once: were it to leave only after a
-    # quarter of the collective timeout, its peer would block meanwhile in the plan's collective
-    # and the stall would be reported that late whatever the stall settings say (60 s here).
+    # The rank with nothing pending must leave the plan within the stall horizon: were it to leave
+    # only after a quarter of the collective timeout, its peer would block meanwhile in the plan's
+    # collective and the stall would be reported that late whatever the stall settings say. That
+    # quarter (150 s here) outlasts rank 1's 60 s wait for its engine to stop: the message is the
+    # same either way, the engine of a rank that stayed in the plan is still running.
     env = {"ACCORD_STALL_CHECK_TIME_SECONDS": "0.5", "ACCORD_STALL_SHUTDOWN_TIME_SECONDS": "1.5",
-           "ACCORD_COLLECTIVE_TIMEOUT": "240"}
+           "ACCORD_COLLECTIVE_TIMEOUT": "600"}
     results = run_ranks(_stall_while_planned, 2, init="accord", timeout=100, env=env)
     for res in results:
         assert res["planned"] > 0, res
@@ -361,7 +364,7 @@ def test_a_stall_during_planned_cycles_stops_every_rank_on_time():
         assert "'allreduce.w': submitted by ranks [0]" in res["message"], res
         assert "missing on ranks [1]" in res["message"] and "HINT:" in res["message"], res
     assert "names waited more than 1.5 s" in results[0]["message"], results[0]  # the stall settings' verdict
-    assert results[0]["elapsed"] < 20.0, results[0]  # 1.5 s expected; 60 s before (a third of it)
+    assert results[1]["stopped_alone"], results[1]  # the verdict reached rank 1, which left the plan
 
 
 # --- the negotiation's decision on group sizes (pure) ----------------------------------------

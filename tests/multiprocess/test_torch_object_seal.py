@@ -103,17 +103,15 @@ def test_a_sealed_object_from_an_earlier_call_is_refused_in_a_later_one():
 
 def _unpicklable(rank, size):
     import threading
-    import time
 
     import accord.torch as hvd
 
     hvd.init()
-    outcome, seconds = {}, {}
+    outcome = {}
     for kind in ("broadcast", "allgather"):
         # rank 1 alone cannot pickle its object (a lock): the root of the broadcast, one of
         # the senders of the allgather
         obj = threading.Lock() if rank == 1 else {"rank": rank}
-        start = time.monotonic()
         try:
             if kind == "broadcast":
                 outcome[kind] = hvd.broadcast_object(obj, root_rank=1, name="lock")
@@ -121,20 +119,19 @@ def _unpicklable(rank, size):
                 outcome[kind] = hvd.allgather_object(obj, name="locks")
         except Exception as exc:  # the sender's own pickling error, or the others' CollectiveError
             outcome[kind] = (type(exc).__name__, isinstance(exc, hvd.HorovodInternalError), str(exc))
-        seconds[kind] = time.monotonic() - start
     after = hvd.allgather_object(rank, name="after")  # the job goes on
     hvd.shutdown()
-    return outcome, seconds, after
+    return outcome, after
 
 
 def test_an_object_its_sender_cannot_pickle_fails_on_every_rank():
     """Without the failed sender telling the others, they would wait for its payload forever
-    (stall warnings only); the stall inspector's 60 s would also end nothing."""
+    (stall warnings only); the stall inspector's 60 s would also end nothing. So run_ranks'
+    50 s bounds the wait, and the others' error names the sender's pickling failure."""
     out = run_ranks(_unpicklable, 3, init="accord", timeout=50)
-    for rank, (outcome, seconds, after) in enumerate(out):
+    for rank, (outcome, after) in enumerate(out):
         assert after == [0, 1, 2]
         for kind in ("broadcast", "allgather"):
-            assert seconds[kind] < 20, (rank, kind, seconds)  # a third of the harness's bound
             name, internal, text = outcome[kind]
             if rank == 1:  # its own error: what pickling raised
                 assert name == "TypeError" and "lock" in text, outcome

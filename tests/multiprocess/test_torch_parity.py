@@ -84,8 +84,6 @@ def test_error_types_and_optimizer_state_match_horovod():
 
 
 def _failed_rank_releases_join(rank, size):
-    import time
-
     import accord.torch as hvd
 
     hvd.init()
@@ -103,20 +101,17 @@ def _failed_rank_releases_join(rank, size):
         except AssertionError:
             hvd.shutdown()  # what a test's teardown (or the atexit hook) does
         return None
-    start = time.monotonic()
     with pytest.raises(hvd.HorovodInternalError) as info:
         hvd.join()
-    waited = time.monotonic() - start
     # the next collectives and shutdown raise or return at once: nothing hangs
-    start = time.monotonic()
     with pytest.raises(hvd.HorovodInternalError) as after:
         hvd.barrier()
     hvd.shutdown()
-    return {"message": str(info.value), "waited": waited, "after": time.monotonic() - start,
-            "after_message": str(after.value)}
+    return {"message": str(info.value), "after_message": str(after.value)}
 
 
 def test_a_failed_ranks_shutdown_releases_a_peer_waiting_in_join():
+    # the 90 s collective timeout outlasts run_ranks' 80 s: rank 0 returns only if released
     res = run_ranks(_failed_rank_releases_join, 2, init="accord", timeout=80,
                     env={"ACCORD_COLLECTIVE_TIMEOUT": "90"})[0]
     # released by rank 1's shutdown (a collective timeout would name the failed collective)
@@ -124,8 +119,6 @@ def test_a_failed_ranks_shutdown_releases_a_peer_waiting_in_join():
         in res["message"], res["message"]
     assert "HINT:" in res["message"]
     assert "Timed out" not in res["message"] + res["after_message"], res
-    # a third of the 90 s collective timeout: far beyond a busy machine's delays
-    assert res["waited"] < 30.0 and res["after"] < 30.0, res
 
 
 def _sets_that_differ_by_rank(rank, size):

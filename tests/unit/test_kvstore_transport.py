@@ -237,12 +237,11 @@ def test_a_payload_over_the_frame_limit_is_refused_and_the_worker_told_at_once(s
     advertised = "|".join(p for p in _tcp_only(endpoint).split("|") if not p.startswith("max="))
     conns = ServerConnections([advertised], SECRET, rank=0, num_workers=1, timeout=30)
     try:
-        start = time.monotonic()
+        # told: the 30 s timeout would say "no answer ... within" instead
         with pytest.raises(ServerError, match=r"(?s)refused one of our messages and closed the connection: "
                                               r"a message announced a 4000000-byte payload, over the frame "
                                               r"limit of 81920 bytes.*HINT"):
             conns.wait([conns.request(0, "push", {**SYNC, "dtype": "<f4"}, [np.ones(10**6, np.float32)])[0]])
-        assert time.monotonic() - start < 15  # told, not timed out (30 s)
     finally:
         conns.close()
     assert _ping(endpoint)["ok"]
@@ -293,10 +292,9 @@ def test_a_malformed_but_authentic_message_fails_the_workers_pending_requests_at
         link.outbox.add([nonce + ptag + protocol._header_tag(SECRET, protocol.TO_SERVER, True, nonce, ptag,
                                                               text, []), text])
         pending = conns.request(0, "barrier", {"ns": 1, "sync": True, "gen": 2})[0]
-        start = time.monotonic()
+        # at once: the 30 s timeout would say "no answer ... within" instead
         with pytest.raises(ServerError, match="a malformed message: .*nests lists or objects"):
             conns.wait([pending])
-        assert time.monotonic() - start < 15
     finally:
         conns.close()
 
@@ -315,11 +313,11 @@ def test_a_reader_that_does_not_read_never_stalls_the_server_and_gets_the_value_
                                     {"op": "pull", **SYNC, "rank": 0, "nw": 1, "sid": "slow", "seq": 1,
                                      "to": server.token}))
             assert _until(lambda: any(c.outbox for c in server._conns.values()))
-            start = time.monotonic()
-            for value in (2.0, 3.0, 4.0):  # each round writes the buffers the slow answer reads
+            # each round writes the buffers the slow answer reads; a server that waited for the
+            # slow reader would leave these unanswered, and the worker's wait fail at its 20 s
+            for value in (2.0, 3.0, 4.0):
                 seq, _ = worker.request(0, "push", {**SYNC, "dtype": "<f4"}, [np.full(n, value, np.float32)])
                 worker.wait([seq])
-            assert time.monotonic() - start < 15
             frames = slow.recv(20)
         header, payloads = protocol.open_message(SECRET, protocol.TO_WORKER, frames)  # its MAC holds
         np.testing.assert_array_equal(np.frombuffer(payloads[0], np.float32), first)  # the value then

@@ -174,13 +174,12 @@ def test_a_client_pushed_out_before_its_first_answer_connects_again():
         assert proxy.resets == 1
 
 
+@pytest.mark.timeout(60)  # under the 90 s connect timeout, which a client that retried would run into
 def test_a_refused_secret_is_not_retried():
     with StoreServer(secret=SECRET) as server:
-        started = time.monotonic()
         with pytest.raises(RendezvousError, match="wrong secret"):
             StoreConnection("127.0.0.1", server.port, os.urandom(32), timeout=90)
         assert server.refusal_count == 1  # one attempt: not retried until the 90 s connect timeout
-        assert time.monotonic() - started < 30  # (a third of it)
 
 
 def _flood(port: int, stop: Any) -> None:
@@ -212,15 +211,13 @@ def test_clients_connect_while_processes_flood_the_store_with_connections():
             p.start()
         try:
             time.sleep(1.0)  # the flood is at full speed
-            took = []
+            # Each client must connect within its own connect timeout (20 s; it raises
+            # RendezvousError past it): beyond a busy machine's delays, below a wait in the
+            # system's SYN retries and repeated pushes out.
             for attempt in range(3):
-                start = time.monotonic()
-                with StoreConnection("127.0.0.1", server.port, SECRET, timeout=60, connect_timeout=60) as conn:
+                with StoreConnection("127.0.0.1", server.port, SECRET, timeout=60, connect_timeout=20) as conn:
                     conn.set(f"k{attempt}", b"v")
-                took.append(time.monotonic() - start)
-            # a third of the connect timeout: beyond a busy machine's delays, far below a wait
-            # in the system's SYN retries and repeated pushes out
-            assert max(took) < 20, took
+                    assert conn.get(f"k{attempt}") == b"v"
             assert server.pending_count <= 2 * 128  # memory stays bounded meanwhile
         finally:
             stop.set()
