@@ -249,7 +249,10 @@ _ZMTP = b"\xff" + bytes(8) + b"\x7f" + bytes([3, 0]) + b"PLAIN".ljust(20, b"\0")
 def _stranger(host: str, port: int, opening: bytes) -> socket.socket:
     sock = socket.create_connection((host, port), timeout=5)
     if opening:
-        sock.sendall(opening)
+        try:
+            sock.sendall(opening)
+        except (ConnectionResetError, BrokenPipeError):
+            pass  # the server dropped it before it was all sent: what the test checks for, early
     return sock
 
 
