@@ -50,6 +50,22 @@ def finite_float(text: str) -> float:
     return value
 
 
+def int_variable(environ: Mapping[str, str], name: str) -> int | None:
+    """``environ[name]`` as an integer, None when it is unset or blank (for the variables other
+    programs set: launchers', schedulers').
+
+    Raises:
+        ConfigError: it is set to something that is not an integer.
+    """
+    text = environ.get(name)
+    if text is None or text.strip() == "":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(with_hint(f"{name}={text!r} is not an integer", f"fix or unset {name}")) from None
+
+
 # How long a stalled name waits before the job stops (ACCORD_STALL_SHUTDOWN_TIME_SECONDS): the
 # 30 minutes after which torch's own process groups time out.
 STALL_SHUTDOWN_DEFAULT_S = 1800.0

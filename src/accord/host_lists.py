@@ -1,17 +1,20 @@
-"""SLURM's compressed host lists (``node[01-03],x``) and task counts (``2(x3),1``), expanded.
+"""SLURM's compressed host lists (``node[01-03],x``) and task counts (``2(x3),1``), expanded, and
+the port a step's ranks meet on when no one gave one.
 
-Pure text functions, in the base layer: the launcher's agents (``accordrun --nproc-per-node`` in an
-``srun`` step) and the workers' environment detection (:mod:`accord.runtime.environments`) both
+Pure functions of text, in the base layer: the launcher's agents (``accordrun --nproc-per-node`` in
+an ``srun`` step) and the workers' environment detection (:mod:`accord.runtime.environments`) both
 read SLURM's variables.
 """
 from __future__ import annotations
 
 import itertools
 import re
+from typing import Mapping
 
+from accord.config import int_variable
 from accord.errors import with_hint
 
-__all__ = ["expand_nodelist", "expand_tasks_per_node"]
+__all__ = ["expand_nodelist", "expand_tasks_per_node", "slurm_step_port"]
 
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 
@@ -93,3 +96,29 @@ def expand_tasks_per_node(text: str) -> list[int]:
                                        "expected items like 2 or 2(x3)"))
         counts.extend([int(match.group(1))] * int(match.group(2) or 1))
     return counts
+
+
+SLURM_PORT_BASE = 20000  # below Linux's ephemeral range (32768-60999)
+
+
+def slurm_step_port(env: Mapping[str, str]) -> int | None:
+    """The port of an ``srun`` step's rendezvous without MASTER_PORT: ``20000 + 10 * (job id mod
+    1000) + (step id mod 10)``, the same on every task of the step (the workers' store when srun
+    starts them, the agents' endpoint when it starts one agent per node); steps and jobs that run at
+    once on a node get different ones. None outside a SLURM job.
+
+    Args:
+        env: the environment (``SLURM_JOB_ID``, ``SLURM_STEP_ID``; a batch script's step counts as 0).
+
+    Returns:
+        A port in 20000..29999, or None when ``SLURM_JOB_ID`` is not set.
+
+    Raises:
+        ConfigError: ``SLURM_JOB_ID`` or ``SLURM_STEP_ID`` is set but not an integer.
+    """
+    job = int_variable(env, "SLURM_JOB_ID")
+    if job is None:
+        return None
+    step = int_variable(env, "SLURM_STEP_ID") or 0
+    return SLURM_PORT_BASE + 10 * (job % 1000) + step % 10
+

@@ -27,6 +27,19 @@ def test_flags_win_over_pet_which_win_over_slurm():
     assert (spec.max_nodes, spec.node_rank, spec.nproc, spec.endpoint) == (5, 4, 2, "n1:29400")
 
 
+def test_agents_of_an_srun_step_meet_on_the_steps_own_port():
+    step = {"SLURM_STEP_ID": "2", "SLURM_NNODES": "2", "SLURM_NODEID": "1", "SLURM_JOB_NODELIST": "n[7-8]",
+            "SLURM_JOB_ID": "123456", "ACCORD_JOB_SECRET": HEX}
+    spec = agent_spec(_ns("--nproc-per-node", "2"), step)
+    assert spec.endpoint == f"n7:{20000 + 10 * (123456 % 1000) + 2}"
+    # another job's step on the same nodes meets elsewhere
+    other = agent_spec(_ns("--nproc-per-node", "2"), {**step, "SLURM_JOB_ID": "123457"})
+    assert other.endpoint_port != spec.endpoint_port
+    assert agent_spec(_ns("--nproc-per-node", "2"), {**step, "MASTER_PORT": "4000"}).endpoint == "n7:4000"
+    with pytest.raises(ConfigError, match="SLURM_JOB_ID='x1' is not an integer"):
+        agent_spec(_ns("--nproc-per-node", "2"), {**step, "SLURM_JOB_ID": "x1"})
+
+
 def test_agent_mode_needs_an_agent_flag_pet_or_an_srun_step():
     assert agent_mode(_ns("--nnodes", "2"), {})
     assert agent_mode(_ns(), {"PET_NNODES": "2"})

@@ -26,8 +26,9 @@ import functools
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
+from accord.config import int_variable
 from accord.errors import ConfigError, with_hint
-from accord.host_lists import expand_nodelist, expand_tasks_per_node
+from accord.host_lists import expand_nodelist, expand_tasks_per_node, slurm_step_port
 from accord.runtime.settings import AccordPlace, HostAndSecret
 
 # How a source's processes meet: connect to accord's store the launcher runs; use torchrun's
@@ -79,25 +80,13 @@ class JobEnvironment:
 Detector = Callable[[Mapping[str, str]], "JobEnvironment | None"]
 
 
-def _int(env: Mapping[str, str], name: str) -> int | None:
-    text = env.get(name)
-    if text is None or text.strip() == "":
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        raise ConfigError(
-            with_hint(f"{name}={text!r} is not an integer", f"fix or unset {name}")
-        ) from None
-
-
 def _common(env: Mapping[str, str]) -> dict:
     """Settings that apply whatever the launcher (secret, host name override)."""
     return dataclasses.asdict(HostAndSecret.from_environ(env))  # its fields are JobEnvironment's
 
 
 def _master(env: Mapping[str, str]) -> dict:
-    return {"store_addr": env.get("MASTER_ADDR") or None, "store_port": _int(env, "MASTER_PORT")}
+    return {"store_addr": env.get("MASTER_ADDR") or None, "store_port": int_variable(env, "MASTER_PORT")}
 
 
 def detect_accord(env: Mapping[str, str]) -> JobEnvironment | None:
@@ -137,10 +126,10 @@ def detect_from(names: LauncherVariables, env: Mapping[str, str]) -> JobEnvironm
     Raises:
         ConfigError: one of the variables is set but not an integer.
     """
-    rank, size = (_int(env, name) for name in names.world)
+    rank, size = (int_variable(env, name) for name in names.world)
     if rank is None or size is None:
         return None
-    local_rank, local_size = (_int(env, name) if name else None for name in names.local)
+    local_rank, local_size = (int_variable(env, name) if name else None for name in names.local)
     fields = {"local_rank": local_rank, "local_size": local_size}
     extra = names.extra(env) if names.extra else {}
     # MASTER_ADDR/PORT win when set; an extra "store_addr"/"store_port" is the launcher's fallback.
@@ -158,7 +147,7 @@ def _check_not_a_bare_pet_worker(env: Mapping[str, str]) -> None:
     """A PyTorchJob asked for several workers per node (``PET_NPROC_PER_NODE``), but no agent
     started this process (torchrun and accordrun set ``LOCAL_RANK``): its ranks would wait for
     workers nobody starts. Refuse at once rather than hang in the rendezvous."""
-    per_node = _int(env, "PET_NPROC_PER_NODE")
+    per_node = int_variable(env, "PET_NPROC_PER_NODE")
     if per_node is None or per_node <= 1 or env.get("LOCAL_RANK") or env.get("TORCHELASTIC_RUN_ID"):
         return
     raise ConfigError(with_hint(
@@ -173,8 +162,8 @@ def _check_not_a_bare_pet_worker(env: Mapping[str, str]) -> None:
 def _torchrun_extra(env: Mapping[str, str]) -> dict:
     _check_not_a_bare_pet_worker(env)
     return {
-        "node_rank": _int(env, "GROUP_RANK"),
-        "restart_count": _int(env, "TORCHELASTIC_RESTART_COUNT") or 0,
+        "node_rank": int_variable(env, "GROUP_RANK"),
+        "restart_count": int_variable(env, "TORCHELASTIC_RESTART_COUNT") or 0,
         # torchrun's agent hosts the TCPStore (torch >= 2.2); plain env:// jobs host it on rank 0.
         "agent_store": env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() in ("1", "true"),
     }
@@ -184,7 +173,7 @@ def _slurm_extra(env: Mapping[str, str]) -> dict:
     """Node list, node rank, and the local size of this node (SLURM has no local-size variable)."""
     nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or ""
     nodes = tuple(expand_nodelist(nodelist)) if nodelist else ()
-    node_rank = _int(env, "SLURM_NODEID")
+    node_rank = int_variable(env, "SLURM_NODEID")
     local_size = None
     per_node = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
     if per_node and node_rank is not None:
@@ -195,29 +184,6 @@ def _slurm_extra(env: Mapping[str, str]) -> dict:
     # step's own port (every task computes the same one; steps running at once differ).
     return {"nodes": nodes, "node_rank": node_rank, "local_size": local_size,
             "store_addr": nodes[0] if nodes else None, "store_port": slurm_step_port(env)}
-
-
-SLURM_PORT_BASE = 20000  # below Linux's ephemeral range (32768-60999)
-
-
-def slurm_step_port(env: Mapping[str, str]) -> int | None:
-    """The store port of an ``srun`` step without MASTER_PORT: ``20000 + 10 * (job id mod 1000) +
-    (step id mod 10)``, the same on every task of the step; None outside a SLURM job.
-
-    Args:
-        env: the environment (``SLURM_JOB_ID``, ``SLURM_STEP_ID``; a batch script's step counts as 0).
-
-    Returns:
-        A port in 20000..29999, or None when ``SLURM_JOB_ID`` is not set.
-
-    Raises:
-        ConfigError: ``SLURM_JOB_ID`` or ``SLURM_STEP_ID`` is set but not an integer.
-    """
-    job = _int(env, "SLURM_JOB_ID")
-    if job is None:
-        return None
-    step = _int(env, "SLURM_STEP_ID") or 0
-    return SLURM_PORT_BASE + 10 * (job % 1000) + step % 10
 
 
 # torchrun / torch.distributed.launch, or any env:// job that sets RANK and WORLD_SIZE.

@@ -13,7 +13,8 @@ node rank           ``--node-rank R``    ``PET_NODE_RANK``                   ``S
 workers per node    ``--nproc-per-node`` ``PET_NPROC_PER_NODE``              (the flag; default 1)
 endpoint            ``--rdzv-endpoint``  ``PET_RDZV_ENDPOINT``, then         first host of
                                          ``PET_MASTER_ADDR:PET_MASTER_PORT``,  ``SLURM_JOB_NODELIST``
-                                         then ``MASTER_ADDR:MASTER_PORT``    (port: ``MASTER_PORT`` or 29400)
+                                         then ``MASTER_ADDR:MASTER_PORT``    (port: ``MASTER_PORT``, else
+                                                                             the step's, ``slurm_step_port``)
 ==================  ===================  ==================================  ================================
 
 Agent mode is on when one of ``--nnodes``, ``--node-rank``, ``--rdzv-endpoint`` is given, or
@@ -29,8 +30,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from accord.config import int_variable
 from accord.errors import ConfigError, with_hint
-from accord.host_lists import expand_nodelist
+from accord.host_lists import expand_nodelist, slurm_step_port
 from accord.run.spec.hosts import check_name
 from accord.store.secret import read_secret_file, secret_from_hex
 
@@ -140,14 +142,6 @@ def parse_endpoint(text: str, where: str, default_port: int = DEFAULT_PORT) -> t
     return host, port
 
 
-def _int_var(environ: Mapping[str, str], name: str) -> int:
-    text = environ[name]
-    try:
-        return int(text)
-    except ValueError:
-        raise ConfigError(with_hint(f"{name}={text!r} is not an integer", f"fix or unset {name}")) from None
-
-
 def _first(candidates: list[tuple[str, str | None]]) -> tuple[str, str] | None:
     """The first (source, value) whose value is given."""
     return next(((src, val) for src, val in candidates if val not in (None, "")), None)  # type: ignore[misc]
@@ -161,7 +155,7 @@ def _endpoint(ns: argparse.Namespace, environ: Mapping[str, str]) -> tuple[str, 
         return ("PET_RDZV_ENDPOINT", *parse_endpoint(environ["PET_RDZV_ENDPOINT"], "PET_RDZV_ENDPOINT"))
     for addr, port in (("PET_MASTER_ADDR", "PET_MASTER_PORT"), ("MASTER_ADDR", "MASTER_PORT")):
         if environ.get(addr):
-            default = _int_var(environ, port) if environ.get(port) else DEFAULT_PORT
+            default = int_variable(environ, port) or DEFAULT_PORT
             return (addr, *parse_endpoint(environ[addr], addr, default))
     nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
     if nodelist and _in_srun(environ):
@@ -170,7 +164,9 @@ def _endpoint(ns: argparse.Namespace, environ: Mapping[str, str]) -> tuple[str, 
         except (ValueError, IndexError) as exc:
             raise ConfigError(with_hint(f"SLURM_JOB_NODELIST={nodelist!r} cannot be read: {exc}",
                                         "pass --rdzv-endpoint HOST:PORT")) from None
-        default = _int_var(environ, "MASTER_PORT") if environ.get("MASTER_PORT") else DEFAULT_PORT
+        # the step's own port, as its workers' store would use: two jobs' agents sharing a
+        # node must not both serve one fixed port
+        default = int_variable(environ, "MASTER_PORT") or slurm_step_port(environ) or DEFAULT_PORT
         return "SLURM_JOB_NODELIST", first, default
     raise ConfigError(with_hint(
         "one agent per node needs the endpoint where the agents meet, and none was given",
