@@ -67,6 +67,11 @@ def test_nonfinite_check_and_scaler_attributes():
     assert not has_nonfinite([torch.ones(3), None, torch.arange(3)])  # (integer tensors are not checked)
     assert has_nonfinite([torch.ones(3), torch.tensor([0.0, float("nan")])])
     assert has_nonfinite([torch.tensor([float("-inf")])])
+    assert has_nonfinite([torch.tensor([float("inf"), float("-inf")])])  # (their sum is a nan)
+    # finite values whose sum overflows: checked element by element, and finite
+    assert not has_nonfinite([torch.full((4,), 3e38), torch.full((8,), 6e4, dtype=torch.float16)])
+    assert has_nonfinite([torch.full((4,), 3e38), torch.tensor([1.0, float("nan")], dtype=torch.bfloat16)])
+    assert not has_nonfinite([torch.zeros(0), torch.zeros(2, 0)])
 
     class Opt:
         pass
