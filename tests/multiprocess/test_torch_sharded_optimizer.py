@@ -687,11 +687,14 @@ def _unused_branches(rank, size, stage2, passes):
         def forward(self, x, side):
             return self.body(x) + self.side(x) if side else self.body(x)
 
+    def spares(opt):  # (stage 2's pass buffers kept for the next pass, by storage)
+        return sorted(t.untyped_storage().data_ptr() for t in getattr(opt, "_spares", []))
+
     hvd.init()
     try:
         out = []
         for sharded in (True, False):
-            model = Net()
+            model, seen = Net(), []
             kw = {"shard_optimizer_state": True, "shard_gradients": stage2,
                   "bucket_cap_mb": TINY_BUCKETS} if sharded else {}
             opt = hvd.DistributedOptimizer(_make("adam", model.parameters()), named_parameters=model.named_parameters(),
@@ -703,7 +706,11 @@ def _unused_branches(rank, size, stage2, passes):
                     torch.nn.functional.mse_loss(model(x, side), y).backward()
                 opt.step()
                 opt.zero_grad()
+                if sharded:
+                    seen.append(spares(opt))
             out.append(_weights(model))
+            if sharded:
+                out.append((seen, len(opt._layout.buckets) * passes if stage2 else 0))
             opt.remove_hooks()
         return out
     finally:
@@ -712,9 +719,14 @@ def _unused_branches(rank, size, stage2, passes):
 
 @pytest.mark.parametrize("stage2,passes", [(False, 1), (True, 1), (True, 2), (True, 3)])
 def test_parameters_without_gradient_on_some_ranks(stage2, passes):
-    for rank, (sharded, plain) in enumerate(run_ranks(_unused_branches, 2, stage2, passes, init="accord",
-                                                      timeout=90)):
+    for rank, (sharded, (seen, most), plain) in enumerate(run_ranks(_unused_branches, 2, stage2, passes,
+                                                                    init="accord", timeout=90)):
         _assert_weights(sharded, plain, 1e-6, f"rank {rank}")
+        # Stage 2 reuses its pass buffers (zeroed: a stale gradient would show in the weights
+        # above, as the side layer has none in some passes) instead of allocating them each
+        # step: once kept, a buffer stays, and no more are kept than can be in flight at once.
+        assert all(set(a) <= set(b) for a, b in zip(seen, seen[1:])), seen
+        assert 0 < len(seen[-1]) <= most if stage2 else seen[-1] == [], (seen[-1], most)
 
 
 # --- torch.distributed.checkpoint: the per-rank sharded form --------------------------------------

@@ -121,6 +121,12 @@ class _ShardedMixin(_DistributedMixin):
             s.param: self._grad_buffers[b.index][s.offset:s.offset + s.numel].view(self._params[s.param].shape)
             for b in self._layout.buckets for s in b.slots}
         self._pass_buffers: list[torch.Tensor | None] = [None] * len(self._layout.buckets)
+        # Stage 2: each launched pass buffer until its reduction is collected, then kept as a
+        # spare for the next pass of a bucket of its size. A new buffer per bucket and step
+        # leaves the freed ones to the allocator, which keeps much of them: measured on the
+        # 26 M MLP, a rank's RSS grew to ~930 MB over 8 steps that way, ~830 MB with spares.
+        self._launched: dict[int, torch.Tensor] = {}
+        self._spares: list[torch.Tensor] = []
         self._filled: list[set[int]] = [set() for _ in self._layout.buckets]
         self._launches = [0] * len(self._layout.buckets)
         self._handles: dict[int, Any] = {}  # bucket index -> reducescatter handle in flight
@@ -203,7 +209,7 @@ class _ShardedMixin(_DistributedMixin):
             self._launch(bucket)
         buf = self._pass_buffers[bucket.index]
         if buf is None:
-            buf = self._pass_buffers[bucket.index] = self._zeros(bucket, bucket.numel)
+            buf = self._pass_buffers[bucket.index] = self._pass_buffer(bucket)
         slot = self._slot_of[i]
         if p.grad is not None:
             grad = p.grad.to_dense() if p.grad.is_sparse else p.grad
@@ -225,8 +231,9 @@ class _ShardedMixin(_DistributedMixin):
         if self.shard_gradients:
             flat = self._pass_buffers[b]
             if flat is None:
-                flat = self._zeros(bucket, bucket.numel)
-            self._pass_buffers[b] = None  # the engine keeps it alive until it is done
+                flat = self._pass_buffer(bucket)
+            self._pass_buffers[b] = None
+            self._launched[b] = flat  # (the engine reads it until the reduction is collected)
         else:
             flat = self._grad_buffers[b]
         pre, post = self._scale_factors()
@@ -236,8 +243,20 @@ class _ShardedMixin(_DistributedMixin):
         self._filled[b] = set()
         self._launches[b] += 1
 
+    def _pass_buffer(self, bucket: Bucket) -> torch.Tensor:
+        """A zeroed flat buffer for one backward pass of ``bucket``'s gradients (stage 2)."""
+        device = self._params[bucket.slots[0].param].device
+        for k, spare in enumerate(self._spares):
+            if spare.numel() == bucket.numel and spare.dtype == bucket.dtype and spare.device == device:
+                del self._spares[k]
+                return spare.zero_()
+        return self._zeros(bucket, bucket.numel)
+
     def _collect(self, b: int) -> None:
         owned = gateway.synchronize(self._handles.pop(b))
+        flat = self._launched.pop(b, None)
+        if flat is not None and owned.untyped_storage().data_ptr() != flat.untyped_storage().data_ptr():
+            self._spares.append(flat)  # (never one the kept shard is a view of)
         if not self.shard_gradients:
             # Stage 1: the reduced span goes back into the flat gradient, under the views that
             # are the parameters' .grad, so that what walks p.grad (a GradScaler's unscale_ and
