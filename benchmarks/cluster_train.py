@@ -1,6 +1,6 @@
 """Training throughput across simulated hosts: accord against DDP, 2 hosts x 2 ranks.
 
-    python benchmarks/cluster_train.py [--rate 1gbit] [--only mlp] [--steps 20]
+    python benchmarks/cluster_train.py [--rate 1gbit] [--only mlp] [--steps 20] [--hierarchical on]
 
 Runs ``accord-bench train`` (``python -m accord.bench train``) under accordrun over ssh on two
 simulated hosts (tools/simcluster) with links at ``--rate``: the 26 M-parameter MLP and
@@ -39,16 +39,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--hierarchical", choices=("auto", "on", "off"), default="auto",
+                   help="accord's allreduce path: chosen by timing (default), or forced")
     args = p.parse_args(argv)
+    path_flag = {"auto": [], "on": ["--hierarchical-allreduce"], "off": ["--no-hierarchical-allreduce"]}
+    suffix = "" if args.hierarchical == "auto" else f"_hierarchical_{args.hierarchical}"
     from cluster_common import Cluster, load_average, start_cluster
 
     with start_cluster(hosts=2, rate=None if args.rate == "unlimited" else args.rate) as cluster:
         for name, extra in RUNS:
             if args.only not in name:
                 continue
-            path = os.path.join(HERE, "results", f"cluster_train_{name}.json")
+            path = os.path.join(HERE, "results", f"cluster_train_{name}{suffix}.json")
             before = load_average()
             cmd = [os.path.join(os.path.dirname(sys.executable), "accordrun"), "-H", "h1:2,h2:2",
+                   *path_flag[args.hierarchical],
                    sys.executable, "-m", "accord.bench", "train", *extra, "--steps", str(args.steps),
                    "--warmup", str(args.warmup), "--repeats", str(args.repeats), "--baseline", "ddp",
                    "--threads", "1", "--no-progress", "--json", path]
@@ -61,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
             with open(path) as fh:
                 result = json.load(fh)
             result["cluster"] = {"layout": "2 simulated hosts x 2 ranks (accordrun over ssh)",
-                                 "rate": args.rate, "load_before": before, "load_after": load_average()}
+                                 "rate": args.rate, "hierarchical": args.hierarchical,
+                                 "load_before": before, "load_after": load_average()}
             record(result, path, "cluster_train.py", argv)
             print(f"wrote {path}")
     return 0
