@@ -4,6 +4,7 @@ import time
 
 import numpy as np
 import pytest
+from helpers.ports import held_port
 from helpers.ranks import run_ranks
 
 pytestmark = pytest.mark.timeout(60)
@@ -239,16 +240,13 @@ def _mxnet_style_worker(rank, size):
 
 def test_mxnet_style_launch_with_dmlc_variables(tmp_path):
     import secrets
-    import socket
     import subprocess
     import sys
 
     from accord import config
     from accord.kvstore.cluster import start_servers
 
-    with socket.socket() as s:  # the scheduler's port, as launch.py picks one
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = held_port()  # the scheduler's port, as launch.py picks one (held from other tests)
     env = {k: v for k, v in config.snapshot().items() if not k.startswith(("ACCORD_", "DMLC_"))}
     env.update({"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(port),
                 "DMLC_NUM_SERVER": "2", "DMLC_NUM_WORKER": "2",

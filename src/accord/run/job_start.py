@@ -46,8 +46,15 @@ class JobStarter:
         self._jobdir = jobdir
         self._say = say
         self._mxnet: mxnet_ps.MXNetJob | None = None
+        self._root_hold: job_store.ReservedPort | None = None  # the MXNet scheduler's port
         self.elastic_slots: dict[int, Slot] = {}  # an elastic job's workers, by id (failures name them)
         self._elastic_devices: dict[int, tuple[Member, str]] = {}  # with --gpus: each one's device
+
+    def close(self) -> None:
+        """Let go of what the job held beside its processes (the scheduler's port)."""
+        if self._root_hold is not None:
+            self._root_hold.release()
+            self._root_hold = None
 
     def _start(self, kind: str, index: int, label: str | int, host: str, argv: Sequence[str],
                environ: Mapping[str, str], added: dict[str, str], error_file: str | None = None,
@@ -189,8 +196,10 @@ class JobStarter:
                 # the user's DMLC_INTERFACE names the network of the job: the scheduler must be
                 # reached on it, as every other node advertises its address there
                 root_uri = interface_address(user_interface)
+            # held until the job ends: the scheduler binds it once its process has started
+            self._root_hold = job_store.ReservedPort(flag="DMLC_PS_ROOT_PORT")
             self._mxnet = mxnet_ps.MXNetJob(
-                root_uri=root_uri, root_port=job_store.free_port(),
+                root_uri=root_uri, root_port=self._root_hold.port,
                 num_workers=self.cfg.num_proc, num_servers=self.cfg.num_servers,
                 local=not self.cfg.remote, interface=interface)
         return self._mxnet

@@ -397,6 +397,8 @@ class _Job:
             self._store.close()
         if self._master_hold is not None:
             self._master_hold.release()
+        if self._starter is not None:
+            self._starter.close()
         if self._jobdir is not None:
             shutil.rmtree(self._jobdir, ignore_errors=True)
         for sig, handler in self._previous.items():
