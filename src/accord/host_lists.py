@@ -121,4 +121,3 @@ def slurm_step_port(env: Mapping[str, str]) -> int | None:
         return None
     step = int_variable(env, "SLURM_STEP_ID") or 0
     return SLURM_PORT_BASE + 10 * (job % 1000) + step % 10
-

@@ -688,7 +688,7 @@ def _unused_branches(rank, size, stage2, passes):
             return self.body(x) + self.side(x) if side else self.body(x)
 
     def spares(opt):  # (stage 2's pass buffers kept for the next pass, by storage)
-        return sorted(t.untyped_storage().data_ptr() for t in getattr(opt, "_spares", []))
+        return sorted(t.untyped_storage().data_ptr() for t in getattr(getattr(opt, "_reuse", None), "spares", []))
 
     hvd.init()
     try:

@@ -13,8 +13,9 @@ Each rank of the process set owns one balanced span of every bucket
 
 Stage 1 keeps one flat gradient buffer per bucket and makes each ``p.grad`` a view of it (no
 second copy of the gradients). Stage 2 (``shard_gradients=True``) copies a gradient into a
-bucket buffer that lives only until its reducescatter is done and then drops ``p.grad``: what
-stays is the owned shard of the gradient. With ``backward_passes_per_step > 1`` stage 1 sums
+bucket buffer that is in use only until its reducescatter is done (then kept for a later pass:
+:mod:`accord.torch.zero.pass_buffers`) and drops ``p.grad``: what stays is the owned shard of
+the gradient. With ``backward_passes_per_step > 1`` stage 1 sums
 the passes locally (autograd accumulates into the views) and reduces once, like the unsharded
 optimizer; stage 2 reduces every pass and sums the owned shards (the same value, summed in
 another order), because keeping the full local sum would keep the full gradient.
@@ -43,6 +44,7 @@ from accord.torch.zero import scaling as Z
 from accord.torch.zero import state_dict as S
 from accord.torch.zero.checks import check_optimizer, check_same_everywhere, signature
 from accord.torch.zero.layout import Bucket, Layout, ParamInfo, plan_layout
+from accord.torch.zero.pass_buffers import PassBuffers
 
 # Sharded optimizers are numbered in creation order (the same on every rank): the number keeps
 # the requests of two sharded optimizers in one process apart.
@@ -121,12 +123,7 @@ class _ShardedMixin(_DistributedMixin):
             s.param: self._grad_buffers[b.index][s.offset:s.offset + s.numel].view(self._params[s.param].shape)
             for b in self._layout.buckets for s in b.slots}
         self._pass_buffers: list[torch.Tensor | None] = [None] * len(self._layout.buckets)
-        # Stage 2: each launched pass buffer until its reduction is collected, then kept as a
-        # spare for the next pass of a bucket of its size. A new buffer per bucket and step
-        # leaves the freed ones to the allocator, which keeps much of them: measured on the
-        # 26 M MLP, a rank's RSS grew to ~930 MB over 8 steps that way, ~830 MB with spares.
-        self._launched: dict[int, torch.Tensor] = {}
-        self._spares: list[torch.Tensor] = []
+        self._reuse = PassBuffers()  # stage 2's pass buffers, kept once collected
         self._filled: list[set[int]] = [set() for _ in self._layout.buckets]
         self._launches = [0] * len(self._layout.buckets)
         self._handles: dict[int, Any] = {}  # bucket index -> reducescatter handle in flight
@@ -233,7 +230,7 @@ class _ShardedMixin(_DistributedMixin):
             if flat is None:
                 flat = self._pass_buffer(bucket)
             self._pass_buffers[b] = None
-            self._launched[b] = flat  # (the engine reads it until the reduction is collected)
+            self._reuse.lend(b, flat)
         else:
             flat = self._grad_buffers[b]
         pre, post = self._scale_factors()
@@ -245,18 +242,11 @@ class _ShardedMixin(_DistributedMixin):
 
     def _pass_buffer(self, bucket: Bucket) -> torch.Tensor:
         """A zeroed flat buffer for one backward pass of ``bucket``'s gradients (stage 2)."""
-        device = self._params[bucket.slots[0].param].device
-        for k, spare in enumerate(self._spares):
-            if spare.numel() == bucket.numel and spare.dtype == bucket.dtype and spare.device == device:
-                del self._spares[k]
-                return spare.zero_()
-        return self._zeros(bucket, bucket.numel)
+        return self._reuse.take(bucket.numel, bucket.dtype, self._params[bucket.slots[0].param].device)
 
     def _collect(self, b: int) -> None:
         owned = gateway.synchronize(self._handles.pop(b))
-        flat = self._launched.pop(b, None)
-        if flat is not None and owned.untyped_storage().data_ptr() != flat.untyped_storage().data_ptr():
-            self._spares.append(flat)  # (never one the kept shard is a view of)
+        self._reuse.returned(b, owned)
         if not self.shard_gradients:
             # Stage 1: the reduced span goes back into the flat gradient, under the views that
             # are the parameters' .grad, so that what walks p.grad (a GradScaler's unscale_ and
