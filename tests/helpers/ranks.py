@@ -1,7 +1,7 @@
 """Run a function on N real ranks over Gloo on loopback, with a hard timeout.
 
 ``run_ranks(fn, nprocs, *args)`` starts ``nprocs`` processes from a fork server that has
-already imported torch (so a rank starts in well under a second), gives each the environment
+already imported torch and accord (so a rank starts in well under a second), gives each the environment
 accordrun would give it, runs ``fn(rank, size, *args)`` and returns the results in rank order.
 
 - ``init="torch"``: the parent starts a ``torch.distributed.TCPStore`` on a free port (port 0:
@@ -21,6 +21,7 @@ every rank dumps its Python stacks (faulthandler, SIGUSR1) and is killed; no pro
 from __future__ import annotations
 
 import faulthandler
+import gc
 import multiprocessing as mp
 import os
 import queue
@@ -42,12 +43,18 @@ def _context():
     global _CTX
     if _CTX is None:
         _CTX = mp.get_context("forkserver")
-        _CTX.set_forkserver_preload(["torch", "torch.distributed", "numpy", "accord"])
+        # torch._dynamo: torch.optim.Optimizer.__init__ imports it on first use, about 2 s of CPU
+        # in every rank that builds an optimizer. (Python 3.11's fork server does not apply the
+        # parent's sys.path, so only installed modules can be named here.)
+        _CTX.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "numpy", "accord", "accord.torch"])
     return _CTX
 
 
 def _rank_main(fn, rank, size, args, env, init, store_port, results, stack_file):
-    # Each rank: stacks to a file on SIGUSR1 (hang diagnosis), the contract env, then fn.
+    # Each rank: stacks to a file on SIGUSR1 (hang diagnosis), the contract env, then fn. What
+    # the rank inherited from the fork server is frozen out of the garbage collector: the full
+    # collection in accord's shutdown() then walks only what fn made, not torch's whole graph.
+    gc.freeze()
     with open(stack_file, "w") as dump:
         faulthandler.register(signal.SIGUSR1, file=dump, all_threads=True)
         os.environ.update(env)
