@@ -52,8 +52,10 @@ KNOWN_CYCLES: set[frozenset[str]] = set()
 KNOWN_UPWARD: set[tuple[str, str]] = set()
 
 
+@functools.lru_cache(maxsize=1)
 def _modules() -> dict[str, tuple[Path, bool]]:
-    """Dotted module name -> (file, is a package __init__)."""
+    """Dotted module name -> (file, is a package __init__); the tree is walked once per session
+    (callers must not change the result)."""
     found = {}
     for path in sorted((SRC / "accord").rglob("*.py")):
         parts = list(path.relative_to(SRC).with_suffix("").parts)
