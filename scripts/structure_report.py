@@ -9,6 +9,7 @@ tests/unit/test_structure.py asserts the same limits, so a change that breaks on
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import sys
 from collections import Counter
@@ -56,15 +57,23 @@ def modules() -> dict[str, Path]:
     return found
 
 
+@functools.lru_cache(maxsize=None)
 def _tree(path: Path) -> ast.Module:
+    """The module's syntax tree, parsed once per process (several checks read each file)."""
     return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+
+
+@functools.lru_cache(maxsize=None)
+def _nodes(path: Path) -> tuple[ast.AST, ...]:
+    """Every node of the module's tree (``ast.walk`` order), listed once per process."""
+    return tuple(ast.walk(_tree(path)))
 
 
 def _imports(path: Path, module: str) -> set[str]:
     """Dotted names imported anywhere in a module (``from a import b`` gives ``a.b`` and ``a``)."""
     names: set[str] = set()
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    for node in ast.walk(_tree(path)):
+    for node in _nodes(path):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -116,7 +125,7 @@ def _defines(mods: dict[str, Path], package: str) -> set[str]:
 
 
 def process_set_classes(mods: dict[str, Path]) -> Check:
-    where = [m for m, p in mods.items() for n in ast.walk(_tree(p))
+    where = [m for m, p in mods.items() for n in _nodes(p)
              if isinstance(n, ast.ClassDef) and n.name == "ProcessSet"]
     return Check("ProcessSet class definitions", len(where), 1, ", ".join(where))
 
@@ -128,7 +137,7 @@ def neutral_names_twice(mods: dict[str, Path]) -> Check:
 
 
 def controller_mixins(mods: dict[str, Path]) -> Check:
-    bases = [ast.unparse(b) for p in mods.values() for n in ast.walk(_tree(p))
+    bases = [ast.unparse(b) for p in mods.values() for n in _nodes(p)
              if isinstance(n, ast.ClassDef) and n.name == "Controller" for b in n.bases]
     return Check("mixin bases of the controller", len(bases), 0, ", ".join(bases))
 
@@ -138,7 +147,7 @@ def cross_rank_rules(mods: dict[str, Path]) -> Check:
     keyword) computed from something, not copied from another object or read from the settings."""
     found = []
     for module, path in mods.items():
-        for fn in ast.walk(_tree(path)):
+        for fn in _nodes(path):
             if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
             for node in ast.walk(fn):
