@@ -7,6 +7,10 @@
 # second run happens only for arguments naming tests/with_mxnet.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# The suite starts hundreds of Python processes: each would compile accord's modules again (and
+# pytest re-rewrite every test module in each worker) if bytecode caches were not written. They go
+# to __pycache__ folders, which git ignores.
+unset PYTHONDONTWRITEBYTECODE
 bash scripts/setup_env.sh
 # the docs extra (MkDocs, Material, mkdocstrings; from PyPI), for tests/docs/test_docs_site.py, which
 # builds the site in strict mode; optional: where it cannot be installed, those tests say so and skip
