@@ -109,6 +109,40 @@ def test_globals_are_freed_after_atexit_handlers_and_before_teardown(tmp_path):
     assert "freed finalizing=False" not in plain.stdout
 
 
+# Counts the full collections the release makes: RELEASING is set by the script's own atexit
+# handler, which runs before the release (handlers run last-registered first).
+_COLLECTIONS = """
+import atexit, gc, sys
+
+STATE = {"releasing": False, "full": 0}
+
+def count(phase, info):
+    if phase == "start" and info["generation"] == 2 and STATE["releasing"]:
+        STATE["full"] += 1
+        sys.stdout.write("full collection %d\\n" % STATE["full"])
+        sys.stdout.flush()
+
+gc.callbacks.append(count)
+held = []
+shared_list = [1, 2]        # tracked and held by `held` too: collected after it is released
+held.append(shared_list)
+small = 7                   # small ints and interned strings are held everywhere: untracked
+name = "interned"
+pair = (small, name)        # a tuple of untracked values: untracked itself
+settings = {"lr": 0.1}      # a dict of untracked values: untracked
+atexit.register(lambda: STATE.update(releasing=True))
+"""
+
+
+@pytest.mark.timeout(60)
+def test_only_globals_that_can_be_in_a_cycle_make_the_release_collect(tmp_path):
+    _write(tmp_path, "release_collections.py", _COLLECTIONS)
+    wrapped = _run(wrap([sys.executable, "release_collections.py"]), tmp_path)
+    assert wrapped.returncode == 0, wrapped.stderr
+    # one: for shared_list (held by `held`); none for the untracked values, whatever their refcount
+    assert wrapped.stdout.splitlines() == ["full collection 1"], wrapped.stdout
+
+
 @pytest.mark.timeout(60)
 def test_functions_of_the_script_reach_spawned_processes(tmp_path):
     _write(tmp_path, "pool.py", """\

@@ -17,9 +17,9 @@ registers, before the script runs, an ``atexit`` handler. Handlers run last-in f
 this one runs after every handler the script and its libraries registered, when threads have
 been joined, and while every module is still whole: it sets the script's global variables that
 hold data to ``None``, the most recently defined first (as a stack unwinds: the model goes before
-the logger it may use), collecting cycles after each one that something else also held, and
-keeps modules, classes and functions (what a ``__del__`` calls). The model and its group are
-freed then, not during teardown.
+the logger it may use), collecting cycles after each one that something else also held and that
+the cycle collector tracks (ints and strings are in no cycle), and keeps modules, classes and
+functions (what a ``__del__`` calls). The model and its group are freed then, not during teardown.
 Any other command (``-m``, ``-c``, a shell script, a program) is run unchanged.
 """
 from __future__ import annotations
