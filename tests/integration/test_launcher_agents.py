@@ -224,34 +224,73 @@ def test_srun_variables_make_each_accordrun_a_node_agent(tmp_path):
     assert sorted(found) == [0, 1, 2, 3] and found[3]["w"] == pytest.approx(_expected_w(2, 4))
 
 
-def _resume_run(tmp_path, mode, name, *fails):
-    """Two agents x 1 worker of agent_resume.py (torch: each worker takes seconds to start) with
-    --max-restarts 2; rank 0's result."""
-    port, secret = ag.free_port(), ag.secret_file(tmp_path, f"secret-{name}")
-    folder = tmp_path / name
-    folder.mkdir()
-    script = [lib.PYTHON, lib.script("agent_resume.py"), "--mode", mode, "--dir", str(folder)]
-    script += [a for f in fails for a in ("--fail", f)]
+def _uninterrupted_weights(mode: str, epochs: int = 4, size: int = 2) -> list[float]:
+    """What agent_resume.py's training ``mode`` ends with when nothing fails, computed here with
+    plain torch: the same data and initial weights, each rank's batches (``fit``: the shards of
+    torch's own DistributedSampler, seed 0, shuffled per epoch; ``state``: the script's slices),
+    their gradients averaged, SGD with momentum 0.9 and lr 0.1 written out."""
+    import numpy as np
+    import torch
+    from torch.utils.data import DistributedSampler
+
+    rng = np.random.default_rng(0)
+    x_np = rng.normal(size=(32, 4)).astype(np.float32)
+    x, y = torch.from_numpy(x_np), torch.from_numpy((x_np.sum(axis=1) > 0).astype(np.int64))
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        net = torch.nn.Linear(4, 2)
+    if mode == "fit":
+        steps = []
+        for epoch in range(epochs):
+            batches = []
+            for rank in range(size):
+                sampler = DistributedSampler(range(len(x)), num_replicas=size, rank=rank, shuffle=True, seed=0)
+                sampler.set_epoch(epoch)
+                order = list(sampler)
+                batches.append([order[i:i + 4] for i in range(0, len(order), 4)])
+            steps += list(zip(*batches))  # step b: every rank's batch b
+    else:
+        steps = [[list(range(r * 4 + s % 2 * 8, r * 4 + s % 2 * 8 + 4)) for r in range(size)] for s in range(epochs)]
+    params, velocity = list(net.parameters()), None
+    for batches in steps:
+        grads = []
+        for idx in batches:
+            net.zero_grad()
+            torch.nn.functional.cross_entropy(net(x[idx]), y[idx]).backward()
+            grads.append([p.grad.clone() for p in params])
+        mean = [sum(g[i] for g in grads) / size for i in range(len(params))]
+        velocity = mean if velocity is None else [0.9 * v + g for v, g in zip(velocity, mean)]
+        with torch.no_grad():
+            for p, v in zip(params, velocity):
+                p -= 0.1 * v
+    return [float(v) for v in torch.cat([p.detach().flatten() for p in params])]
+
+
+@pytest.fixture(scope="module")
+def resumed_run(tmp_path_factory):
+    """Two agents x 1 worker of agent_resume.py with --max-restarts 2, killed twice: rank 1 at
+    epoch/step 1 of the first attempt, rank 0 at 3 of the second. One job for both cases (each
+    worker trains both ways): each of its six torch workers takes seconds to start. Each rank's
+    results, and the agents."""
+    folder = tmp_path_factory.mktemp("resume")
+    port, secret = ag.free_port(), ag.secret_file(folder)
+    script = [lib.PYTHON, lib.script("agent_resume.py"), "--dir", str(folder), "--fail", "0:1:1", "--fail", "1:3:0"]
     done = ag.run_agents([ag.agent_args(2, r, 1, port, secret, "--max-restarts", "2", *script) for r in (0, 1)],
                          timeout=240)
-    found = {}
     for proc in done:
         assert proc.returncode == 0, proc.stderr[-5000:]
-        found.update(ag.results(proc.stdout))
-    assert sorted(found) == [0, 1]
-    assert len({tuple(v["weights"]) for v in found.values()}) == 1  # every rank ends the same
-    return found[0], done
+    return {**ag.results(done[0].stdout), **ag.results(done[1].stdout)}, done
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("mode", ["fit", "state"])
-def test_restarts_resume_fit_and_torch_state_from_disk_to_the_uninterrupted_weights(tmp_path, mode):
-    plain, _ = _resume_run(tmp_path, mode, "plain")
-    # killed twice: rank 1 at epoch/step 1 of the first attempt, rank 0 at 3 of the second
-    resumed, done = _resume_run(tmp_path, mode, "restarted", "0:1:1", "1:3:0")
-    assert plain["attempt"] == 0 and resumed["attempt"] == 2
-    assert resumed["weights"] == pytest.approx(plain["weights"], abs=1e-5)
+def test_restarts_resume_fit_and_torch_state_from_disk_to_the_uninterrupted_weights(resumed_run, mode):
+    found, done = resumed_run
+    assert sorted(found) == [0, 1]
+    assert len({tuple(v[mode]) for v in found.values()}) == 1  # every rank ends the same
+    assert found[0]["attempt"] == 2
+    assert found[0][mode] == pytest.approx(_uninterrupted_weights(mode), abs=1e-5)
     if mode == "state":
         starts = ag.results(done[0].stdout, "RESUMED")
         assert starts[0] == {"rank": 0, "resumed": True, "step": 3}

@@ -100,11 +100,11 @@ def test_a_bad_discovery_script_is_warned_about_and_the_job_keeps_its_hosts(tmp_
     discover = tmp_path / "discover.sh"
     discover.write_text("echo localhost:2\n")
     err_path = tmp_path / "stderr.txt"
-    with open(err_path, "w") as err:
+    with open(err_path, "w") as err:  # (--sleep: a few steps a second show it trains, without spinning)
         proc = subprocess.Popen(
             [lib.PYTHON, "-m", "accord.run", "--host-discovery-script", f"sh {discover}",
              "--discovery-interval", "0.5", "--grace-period", "1", lib.PYTHON, JOB, str(tmp_path),
-             "--sleep", "0.02"], stdout=subprocess.PIPE, stderr=err, text=True,
+             "--sleep", "0.1"], stdout=subprocess.PIPE, stderr=err, text=True,
             env=lib.cli_env(ACCORD_CPU_BACKEND="gloo"))
     try:
         deadline = time.monotonic() + 120
@@ -185,6 +185,10 @@ _WAITING = {  # what the script prints before the marker, and what the launcher 
 }
 
 
+def _runs(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
 @pytest.mark.timeout(40)
 @pytest.mark.parametrize("before", sorted(_WAITING))
 def test_too_few_slots_at_the_start_waits_for_them_then_runs(tmp_path, before):
@@ -192,15 +196,20 @@ def test_too_few_slots_at_the_start_waits_for_them_then_runs(tmp_path, before):
     prints 1 slot for -np 2 (or no host at all: an autoscaling cluster without a node yet), then
     2 once the test writes the marker; the job then runs to the end on 2 workers."""
     script, waiting = _WAITING[before]
-    marker = tmp_path / "second-slot"
+    marker, runs = tmp_path / "second-slot", tmp_path / "runs"
     discover = tmp_path / "discover.sh"
-    discover.write_text(f"if [ -e {marker} ]; then echo localhost:2; else {script}; fi\n")
+    discover.write_text(f"echo run >> {runs}; if [ -e {marker} ]; then echo localhost:2; else {script}; fi\n")
     err_path = tmp_path / "stderr.txt"
     with _accordrun_logging_stderr(err_path, "-np", "2", "--host-discovery-script", f"sh {discover}",
                                    "--discovery-interval", "0.2", "--elastic-timeout", "60", "--grace-period", "1",
                                    lib.PYTHON, PARITY, "--steps", "2", ACCORD_CPU_BACKEND="gloo") as proc:
         _wait_text(err_path, f"elastic: the discovery script {waiting}", proc, 15)
-        time.sleep(2.0)
+        seen = _runs(runs)
+        deadline = time.monotonic() + 15
+        while _runs(runs) < seen + 5:  # the launcher looked again, five times, and still had too few slots
+            assert proc.poll() is None, err_path.read_text()[-3000:]
+            assert time.monotonic() < deadline, f"the script ran {_runs(runs) - seen} times more in 15s"
+            time.sleep(0.05)
         assert proc.poll() is None, err_path.read_text()[-3000:]
         assert "to start after waiting" not in err_path.read_text()  # no worker yet
         marker.touch()
