@@ -82,6 +82,8 @@ def test_failure_on_one_node_stops_every_node_with_the_root_cause(tmp_path):
             assert "rank       : 3 (local_rank 1" in cause
             assert "error      : ValueError: bad value on rank 3" in cause
         assert "Stopped by the launcher: ranks 0, 1" in done[0].stderr  # node 0's workers were stopped
+        for proc in done:  # node 0 reported its (stopped, not failed) workers too: nobody waited it out
+            assert "reported nothing about their workers" not in proc.stderr, proc.stderr
         assert len(pids) == 4 and lib.wait_dead(pids, 10) == []
     finally:
         lib.kill_all(pids)

@@ -45,6 +45,9 @@ _STORE_POLL = 0.2
 # Longer than LOST_AFTER_S: a worker that failed because a peer's node went away waits until
 # that node is seen lost, which is then the root cause.
 _SETTLE_S = LOST_AFTER_S + 1.0
+# How long the agents that report a failure wait for every node's entry (each stopped node
+# writes one, empty if its workers were only stopped; a lost node writes none).
+_REPORTS_WAIT_S = 2.0
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _TRACEBACK_CHARS = 16000
 
@@ -416,8 +419,9 @@ class NodeAgent:
                          all(f.rank != m.index for f in failures)]
             for f in failures:
                 f.stderr_tail = mux.stderr_tail(f.rank)[-20:]
-            if failures:
-                meeting.set_json(f"agents/a{attempt}/fail/{self._node}", [failure_record(f) for f in failures])
+            # also when empty: the reporting agents wait for every node's entry, and a node that
+            # wrote none would hold each of them for the whole wait
+            meeting.set_json(f"agents/a{attempt}/fail/{self._node}", [failure_record(f) for f in failures])
         own_signal = reason.get("reason") == "signal" and reason.get("node") == self._node and self._signals
         if reason.get("reason") == "failure":
             return self._report_failure(world, reason, stopped)
@@ -432,10 +436,14 @@ class NodeAgent:
     def _report_failure(self, world: World, reason: dict[str, Any], stopped: list[int]) -> _Outcome:
         meeting, attempt = self._meeting, world.attempt
         origin = reason.get("node")
-        deadline = time.monotonic() + 2.0  # the other nodes' entries, for "Other failures"
+        deadline = time.monotonic() + _REPORTS_WAIT_S  # the other nodes' entries, for "Other failures"
         while time.monotonic() < deadline and not all(
                 meeting.get(f"agents/a{attempt}/fail/{n.node_rank}") is not None for n in world.nodes):
             time.sleep(_POLL)
+        silent = [n.node_rank for n in world.nodes if meeting.get(f"agents/a{attempt}/fail/{n.node_rank}") is None]
+        if silent:
+            self._say(f"node(s) {silent} reported nothing about their workers within {_REPORTS_WAIT_S:g} s "
+                      "(agent lost?): failures there, if any, are not listed below")
         entries: list[Failure] = []
         for n in world.nodes:
             data = meeting.get_json(f"agents/a{attempt}/fail/{n.node_rank}") or []
