@@ -426,7 +426,10 @@ class Meeting:
                 # with --nnodes MIN:MAX, the members as they ended
                 nodes = world["nodes"] if world else [asdict(r) for r in self._records(attempt, self.spec.max_nodes)
                                                       .values()]
-                ids = [f"agents/exit/{n['agent_id']}" for n in nodes]
+                # (not for a node the attempt stopped because it was lost: it will not answer)
+                reason = self.stop_reason(attempt) or {}
+                gone = reason.get("node") if reason.get("reason") == "lost" else None
+                ids = [f"agents/exit/{n['agent_id']}" for n in nodes if n["node_rank"] != gone]
                 deadline = time.monotonic() + 5.0
                 while ids and not self._conn.check(ids) and time.monotonic() < deadline:
                     time.sleep(_POLL)
