@@ -189,7 +189,7 @@ def test_refuses_what_it_cannot_do(local_ray):
         RayExecutor(settings, num_workers=2).run(os.getpid, callbacks=[print])
     with pytest.raises(ConfigError, match="call start"):
         RayExecutor(settings, num_workers=2).run(os.getpid)
-    tiny = RayExecutor(RayExecutor.create_settings(timeout_s=30, placement_group_timeout_s=2), num_workers=3)
+    tiny = RayExecutor(RayExecutor.create_settings(timeout_s=30, placement_group_timeout_s=0.5), num_workers=3)
     with pytest.raises(Exception, match="could not reserve 3 x"):  # 3 CPUs asked of 2
         tiny.start()
 
@@ -213,10 +213,16 @@ def ddp_on_accord(config):
 
 
 @pytest.mark.timeout(420)
-def test_ray_train_torch_trainer_runs_ddp_on_the_accord_backend(local_ray, tmp_path):
+def test_ray_train_torch_trainer_runs_ddp_on_the_accord_backend(local_ray, tmp_path, monkeypatch):
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    # Ray Train's controller takes these from this process's environment: its preemption
+    # watcher (an actor process of its own, watching for spot-instance preemption) has nothing
+    # to do with the backend, and polling the workers every 0.5 s (Ray's default: 2 s) sees the
+    # end of the run sooner
+    monkeypatch.setenv("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
+    monkeypatch.setenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
     out = tmp_path / "ranks"
     out.mkdir()
     trainer = TorchTrainer(ddp_on_accord, train_loop_config={"out": str(out)},

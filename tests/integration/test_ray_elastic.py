@@ -114,7 +114,7 @@ def test_the_job_shrinks_when_a_node_leaves_and_grows_when_one_joins(two_nodes, 
 
 @pytest.mark.timeout(120)
 def test_too_few_slots_for_min_workers_fails_after_elastic_timeout(two_nodes):
-    executor = RayExecutor(RayExecutor.create_settings(timeout_s=30), min_workers=8, elastic_timeout=2)
+    executor = RayExecutor(RayExecutor.create_settings(timeout_s=30), min_workers=8, elastic_timeout=1)
     executor.start()
     with pytest.raises(WorkerFailedError, match=r"(?s)8 worker slots the job needs.*HINT: add nodes"):
         executor.run(os.getpid)
