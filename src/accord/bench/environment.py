@@ -36,8 +36,11 @@ def load_average() -> list[float] | None:
 
 
 def _version(module: str) -> str | None:
+    """The loaded module's version as a plain string (torch's is a ``TorchVersion``, which, sent
+    from a rank, would import torch in the launcher that unpickles it)."""
     mod = sys.modules.get(module)
-    return getattr(mod, "__version__", None) if mod is not None else None
+    version = getattr(mod, "__version__", None) if mod is not None else None
+    return None if version is None else str(version)
 
 
 def describe(*, world_size: int, threads: int, backend: str, device: str) -> dict[str, Any]:
