@@ -28,13 +28,19 @@ def test_gloo_collectives(size):
 
 def _peer_leaves(rank, size):
     import torch
+    import torch.distributed as dist
 
     from accord.comm import ReduceOp, get_backend
     from accord.errors import RankFailedError
 
     comm = groups.create(get_backend("gloo"), range(size))
+    store = dist.distributed_c10d._get_default_store()
     if rank == 1:
+        # Leave once rank 0 has its group too: Gloo's mesh is set up on both sides, and a peer
+        # that exits while the other side still connects fails that side's constructor instead
+        store.wait(["peer-leaves/created/0"])
         return "left"  # exits without joining the allreduce below
+    store.set("peer-leaves/created/0", "1")
     try:
         comm.allreduce(torch.ones(4), ReduceOp.SUM)
     except RankFailedError as exc:
