@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from accord.comm.backend import Communicator
+from accord.comm.base_communicator import split_rows
 from accord.comm.ops import ReduceOp
 from accord.errors import BackendError, MismatchError
 from helpers import groups
@@ -425,6 +426,82 @@ def check_alltoall(c: Checks, dtype: torch.dtype) -> None:
     c.guarded(f"alltoall idle rank {dtype}", run_idle)
 
 
+def check_outputs(c: Checks) -> None:
+    """allgather and reduce_scatter write into a caller-given ``out`` and return that very
+    tensor, also in place (the input is this rank's rows of ``out``), across dtypes whose wire
+    is the caller's own, a view of it (bool) or a cast (int16 on Gloo); a wrong ``out`` raises
+    a ValueError naming what was wrong, on every rank, and the ranks stay in step."""
+    comm, members, size, me = c.comm, c.members, c.comm.size, c.comm.rank
+    for dtype, op in ((torch.float32, SUM), (torch.float64, AVG), (torch.bfloat16, SUM), (torch.int16, MAX),
+                      (torch.bool, MAX)):
+        tag = f"{dtype}-{op.name}"
+        rows = [1 + r % 2 for r in members]  # ragged
+        ins = [values(f"out-ag-{tag}", r, (rows[i], 3), dtype) for i, r in enumerate(members)]
+        start = sum(rows[:me])
+
+        def gather_into(in_place: bool) -> None:
+            out = to_tensor(values(f"out-junk-{tag}", c.me, (sum(rows), 3), dtype), dtype)
+            mine = out[start:start + rows[me]] if in_place else to_tensor(ins[me], dtype)
+            mine.copy_(to_tensor(ins[me], dtype))
+            got = comm.allgather(mine, out)
+            c.count += 1
+            if got is not out:
+                c.fail(f"allgather out {tag}", "did not return the given output")
+            c.equal(f"allgather out {tag}{' in place' if in_place else ''}", out, np.concatenate(ins), dtype)
+
+        for in_place in (False, True):
+            c.guarded(f"allgather out {tag}", lambda: gather_into(in_place))
+        total = 2 * size + 1  # uneven: lower ranks get the extra row
+        ins = [values(f"out-rs-{tag}", r, (total, 2), dtype, op) for r in members]
+        full, limit = expected_reduce(ins, op, dtype), tolerance(ins, op, dtype)
+        mine_rows = split_rows(total, size)
+        part = slice(sum(mine_rows[:me]), sum(mine_rows[:me + 1]))
+
+        def scatter_into(in_place: bool) -> None:
+            t = to_tensor(ins[me], dtype)
+            out = t[part] if in_place else torch.empty((mine_rows[me], 2), dtype=dtype)
+            got = comm.reduce_scatter(t, op, out)
+            c.count += 1
+            if got is not out:
+                c.fail(f"reduce_scatter out {tag}", "did not return the given output")
+            c.equal(f"reduce_scatter out {tag}{' in place' if in_place else ''}", out, full[part], dtype,
+                    None if limit is None else limit[part])
+
+        for in_place in (False, True):
+            c.guarded(f"reduce_scatter out {tag}", lambda: scatter_into(in_place))
+    # wrong outputs: every rank passes the same kind of wrong output, or one rank alone does
+    x = torch.ones(2 * size, 3)
+    mine = split_rows(2 * size, size)[me]
+    c.raises("reduce_scatter out shape", ValueError,
+             lambda: comm.reduce_scatter(x, SUM, torch.empty(mine + 1, 3)), f"shape [{mine + 1}, 3]")
+    c.raises("reduce_scatter out dtype", ValueError,
+             lambda: comm.reduce_scatter(x, SUM, torch.empty(mine, 3, dtype=torch.float64)), "dtype torch.float64")
+    c.raises("reduce_scatter out not contiguous", ValueError,
+             lambda: comm.reduce_scatter(x, SUM, torch.empty(3, mine).t()), "not contiguous")
+    # (the host-staged communicator hands the inner one a host copy of the input: no overlap
+    # can hurt there, and none is refused)
+    staged = getattr(comm, "backend_name", "") == "host"
+    if size > 1 and not staged:
+        other = 0 if me else 2  # rows of another rank, not this rank's own
+        c.raises("reduce_scatter out overlaps", ValueError,
+                 lambda: comm.reduce_scatter(x, SUM, x[other:other + mine]), "overlaps")
+    lone = torch.ones(1, 3)
+    wrong = size + 1 if me == 0 else size  # rank 0 alone gives the wrong number of rows
+    c.raises("allgather out rows", ValueError, lambda: comm.allgather(lone, torch.empty(wrong, 3)),
+             f"rank {members[0]}: {size + 1}")
+    bad = torch.float64 if me == size - 1 else torch.float32  # the last rank alone
+    c.raises("allgather out dtype", ValueError, lambda: comm.allgather(lone, torch.empty(size, 3, dtype=bad)),
+             f"invalid arguments on ranks [{members[-1]}]")
+    if size > 1 and not staged:
+        def misplaced() -> torch.Tensor:
+            out = torch.empty(size, 3)
+            return comm.allgather(out[size - 1 - me:size - me] if me == 0 else out[me:me + 1], out)
+
+        c.raises("allgather in place at the wrong rows", ValueError, misplaced, f"rank {members[0]} at row {size - 1}")
+    got = comm.allgather(lone)  # still in step after the errors
+    c.equal("allgather after the output errors", got, np.ones((size, 3), dtype=np.float32), torch.float32)
+
+
 def check_errors(c: Checks) -> None:
     """Bad arguments raise clear errors on every rank (never a hang)."""
     comm, size = c.comm, c.comm.size
@@ -459,7 +536,7 @@ def run_checks(backend: Any, rank: int, size: int) -> tuple[int, list[str]]:
         if list(comm.ranks) != members or comm.ranks[comm.rank] != rank or comm.size != len(members):
             failures.append(f"rank {rank}: communicator {comm.ranks}/{comm.rank} for {members}")
         c = Checks(comm, f"{backend.name} {members}")
-        for part in (check_reductions, check_layouts, check_fast_path, check_movement, check_errors):
+        for part in (check_reductions, check_layouts, check_fast_path, check_movement, check_outputs, check_errors):
             part(c)
         count += c.count
         failures += c.failures

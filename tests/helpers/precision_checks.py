@@ -169,10 +169,55 @@ def _copies(c: Collector, rank: int, size: int) -> None:
                 torch.float64, tolerance(arrays, SUM, torch.float64))
 
 
+def _outputs(c: Collector, rank: int, size: int) -> None:
+    """allgather and reducescatter into a given output: the handle returns that very tensor,
+    bit for bit what the engine returns without one (copies exact, sums within their bound),
+    also in place (the input is this rank's rows of the output), with Average, a postscale and
+    fp16 compression (decompressed into the output); submitted back to back, so several are
+    in flight at once."""
+    pending = []
+    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.int32, torch.bool):
+        d = str(dtype).replace("torch.", "")
+        rows = [(r + 1) % 3 for r in range(size)]  # rank 2 sends none
+        ins = [values(f"out-ag-{d}", r, (rows[r], 5), dtype) for r in range(size)]
+        start = sum(rows[:rank])
+        for in_place in (False, True):
+            out = torch.zeros(sum(rows), 5, dtype=dtype)
+            mine = out[start:start + rows[rank]] if in_place else torch.empty(rows[rank], 5, dtype=dtype)
+            mine.copy_(to_tensor(ins[rank], dtype))
+            pending.append((f"allgather into output {d}{' in place' if in_place else ''}", out, np.concatenate(ins),
+                            dtype, None, session.submit("allgather", mine, f"out.ag.{d}.{in_place}", output=out)))
+    for dtype, op, compression in ((torch.float32, SUM, Compression.none), (torch.float64, AVG, Compression.none),
+                                   (torch.int64, SUM, Compression.none), (torch.float32, AVG, Compression.fp16)):
+        tag = f"{dtype}-{op.name}-{compression.__name__}"
+        total = 2 * size + 1
+        ins = [values(f"out-rs-{tag}", r, (total, 6), dtype, op) for r in range(size)]
+        full = expected_reduce(ins, op, dtype) * (3.0 if dtype.is_floating_point else 1)
+        wire = torch.float16 if compression is Compression.fp16 else None
+        bound = None if not dtype.is_floating_point else \
+            reduce_tolerance(ins, "average" if op == AVG else "sum", dtype, wire=wire) * 3.0
+        mine = [len(p) for p in np.array_split(np.arange(total), size)]
+        part = slice(sum(mine[:rank]), sum(mine[:rank + 1]))
+        for in_place in (False, True):
+            t = to_tensor(ins[rank], dtype)
+            out = t[part] if in_place else torch.full((mine[rank], 6), 7, dtype=dtype)
+            post = 3.0 if dtype.is_floating_point else 1.0
+            pending.append((f"reducescatter into output {tag}{' in place' if in_place else ''}", out, full[part],
+                            dtype, None if bound is None else bound[part],
+                            session.submit("reducescatter", t, f"out.rs.{tag}.{in_place}", reduce_op=op,
+                                           postscale_factor=post, compression=compression, output=out)))
+    for what, out, want, dtype, bound, handle in pending:
+        got = session.synchronize(handle)
+        c.count += 1
+        if got is not out:
+            c.failures.append(f"[rank {rank}] {what}: the handle returned another tensor than the output")
+        c.check(what, out, want, dtype, bound)
+
+
 def engine_precision_checks(rank: int, size: int) -> tuple[int, list[str]]:
     """Run every precision check through the initialized session; return (checks, failures)."""
     c = Collector(rank)
-    for part in (_reductions, _compression, _copies):
+    for part in (_reductions, _compression, _copies, _outputs):
         try:
             part(c, rank, size)
         except Exception as exc:  # noqa: BLE001 - report, and let the other ranks see it too

@@ -5,6 +5,7 @@ Every rank regenerates every rank's input from (seed, rank), so expected values 
 independently with numpy.
 """
 import os
+import re
 
 import numpy as np
 import pytest
@@ -143,6 +144,31 @@ def _collectives(rank, size):
     _close(got[0].numpy(), total[start:start + counts[rank]])
     _close(got[1].numpy(), np.full((1, 3), size))
 
+    # into given outputs (the handle returns them), also in place; the same values
+    src = torch.from_numpy(_data(70, rank, (rows, 2)))
+    out = torch.zeros(counts[rank], 2, dtype=src.dtype)
+    h = hvd.reducescatter_async(src, op=hvd.Sum, output=out)
+    assert hvd.synchronize(h) is out
+    _close(out.numpy(), total[start:start + counts[rank]])
+    flat = torch.from_numpy(_data(70, rank, (rows, 2)))
+    h = hvd.reducescatter_async(flat, op=hvd.Sum, output=flat[start:start + counts[rank]])
+    _close(hvd.synchronize(h).numpy(), total[start:start + counts[rank]])
+    _close(flat[start:start + counts[rank]].numpy(), total[start:start + counts[rank]])
+    parts = [_data(41, r, (r + 1, 3)) for r in everyone]
+    gathered = torch.zeros(sum(r + 1 for r in everyone), 3, dtype=torch.from_numpy(parts[0]).dtype)
+    at = sum(r + 1 for r in range(rank))
+    mine = gathered[at:at + rank + 1]
+    mine.copy_(torch.from_numpy(parts[rank]))
+    h = hvd.grouped_allgather_async([mine, torch.full((1,), rank)], outputs=[gathered, None])
+    got = hvd.synchronize(h)
+    assert got[0] is gathered and got[1].tolist() == list(everyone)
+    np.testing.assert_array_equal(gathered.numpy(), np.concatenate(parts))
+    out = torch.empty(size, 2)
+    grads = hvd.grouped_reducescatter_async([torch.ones(size * 2, 2), torch.ones(size, 2)], op=hvd.Sum,
+                                            outputs=[None, out[rank:rank + 1]])
+    assert hvd.synchronize(grads)[1].data_ptr() == out[rank:rank + 1].data_ptr()
+    _close(out[rank:rank + 1].numpy(), np.full((1, 2), size))
+
     # process sets: registered at runtime; collectives within; root_rank stays global
     odd = hvd.add_process_set([r for r in everyone if r % 2 == 1])
     assert odd.process_set_id is not None and odd.size() == len(odd.ranks)
@@ -279,6 +305,30 @@ def _errors_and_lifecycle(rank, size, tmp):
         hvd.alltoall(torch.ones(3), splits=[3])
     with pytest.raises(ValueError, match="root rank 7"):
         hvd.broadcast(torch.ones(2), root_rank=7)
+    # a wrong output: InvalidArgumentError on every rank at synchronize(), naming what it saw
+    from accord.errors import InvalidArgumentError
+
+    mine = (2 * size) // size
+    for output, seen in [(torch.empty(mine + 1, 3), f"output has shape [{mine + 1}, 3], the result has shape "
+                                                     f"[{mine}, 3]"),
+                         (torch.empty(mine, 3, dtype=torch.float64), "output has dtype torch.float64"),
+                         (torch.empty(3, mine).t(), "output is not contiguous")]:
+        h = hvd.reducescatter_async(torch.ones(2 * size, 3), name="bad.out", output=output)
+        with pytest.raises(InvalidArgumentError, match=re.escape(seen)) as caught:
+            hvd.synchronize(h)
+        assert "HINT:" in str(caught.value)
+    rows = size + 1 if rank == 0 else size  # rank 0 alone: the others raise too
+    h = hvd.allgather_async(torch.ones(1, 2), name="bad.rows", output=torch.empty(rows, 2))
+    with pytest.raises(InvalidArgumentError, match=f"rank 0: {size + 1}.*result has {size}"):
+        hvd.synchronize(h)
+    dtype = torch.int32 if rank == size - 1 else torch.float32
+    h = hvd.allgather_async(torch.ones(1, 2), name="bad.dtype", output=torch.empty(size, 2, dtype=dtype))
+    with pytest.raises(InvalidArgumentError, match=rf"ranks \[{size - 1}\]") as caught:
+        hvd.synchronize(h)
+    assert f"rank {size - 1}: allgather: output has dtype torch.int32, the result is torch.float32" \
+        in str(caught.value)
+    with pytest.raises(ValueError, match="2 outputs for 1 tensors"):
+        hvd.grouped_allgather_async([torch.ones(1)], outputs=[None, None])
     h = hvd.allreduce_async(torch.ones(2), name="dup", op=hvd.Sum)
     with pytest.raises(ValueError, match="already in flight"):
         hvd.allreduce_async(torch.ones(2), name="dup")

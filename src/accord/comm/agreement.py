@@ -31,6 +31,45 @@ def header(ok: bool, work: torch.Tensor, *sizes: int) -> list[int]:
     return [1 if ok else 0, dtypes.dtype_code(work.dtype), work.dim(), shape_hash(work.shape[1:]), *sizes]
 
 
+def output_problem(kind: str, out: Any, dtype: torch.dtype, device: torch.device,
+                   shape: Sequence[int] | None, trailing: Sequence[int] | None = None) -> str:
+    """What is wrong with a caller-given output ``out`` ("" when nothing is).
+
+    Args:
+        kind: the collective's name, for the message.
+        out: the caller's output (anything; only a tensor can be right).
+        dtype: the dtype the result has.
+        device: the device the result is on.
+        shape: the result's full shape, or None where only ``trailing`` is known here (a
+            ragged allgather's total rows are known after the ranks exchange them).
+        trailing: the result's dims after dim 0 (when ``shape`` is None).
+    """
+    if not isinstance(out, torch.Tensor):
+        return with_hint(f"{kind}: output must be a torch.Tensor, got {type(out).__name__}",
+                         "pass a tensor, or output=None for a new result")
+    if out.layout is not torch.strided:
+        return with_hint(f"{kind}: output must be a dense tensor, got layout {out.layout}",
+                         "pass a dense tensor (torch.empty(...))")
+    wanted = "" if shape is None else f" {list(shape)}"
+    if out.dtype != dtype:
+        return with_hint(f"{kind}: output has dtype {out.dtype}, the result is {dtype}{wanted}",
+                         f"pass an output of dtype {dtype} (torch.empty(..., dtype={dtype}))")
+    if out.device != device:
+        return with_hint(f"{kind}: output is on {out.device}, the result is on {device}",
+                         f"pass an output on {device}, the input's device")
+    if shape is not None and tuple(out.shape) != tuple(shape):
+        return with_hint(f"{kind}: output has shape {list(out.shape)}, the result has shape {list(shape)}",
+                         f"pass an output of shape {list(shape)}")
+    if shape is None and (out.dim() != len(trailing) + 1 or tuple(out.shape[1:]) != tuple(trailing)):
+        return with_hint(f"{kind}: output has shape {list(out.shape)}, the result has shape "
+                         f"[total rows, {', '.join(str(d) for d in trailing)}]".replace(", ]", "]"),
+                         "pass an output whose dims after dim 0 are the input's")
+    if not out.is_contiguous():
+        return with_hint(f"{kind}: output is not contiguous (shape {list(out.shape)}, strides "
+                         f"{list(out.stride())})", "pass a contiguous output (torch.empty(...))")
+    return ""
+
+
 def check_root(root: int, size: int, ranks: Sequence[int]) -> None:
     """Raise ValueError unless ``root`` is a rank of a communicator of ``size`` ranks."""
     if not isinstance(root, int) or not 0 <= root < size:

@@ -13,6 +13,9 @@ Conventions every communicator follows (tests hold each backend to them):
 - Every op in :class:`~accord.comm.ops.ReduceOp` except ADASUM works on every backend;
   what a library lacks is emulated (e.g. AVERAGE = SUM then divide, PRODUCT via gather).
 - Collectives are blocking from the caller's point of view.
+- ``allgather`` and ``reduce_scatter`` write into a caller-given ``out`` when one is passed (a
+  library that cannot write there copies into it), so a caller that keeps its result buffers
+  needs no fresh result tensor per call.
 """
 from __future__ import annotations
 
@@ -42,8 +45,13 @@ class Communicator(ABC):
         """Overwrite ``tensor`` with root's, in place."""
 
     @abstractmethod
-    def allgather(self, tensor):
-        """Concatenate every rank's tensor along dim 0; first dims may differ."""
+    def allgather(self, tensor, out=None):
+        """Concatenate every rank's tensor along dim 0; first dims may differ.
+
+        ``out`` (optional): a contiguous tensor of the input's dtype and device, shaped [total
+        rows, *trailing dims], that receives the result and is returned; without it the result
+        is a new tensor. An unusable ``out`` raises ValueError on every rank.
+        """
 
     @abstractmethod
     def gather(self, tensor, root: int):
@@ -61,8 +69,15 @@ class Communicator(ABC):
         """Reduce into root's ``tensor`` in place; other ranks' tensors are left unspecified."""
 
     @abstractmethod
-    def reduce_scatter(self, tensor, op: ReduceOp):
-        """Reduce, then split dim 0 across ranks (lower ranks get the extra rows)."""
+    def reduce_scatter(self, tensor, op: ReduceOp, out=None):
+        """Reduce, then split dim 0 across ranks (lower ranks get the extra rows).
+
+        ``out`` (optional): a contiguous tensor of the input's dtype and device, shaped like this
+        rank's rows, that receives them and is returned (may not overlap the input); without it
+        the result is a new tensor. An unusable ``out`` raises ValueError before any data moves
+        on the ranks that passed it, so every rank must pass one alike (the engine checks this
+        across ranks before it calls).
+        """
 
     @abstractmethod
     def alltoall(self, tensor, splits: Sequence[int] | None):

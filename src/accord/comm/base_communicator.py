@@ -22,13 +22,15 @@ from accord.comm.agreement import (
     check_root,
     header,
     normalize_ranks,
+    output_problem,
     scatter_problem,
 )
 from accord.comm.backend import Communicator
 from accord.comm.ops import ReduceOp
-from accord.errors import AccordError, CollectiveError, RankFailedError, with_hint
+from accord.errors import AccordError, CollectiveError, InvalidArgumentError, RankFailedError, with_hint
 
-__all__ = ["BaseCommunicator", "normalize_ranks", "split_rows"]  # normalize_ranks: re-exported
+# normalize_ranks and output_problem: re-exported
+__all__ = ["BaseCommunicator", "normalize_ranks", "output_problem", "overlap_rows", "overlaps", "split_rows"]
 
 _PEER_LOST = ("timed out", "timeout", "connection closed", "connection reset", "broken pipe",
               "closed by peer", "connection refused", "peer")
@@ -110,17 +112,22 @@ class BaseCommunicator(Communicator):
     def _reduce_native(self, tensor: torch.Tensor, op: ReduceOp, root: int) -> None:
         raise NotImplementedError
 
-    def _reduce_scatter_native(self, tensor: torch.Tensor, op: ReduceOp, rows: list[int]) -> torch.Tensor:
-        """Default: allreduce a copy, keep my rows. Backends with a real reduce-scatter override."""
+    def _reduce_scatter_native(self, tensor: torch.Tensor, op: ReduceOp, rows: list[int],
+                               out: torch.Tensor | None = None) -> torch.Tensor:
+        """Default: allreduce a copy, keep my rows (written into ``out`` when given: contiguous,
+        the input's dtype, this rank's rows). Backends with a real reduce-scatter override."""
         work = tensor.clone()
         self._allreduce_native(work, op)
         start = sum(rows[: self.rank])
-        return work[start:start + rows[self.rank]].clone()
+        mine = work[start:start + rows[self.rank]]
+        return mine.clone() if out is None else out.copy_(mine)
 
     def _broadcast_native(self, data: torch.Tensor, root: int) -> None:
         raise NotImplementedError
 
-    def _allgatherv(self, data: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    def _allgatherv(self, data: torch.Tensor, counts: list[int], out: torch.Tensor | None = None) -> torch.Tensor:
+        """Every rank's bytes (``counts[i]`` from rank i) back to back, into ``out`` (a flat uint8
+        tensor of ``sum(counts)`` bytes) when given."""
         raise NotImplementedError
 
     def _gatherv(self, data: torch.Tensor, counts: list[int], root: int) -> torch.Tensor | None:
@@ -183,21 +190,39 @@ class BaseCommunicator(Communicator):
             _write_back(tensor, dtypes.decode(wire, plan, tensor.dtype))
 
     @_collective
-    def reduce_scatter(self, tensor: torch.Tensor, op: ReduceOp) -> torch.Tensor:
-        """Reduce, then split dim 0 across ranks (lower ranks get the extra rows)."""
+    def reduce_scatter(self, tensor: torch.Tensor, op: ReduceOp, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Reduce, then split dim 0 across ranks (lower ranks get the extra rows); into ``out``
+        when given (see :meth:`accord.comm.backend.Communicator.reduce_scatter`).
+
+        Raises:
+            ValueError: a scalar ``tensor``, or an ``out`` of another dtype, device or shape than
+                this rank's rows, not contiguous, or overlapping ``tensor``.
+        """
         if tensor.dim() == 0:
             raise ValueError(with_hint("reduce_scatter needs a tensor with at least one dimension, got a scalar",
                                        "reshape it to [1] (or use allreduce)"))
         rows = split_rows(tensor.shape[0], self.size)
-        plan = dtypes.plan_reduction(tensor.dtype, op, self._native)
         work = self._contiguous(tensor, writable=False)
+        if out is not None:
+            problem = output_problem("reduce_scatter", out, work.dtype, work.device, (rows[self.rank], *work.shape[1:]))
+            at = -1 if problem else overlap_rows(out, work)
+            if at not in (-1, sum(rows[:self.rank])):
+                problem = with_hint(
+                    f"reduce_scatter: the output overlaps the input other than as this rank's own rows "
+                    f"(rows {sum(rows[:self.rank])}..{sum(rows[:self.rank + 1])} of the input)",
+                    "pass an output of its own, or exactly this rank's rows of the input (in place)")
+            if problem:
+                raise ValueError(problem)
+        plan = dtypes.plan_reduction(tensor.dtype, op, self._native)
         if plan.gather:
             start = sum(rows[: self.rank])
-            return dtypes.fold(self._gather_equal(work, None)[:, start:start + rows[self.rank]], plan.op)
-        out = self._reduce_scatter_native(dtypes.encode(work, plan), plan.op, rows)
+            return _into(out, dtypes.fold(self._gather_equal(work, None)[:, start:start + rows[self.rank]], plan.op))
+        # The library writes straight into ``out`` when the wire is a view of the caller's dtype.
+        wire_out = None if out is None else dtypes.encode_view(out, plan)
+        result = self._reduce_scatter_native(dtypes.encode(work, plan), plan.op, rows, wire_out)
         if plan.average:
-            dtypes.divide_(out, self.size)
-        return dtypes.decode(out, plan, tensor.dtype)
+            dtypes.divide_(result, self.size)
+        return _into(out, dtypes.decode(result, plan, tensor.dtype))
 
     @_collective
     def broadcast(self, tensor: torch.Tensor, root: int) -> None:
@@ -209,14 +234,30 @@ class BaseCommunicator(Communicator):
             tensor.copy_(work)
 
     @_collective
-    def allgather(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Concatenate every rank's tensor along dim 0; first dims may differ."""
+    def allgather(self, tensor: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Concatenate every rank's tensor along dim 0 (first dims may differ); into ``out``
+        when given (see :meth:`accord.comm.backend.Communicator.allgather`).
+
+        Raises:
+            InvalidArgumentError: some rank's ``out`` has another dtype, device or shape than
+                the result, is not contiguous or overlaps its input (raised on every rank).
+            MismatchError: ranks differ in dtype or dims after dim 0.
+        """
         work = self._contiguous(tensor, writable=False)
         work = work.reshape(1) if work.dim() == 0 else work
-        rows = self._agree_rows("allgather", work)
+        problem, at = "", -1
+        if out is not None:
+            problem = output_problem("allgather", out, work.dtype, work.device, None, work.shape[1:])
+            at = -1 if problem else overlap_rows(work, out)
+            if at is None:
+                problem = with_hint("allgather: the input overlaps the output other than as a block of whole "
+                                    "rows", "pass an output of its own, or the input as this rank's rows of it")
+        rows = self._agree_rows("allgather", work, problem, -1 if out is None or problem else out.shape[0],
+                                -1 if at is None else at)
         row_bytes = _row_bytes(work)
-        data = self._allgatherv(_as_bytes(work), [r * row_bytes for r in rows])
-        return data.view(work.dtype).reshape(sum(rows), *work.shape[1:])
+        data = self._allgatherv(_as_bytes(work), [r * row_bytes for r in rows],
+                                None if out is None else _as_bytes(out))
+        return out if out is not None else data.view(work.dtype).reshape(sum(rows), *work.shape[1:])
 
     @_collective
     def gather(self, tensor: torch.Tensor, root: int) -> torch.Tensor | None:
@@ -322,11 +363,32 @@ class BaseCommunicator(Communicator):
         got = self._allgatherv(data, counts) if root is None else self._gatherv(data, counts, root)
         return None if got is None else got.view(work.dtype).reshape(self.size, *work.shape)
 
-    def _agree_rows(self, kind: str, work: torch.Tensor) -> list[int]:
-        """Every rank's dim 0, after checking that dtypes and trailing shapes agree."""
-        headers = self._exchange(header(True, work, work.shape[0]))
-        check_headers(kind, work, headers, "", self.ranks, self.rank, self._exchange)
-        return [h[4] for h in headers]
+    def _agree_rows(self, kind: str, work: torch.Tensor, problem: str = "", out_rows: int = -1,
+                    at: int = -1) -> list[int]:
+        """Every rank's dim 0, after checking that dtypes and trailing shapes agree, that no
+        rank flagged a ``problem`` with its output, that every output given (``out_rows`` rows,
+        -1 for none) has the total rows, and that an input inside its output (at row ``at``,
+        -1 when not) is that rank's own rows of it: every rank raises alike."""
+        headers = self._exchange(header(not problem, work, work.shape[0], out_rows, at))
+        check_headers(kind, work, headers, problem, self.ranks, self.rank, self._exchange)
+        rows = [h[4] for h in headers]
+        total = sum(rows)
+        wrong = [(self.ranks[i], h[5]) for i, h in enumerate(headers) if h[5] >= 0 and h[5] != total]
+        if wrong:
+            seen = ", ".join(f"rank {r}: {n}" for r, n in wrong)
+            raise InvalidArgumentError(with_hint(
+                f"{kind}: the output has the wrong number of rows ({seen}); the result has {total} "
+                f"(rows per rank {rows}, dims after dim 0 {list(work.shape[1:])})",
+                f"pass an output of shape [{total}, *the input's dims after dim 0] on every rank, "
+                "or none"))
+        misplaced = [(self.ranks[i], h[6], sum(rows[:i])) for i, h in enumerate(headers)
+                     if h[6] >= 0 and h[6] != sum(rows[:i])]
+        if misplaced:
+            seen = ", ".join(f"rank {r} at row {got}, its rows start at {start}" for r, got, start in misplaced)
+            raise InvalidArgumentError(with_hint(
+                f"{kind}: the input lies inside the output at the wrong place ({seen})",
+                "pass an output of its own, or the input as exactly this rank's rows of the output"))
+        return rows
 
     def _failure(self, name: str, exc: BaseException) -> CollectiveError:
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -338,6 +400,37 @@ class BaseCommunicator(Communicator):
                        "ACCORD_COLLECTIVE_TIMEOUT (seconds)"))
         return CollectiveError(with_hint(where, "check that every rank called the same collectives in "
                                                 "the same order with matching tensors"))
+
+
+def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors' memory spans (first to last byte) intersect."""
+    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
+        return False
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
+
+
+def overlap_rows(inner: torch.Tensor, outer: torch.Tensor) -> int | None:
+    """-1 when the contiguous ``inner`` and ``outer`` do not overlap; the row of ``outer`` at
+    which ``inner`` starts when it is a block of whole rows inside it (the in-place forms of
+    allgather and reduce-scatter); None for any other overlap."""
+    if not overlaps(inner, outer):
+        return -1
+    row = _row_bytes(outer) if outer.dim() else outer.element_size()
+    offset = inner.data_ptr() - outer.data_ptr()
+    if (row == 0 or offset < 0 or offset % row or inner.dtype != outer.dtype
+            or offset + inner.nbytes > outer.nbytes or inner.nbytes % row):
+        return None
+    return offset // row
+
+
+def _into(out: torch.Tensor | None, result: torch.Tensor) -> torch.Tensor:
+    """``result``, in ``out`` when one is given (copied unless it is there already)."""
+    if out is None:
+        return result
+    if result.data_ptr() != out.data_ptr() or result.dtype != out.dtype:
+        out.copy_(result.reshape(out.shape))
+    return out
 
 
 def _write_back(dst: torch.Tensor, result: torch.Tensor) -> None:

@@ -225,6 +225,14 @@ def encode(tensor: torch.Tensor, plan: ReducePlan) -> torch.Tensor:
     return wire
 
 
+def encode_view(tensor: torch.Tensor, plan: ReducePlan) -> torch.Tensor | None:
+    """``tensor`` seen as the wire dtype of ``plan`` (a view: a result written there is the
+    caller's once decoded), or None when the wire is a converted copy (a cast or a sign flip)."""
+    if plan.flip_sign or plan.cast_to is not None:
+        return None
+    return encode(tensor, plan)
+
+
 def decode(wire: torch.Tensor, plan: ReducePlan, dtype: torch.dtype) -> torch.Tensor:
     """Undo :func:`encode` on a reduced wire tensor; returns a tensor of ``dtype`` (maybe a view)."""
     out = wire

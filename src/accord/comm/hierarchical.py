@@ -201,8 +201,8 @@ class HierarchicalCommunicator(Communicator):
     def broadcast(self, tensor: torch.Tensor, root: int) -> None:
         self.flat.broadcast(tensor, root)
 
-    def allgather(self, tensor: torch.Tensor) -> torch.Tensor:
-        return self.flat.allgather(tensor)
+    def allgather(self, tensor: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        return self.flat.allgather(tensor) if out is None else self.flat.allgather(tensor, out)
 
     def gather(self, tensor: torch.Tensor, root: int) -> torch.Tensor | None:
         return self.flat.gather(tensor, root)
@@ -213,8 +213,8 @@ class HierarchicalCommunicator(Communicator):
     def reduce(self, tensor: torch.Tensor, op: ReduceOp, root: int) -> None:
         self.flat.reduce(tensor, op, root)
 
-    def reduce_scatter(self, tensor: torch.Tensor, op: ReduceOp) -> torch.Tensor:
-        return self.flat.reduce_scatter(tensor, op)
+    def reduce_scatter(self, tensor: torch.Tensor, op: ReduceOp, out: torch.Tensor | None = None) -> torch.Tensor:
+        return self.flat.reduce_scatter(tensor, op) if out is None else self.flat.reduce_scatter(tensor, op, out)
 
     def alltoall(self, tensor: torch.Tensor, splits: Sequence[int] | None) -> Any:
         return self.flat.alltoall(tensor, splits)

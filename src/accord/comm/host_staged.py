@@ -111,9 +111,27 @@ class HostStagedCommunicator(Communicator):
         if self.rank == root:
             self._copy_back(tensor, host)
 
-    def allgather(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Every rank's tensor concatenated along dim 0, on ``tensor``'s device."""
-        return self._back(self.inner.allgather(self._fresh(tensor)), tensor.device)
+    def _host_output(self, out: torch.Tensor | None, tensor: torch.Tensor) -> torch.Tensor | None:
+        """What the inner communicator writes for ``out``: ``out`` itself on the CPU, a fresh
+        host tensor of its shape for a usable device output; anything else as it is, for the
+        inner communicator to refuse (on every rank, where its check agrees across them)."""
+        if not isinstance(out, torch.Tensor) or out.device.type == "cpu" or out.device != tensor.device \
+                or out.layout is not torch.strided or not out.is_contiguous():
+            return out
+        return torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
+
+    def _into(self, out: torch.Tensor | None, host: torch.Tensor, device: torch.device) -> torch.Tensor:
+        if out is None:
+            return self._back(host, device)
+        if host is not out:
+            self._copy_back(out, host)
+        return out
+
+    def allgather(self, tensor: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Every rank's tensor concatenated along dim 0, on ``tensor``'s device (into ``out``
+        when given, through a host copy)."""
+        host_out = self._host_output(out, tensor)
+        return self._into(out, self.inner.allgather(self._fresh(tensor), host_out), tensor.device)
 
     def gather(self, tensor: torch.Tensor, root: int) -> torch.Tensor | None:
         """Like allgather; only ``root`` gets the result."""
@@ -126,9 +144,10 @@ class HostStagedCommunicator(Communicator):
         host = None if chunks is None else [self._fresh(c) for c in chunks]
         return self._back(self.inner.scatter(host, root), device)
 
-    def reduce_scatter(self, tensor: torch.Tensor, op: ReduceOp) -> torch.Tensor:
-        """Reduce, then this rank's rows of dim 0."""
-        return self._back(self.inner.reduce_scatter(self._fresh(tensor), op), tensor.device)
+    def reduce_scatter(self, tensor: torch.Tensor, op: ReduceOp, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Reduce, then this rank's rows of dim 0 (into ``out`` when given, through a host copy)."""
+        host_out = self._host_output(out, tensor)
+        return self._into(out, self.inner.reduce_scatter(self._fresh(tensor), op, host_out), tensor.device)
 
     def alltoall(self, tensor: torch.Tensor, splits: Sequence[int] | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows ``splits[i]`` to rank i; returns (received rows on ``tensor``'s device, CPU

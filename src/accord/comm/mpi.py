@@ -22,7 +22,7 @@ import torch
 
 from accord.comm import memory
 from accord.comm.backend import Backend
-from accord.comm.base_communicator import BaseCommunicator
+from accord.comm.base_communicator import BaseCommunicator, overlaps
 from accord.comm.dtypes import LIBRARY_OPS, is_integer
 from accord.comm.groups import GroupContext
 from accord.comm.ops import BITWISE_OPS, ReduceOp
@@ -108,8 +108,14 @@ class MpiCommunicator(BaseCommunicator):
         else:
             self.comm.Reduce(_np(tensor), None, op=self._ops[op], root=root)
 
-    def _reduce_scatter_native(self, tensor: torch.Tensor, op: ReduceOp, rows: list[int]) -> torch.Tensor:
-        out = memory.empty((rows[self.rank], *tensor.shape[1:]), dtype=tensor.dtype)
+    def _reduce_scatter_native(self, tensor: torch.Tensor, op: ReduceOp, rows: list[int],
+                               out: torch.Tensor | None = None) -> torch.Tensor:
+        if out is not None and overlaps(out, tensor):
+            # MPI forbids a receive buffer inside the send buffer (its MPI_IN_PLACE form has
+            # another layout): the result goes through a buffer of its own.
+            return out.copy_(self._reduce_scatter_native(tensor, op, rows))
+        if out is None:
+            out = memory.empty((rows[self.rank], *tensor.shape[1:]), dtype=tensor.dtype)
         if tensor.numel() == 0:
             return out
         per_row = tensor.numel() // tensor.shape[0]
@@ -120,8 +126,11 @@ class MpiCommunicator(BaseCommunicator):
         if data.numel():
             self.comm.Bcast([_np(data), self._byte], root=root)
 
-    def _allgatherv(self, data: torch.Tensor, counts: list[int]) -> torch.Tensor:
-        out = memory.empty(sum(counts), dtype=torch.uint8)
+    def _allgatherv(self, data: torch.Tensor, counts: list[int], out: torch.Tensor | None = None) -> torch.Tensor:
+        if out is None:
+            out = memory.empty(sum(counts), dtype=torch.uint8)
+        elif overlaps(data, out):
+            data = data.clone()  # (MPI forbids aliased buffers; this rank's part is small)
         displs = _displacements(counts)
         self.comm.Allgatherv([_np(data), self._byte], [_np(out), counts, displs, self._byte])
         return out

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from accord import group_teardown
 from accord.comm import memory
 from accord.comm.backend import Backend
-from accord.comm.base_communicator import BaseCommunicator
+from accord.comm.base_communicator import BaseCommunicator, overlaps
 from accord.comm.dtypes import LIBRARY_OPS, is_integer
 from accord.comm.groups import GroupContext
 from accord.comm.ops import BITWISE_OPS, ReduceOp
@@ -92,15 +92,21 @@ class TorchCommunicator(BaseCommunicator):
     def _reduce_native(self, tensor: torch.Tensor, op: ReduceOp, root: int) -> None:
         self.group.reduce([tensor], _reduce_options(op, dist.ReduceOptions, root)).wait()
 
-    def _reduce_scatter_native(self, tensor: torch.Tensor, op: ReduceOp, rows: list[int]) -> torch.Tensor:
-        out = memory.empty((rows[self.rank], *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
+    def _reduce_scatter_native(self, tensor: torch.Tensor, op: ReduceOp, rows: list[int],
+                               out: torch.Tensor | None = None) -> torch.Tensor:
+        if out is not None and self.backend_name == "gloo" and overlaps(out, tensor):
+            # In place (the output is this rank's rows of the input): NCCL supports it, Gloo's
+            # reduce-scatter is not documented to, so it gets a result of its own first.
+            return out.copy_(self._reduce_scatter_native(tensor, op, rows))
+        if out is None:
+            out = memory.empty((rows[self.rank], *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
         if tensor.numel() == 0:
             return out
         if self.backend_name == "gloo" and op != ReduceOp.SUM:
             # Gloo's reduce-scatter of older torch sums whatever op it is given (torch 2.4: MIN,
             # MAX and PRODUCT came back summed); only its SUM is trusted, the rest go through
             # an allreduce.
-            return super()._reduce_scatter_native(tensor, op, rows)
+            return super()._reduce_scatter_native(tensor, op, rows, out)
         if len(set(rows)) == 1:
             self.group._reduce_scatter_base(out, tensor, _reduce_options(op, dist.ReduceScatterOptions)).wait()
         elif self._uneven_reduce_scatter:
@@ -113,15 +119,17 @@ class TorchCommunicator(BaseCommunicator):
                 if "does not support reduce_scatter" not in str(exc):
                     raise
                 self._uneven_reduce_scatter = False
-                return self._reduce_scatter_padded(tensor, op, rows)
+                return self._reduce_scatter_padded(tensor, op, rows, out)
         elif self.backend_name == "gloo":
-            return self._reduce_scatter_padded(tensor, op, rows)
+            return self._reduce_scatter_padded(tensor, op, rows, out)
         else:
-            return super()._reduce_scatter_native(tensor, op, rows)
+            return super()._reduce_scatter_native(tensor, op, rows, out)
         return out
 
-    def _reduce_scatter_padded(self, tensor: torch.Tensor, op: ReduceOp, rows: list[int]) -> torch.Tensor:
-        """Uneven parts through the equal-parts form: every part padded to the longest."""
+    def _reduce_scatter_padded(self, tensor: torch.Tensor, op: ReduceOp, rows: list[int],
+                               out: torch.Tensor) -> torch.Tensor:
+        """Uneven parts through the equal-parts form: every part padded to the longest (this
+        rank's part then copied into ``out``)."""
         longest = max(rows)
         padded = memory.empty((longest * self.size, *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
         for index, part in enumerate(tensor.split(rows)):
@@ -129,21 +137,32 @@ class TorchCommunicator(BaseCommunicator):
             padded[index * longest + len(part):(index + 1) * longest] = 0
         mine = memory.empty((longest, *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
         self.group._reduce_scatter_base(mine, padded, _reduce_options(op, dist.ReduceScatterOptions)).wait()
-        return mine[:rows[self.rank]].clone() if rows[self.rank] < longest else mine
+        return out.copy_(mine[:rows[self.rank]])
 
     def _broadcast_native(self, data: torch.Tensor, root: int) -> None:
         if data.numel():
             self.group.broadcast([data], _rooted(dist.BroadcastOptions, root)).wait()
 
-    def _allgatherv(self, data: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    def _allgatherv(self, data: torch.Tensor, counts: list[int], out: torch.Tensor | None = None) -> torch.Tensor:
         width = max(counts)
         if width == 0:
-            return data.new_empty(0)
-        out = memory.empty(width * self.size, dtype=data.dtype, device=data.device)
-        self.group._allgather_base(out, _padded(data, width)).wait()
-        if all(c == width for c in counts):
-            return out
-        return torch.cat([out[i * width:i * width + c] for i, c in enumerate(counts)])
+            return data.new_empty(0) if out is None else out
+        if out is not None and self.backend_name == "gloo" and overlaps(data, out):
+            data = data.clone()  # (in place: NCCL supports it, Gloo is not documented to)
+        even = all(c == width for c in counts)
+        gathered = out if out is not None and even else memory.empty(width * self.size, dtype=data.dtype,
+                                                                     device=data.device)
+        self.group._allgather_base(gathered, _padded(data, width)).wait()
+        if even:
+            return gathered
+        parts = [gathered[i * width:i * width + c] for i, c in enumerate(counts)]
+        if out is None:
+            return torch.cat(parts)
+        start = 0
+        for part in parts:
+            out[start:start + part.numel()].copy_(part)
+            start += part.numel()
+        return out
 
     def _gatherv(self, data: torch.Tensor, counts: list[int], root: int) -> torch.Tensor | None:
         width = max(counts)

@@ -174,7 +174,8 @@ class Request:
     """One named collective submitted by this rank.
 
     ``tensor`` is what goes on the wire (already compressed). ``output`` is the user's tensor for
-    in-place ops (results are copied or reduced into it), None for out-of-place ones. ``owned``
+    in-place ops (results are copied or reduced into it), or the output the caller gave an
+    allgather or reducescatter (the communicator writes the result there), else None. ``owned``
     says the engine may overwrite ``tensor`` (it is the in-place target or a private copy).
     ``root_rank`` is a global rank. ``splits`` is per-rank rows for alltoall/scatter.
     ``wire_dtype`` (allreduce only): the engine casts ``tensor`` to this dtype for the wire and
@@ -289,11 +290,16 @@ def build_request(op: Op, tensor: torch.Tensor | None, name: str, *, in_place: b
                   prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                   process_set_id: int = 0, splits: Sequence[int] | None = None,
                   wire_buffers: dict[str, torch.Tensor] | None = None,
-                  group: tuple[str, int] | None = None, problem: str = "") -> Request:
+                  group: tuple[str, int] | None = None, problem: str = "",
+                  output: torch.Tensor | None = None) -> Request:
     """Make a request the way frontends do: compress now, decide who owns what.
 
     ``in_place`` (allreduce, broadcast): the result is written into ``tensor``. Otherwise the
-    engine never writes into ``tensor``; it must not change until the handle completes.
+    engine never writes into ``tensor`` (unless ``output`` is a view of it); it must not change
+    until the handle completes. ``output`` (allgather, reducescatter): the tensor the result is
+    written into and returned as, checked by the frontend (shape, dtype, device, contiguity;
+    an allgather's total rows by the communicator, on every rank); it may be this rank's own
+    rows of ``tensor`` (the in-place forms).
     ``wire_buffers``: name -> compressed tensor of an earlier request under this name, reused
     (and updated) by compressors that can write into a buffer. The caller guarantees that no
     request under ``name`` is still in flight. ``problem``: what the frontend refuses in the
@@ -301,6 +307,8 @@ def build_request(op: Op, tensor: torch.Tensor | None, name: str, *, in_place: b
     """
     if in_place and op not in (Op.ALLREDUCE, Op.BROADCAST):
         raise ValueError(f"{op.value} cannot run in place: its output has another shape")
+    if output is not None and (in_place or op not in (Op.ALLGATHER, Op.REDUCESCATTER)):
+        raise ValueError(f"{op.value} takes no output tensor (only allgather and reducescatter do)")
     cast = None
     if compression is NoneCompressor or tensor is None or problem:
         wire, ctx = tensor, None  # the common case (gradients, no compression) costs nothing here
@@ -313,7 +321,7 @@ def build_request(op: Op, tensor: torch.Tensor | None, name: str, *, in_place: b
     else:
         wire, ctx = compression.compress(tensor)
     return Request(
-        name, op, wire, output=tensor if in_place else None,
+        name, op, wire, output=tensor if in_place else output,
         reduce_op=reduce_op if type(reduce_op) is ReduceOp else ReduceOp(reduce_op),
         root_rank=root_rank, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
         process_set_id=process_set_id, splits=None if splits is None else tuple(int(s) for s in splits),

@@ -285,13 +285,15 @@ def submit(op: Op | str, tensor: torch.Tensor | None, name: str | None = None, *
            in_place: bool = False, compression: type[Compressor] | Compressor = NoneCompressor,
            reduce_op: ReduceOp = ReduceOp.SUM, root_rank: int = -1, prescale_factor: float = 1.0,
            postscale_factor: float = 1.0, process_set_id: int = GLOBAL_ID,
-           splits: Sequence[int] | None = None) -> Handle:
+           splits: Sequence[int] | None = None, output: torch.Tensor | None = None) -> Handle:
     """Submit one collective to the engine and return its handle (see :func:`synchronize`).
 
     ``name`` matches the request across ranks; without one, ``"<op>.noname.<n>"`` is used, which
     only matches if every rank makes its unnamed calls in the same order (as in Horovod); names
     in a non-global set get ``@ps<id>`` (:mod:`accord.engine.naming`).
     ``root_rank`` is a global rank. ``splits`` gives rows per rank for alltoall / scatter.
+    ``output`` (allgather, reducescatter): the tensor the result is written into and returned
+    as (see :func:`~accord.engine.request.build_request`; the frontends check it first).
 
     Results: allreduce, broadcast, allgather, reducescatter -> tensor; alltoall -> (tensor,
     received splits); reduce, gather -> tensor on the root, None elsewhere; scatter -> this
@@ -301,7 +303,7 @@ def submit(op: Op | str, tensor: torch.Tensor | None, name: str | None = None, *
     return submit_group(op, [tensor], name, in_place=in_place, compression=compression,
                         reduce_op=reduce_op, root_rank=root_rank, prescale_factor=prescale_factor,
                         postscale_factor=postscale_factor, process_set_id=process_set_id,
-                        splits=splits, grouped=False)[0]
+                        splits=splits, grouped=False, outputs=None if output is None else [output])[0]
 
 
 def submit_group(op: Op | str, tensors: Sequence[torch.Tensor | None], name: str | None = None, *,
@@ -310,7 +312,8 @@ def submit_group(op: Op | str, tensors: Sequence[torch.Tensor | None], name: str
                  prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                  process_set_id: int = GLOBAL_ID, splits: Sequence[int] | None = None,
                  grouped: bool = True, waited: bool = False,
-                 problems: Sequence[str] | None = None) -> list[Handle]:
+                 problems: Sequence[str] | None = None,
+                 outputs: Sequence[torch.Tensor | None] | None = None) -> list[Handle]:
     """Submit one collective per tensor as one group, all or none: if one request is refused
     (invalid, or its name in flight), none is queued. The requests are named
     ``<name>_<i>of<n>`` (``name`` defaulting to ``"<op>.noname.<n>"``, see
@@ -318,7 +321,9 @@ def submit_group(op: Op | str, tensors: Sequence[torch.Tensor | None], name: str
     names it. ``waited``: the caller synchronizes the handles at once (a synchronous call).
     ``problems``: per tensor, what the frontend refuses in this rank's arguments ("" where
     nothing): those requests are queued all the same and fail on every rank of the set
-    (:attr:`~accord.engine.request.Request.problem`). Returns one handle per tensor, in order.
+    (:attr:`~accord.engine.request.Request.problem`). ``outputs`` (allgather, reducescatter):
+    per tensor, the tensor its result is written into (None: a new one; see
+    :func:`~accord.engine.request.build_request`). Returns one handle per tensor, in order.
     """
     session = _current()
     op = Op(op)
@@ -341,7 +346,8 @@ def submit_group(op: Op | str, tensors: Sequence[torch.Tensor | None], name: str
             op, tensor, request_name, in_place=in_place, compression=compression,
             reduce_op=reduce_op, root_rank=root_rank, prescale_factor=prescale_factor,
             postscale_factor=postscale_factor, process_set_id=process_set_id, splits=splits,
-            wire_buffers=wire_buffers, group=group, problem=problems[i] if problems else ""))
+            wire_buffers=wire_buffers, group=group, problem=problems[i] if problems else "",
+            output=outputs[i] if outputs else None))
     return session.engine.enqueue_many(requests, waited)
 
 

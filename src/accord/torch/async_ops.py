@@ -21,6 +21,7 @@ from typing import Any, Sequence
 
 import torch
 
+from accord.comm.base_communicator import output_problem, overlap_rows, split_rows
 from accord.comm.ops import ReduceOp
 from accord.engine import Compressor, NoneCompressor
 from accord.errors import with_hint
@@ -237,6 +238,62 @@ def _ragged_problem(tensor: torch.Tensor, what: str) -> str:
     return problem
 
 
+def _output_problem(output: Any, tensor: torch.Tensor, what: str, set_id: int, scatter: bool) -> str:
+    """What is wrong with the output a caller gave an allgather (``scatter`` False) or a
+    reducescatter ("" when nothing, or when the input's own problem is raised instead).
+
+    A reducescatter's output is checked whole here (this rank's rows follow from the set's
+    size); an allgather's dims after dim 0 only: its total rows, and the row at which an input
+    inside its output starts, are checked by the communicator once the ranks exchanged them.
+    """
+    if output is None or tensor_problem(tensor, what) or not isinstance(tensor, torch.Tensor) or tensor.dim() == 0:
+        return ""
+    gateway.require_initialized()  # (what submitting would raise first)
+    shape = None
+    if scatter:
+        members = gateway.process_set_members(set_id)
+        me = gateway.rank()
+        if me not in members:  # (refused by the engine with its own message)
+            return ""
+        rows = split_rows(tensor.shape[0], len(members))
+        shape = (rows[members.index(me)], *tensor.shape[1:])
+    problem = output_problem(what, output, tensor.dtype, tensor.device, shape, tensor.shape[1:])
+    if problem:
+        return problem
+    at = overlap_rows(output, tensor) if scatter else overlap_rows(tensor, output)
+    if scatter and at not in (-1, sum(rows[:members.index(me)])):
+        return with_hint(f"{what}: the output overlaps the input other than as this rank's own rows of it",
+                         "pass an output of its own, or exactly this rank's rows of the input")
+    if not scatter and at is None:
+        return with_hint(f"{what}: the input overlaps the output other than as a block of whole rows",
+                         "pass an output of its own, or the input as this rank's rows of the output")
+    return ""
+
+
+def _outputs(outputs: Sequence[torch.Tensor | None] | None, count: int, what: str) -> list[Any] | None:
+    """The caller's outputs, one per tensor (None: results are new tensors)."""
+    if outputs is None:
+        return None
+    outputs = list(outputs)
+    if len(outputs) != count:  # (the same on every rank that passes the same lists)
+        raise ValueError(with_hint(f"{what} got {len(outputs)} outputs for {count} tensors",
+                                   "pass one output per tensor (or None)"))
+    return outputs
+
+
+def _given(outs: list[Any] | None, grouped: bool) -> Any:
+    """The finish of a call with outputs: the caller's own output objects (the engine got
+    detached aliases of them), the engine's results where none was given."""
+    if outs is None:
+        return list if grouped else _first
+
+    def finish(results: list[Any]) -> Any:
+        values = [r if o is None else o for o, r in zip(outs, results)]
+        return values if grouped else values[0]
+
+    return finish
+
+
 def _check_group(tensors: Sequence[torch.Tensor], what: str) -> list[torch.Tensor]:
     tensors = list(tensors)
     if not tensors:
@@ -245,42 +302,58 @@ def _check_group(tensors: Sequence[torch.Tensor], what: str) -> list[torch.Tenso
 
 
 def allgather_async(tensor: torch.Tensor, name: str | None = None,
-                    process_set: ProcessSet = global_process_set) -> int:
+                    process_set: ProcessSet = global_process_set,
+                    output: torch.Tensor | None = None) -> int:
     """Start concatenating every rank's ``tensor`` along dim 0 (first dims may differ).
 
     Args:
         tensor: this rank's rows; the same dtype and trailing dims on every rank.
         name: the collective's name, the same on every rank (``None``: numbered by call order).
         process_set: the ranks whose rows are gathered (default: all).
+        output: where the result goes (``synchronize()`` returns it): contiguous, ``tensor``'s
+            dtype and device, shape [every rank's rows summed, *tensor.shape[1:]]; ``tensor``
+            may be this rank's own rows of it (in place). None: a new tensor. A wrong output
+            raises InvalidArgumentError at ``synchronize()`` on every rank of the set.
 
     Returns:
         A handle for ``poll()`` and ``synchronize()``, which returns the result
             or raises the collective's error.
     """
-    return gateway.start("allgather", [wire(tensor)], name, set_id_of(process_set), _first,
-                         keep=(tensor,), problems=[_ragged_problem(tensor, "allgather")])
+    set_id = set_id_of(process_set)
+    problem = _ragged_problem(tensor, "allgather") or _output_problem(output, tensor, "allgather", set_id, False)
+    return gateway.start("allgather", [wire(tensor)], name, set_id, _given(None if output is None else [output], False),
+                         keep=(tensor, output), problems=[problem],
+                         outputs=None if output is None else [wire(output)])
 
 
 def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = None,
-                            process_set: ProcessSet = global_process_set) -> int:
+                            process_set: ProcessSet = global_process_set,
+                            outputs: Sequence[torch.Tensor | None] | None = None) -> int:
     """Allgather a list of tensors as one group; ``synchronize()`` returns a list.
 
     Args:
         tensors: this rank's inputs, gathered each along dim 0 (a non-empty list).
         name: the group's name, alike on every rank, or ``None``.
         process_set: the participating ranks; all by default.
+        outputs: one output per tensor (or None for a new result), as ``output`` of
+            :func:`allgather_async`; None: every result is a new tensor.
 
     Raises:
-        ValueError: ``tensors`` is empty.
+        ValueError: ``tensors`` is empty, or ``outputs`` has another length.
 
     Returns:
         A handle for ``poll()`` and ``synchronize()``, which returns the result
             or raises the collective's error.
     """
-    tensors = _check_group(tensors, "grouped_allgather")
-    return gateway.start("allgather", [wire(t) for t in tensors], name, set_id_of(process_set),
-                         list, grouped=True, keep=tuple(tensors),
-                         problems=[_ragged_problem(t, "grouped_allgather") for t in tensors])
+    what = "grouped_allgather"
+    tensors = _check_group(tensors, what)
+    outs = _outputs(outputs, len(tensors), what)
+    set_id = set_id_of(process_set)
+    problems = [_ragged_problem(t, what) or _output_problem(o, t, what, set_id, False)
+                for t, o in zip(tensors, outs or [None] * len(tensors))]
+    return gateway.start("allgather", [wire(t) for t in tensors], name, set_id,
+                         _given(outs, True), grouped=True, keep=(*tensors, *(outs or ())), problems=problems,
+                         outputs=None if outs is None else [None if o is None else wire(o) for o in outs])
 
 
 # --- broadcast ----------------------------------------------------------------------------------
@@ -404,21 +477,28 @@ def _reducescatter_problem(tensor: torch.Tensor, op: ReduceOp, what: str) -> str
 
 def reducescatter_tensors(tensors: Sequence[torch.Tensor], name: str | None, op: ReduceOp,
                           process_set: ProcessSet, prescale: float, postscale: float, grouped: bool,
-                          compression: type[Compressor] | Compressor = NoneCompressor) -> int:
-    """Start a reducescatter of ``tensors`` (one, or a group); ``compression`` by the engine."""
+                          compression: type[Compressor] | Compressor = NoneCompressor,
+                          outputs: Sequence[torch.Tensor | None] | None = None) -> int:
+    """Start a reducescatter of ``tensors`` (one, or a group); ``compression`` by the engine;
+    ``outputs``: per tensor, where its share goes (see :func:`reducescatter_async`)."""
     what = "grouped_reducescatter" if grouped else "reducescatter"
     op = ReduceOp(op)
     tensors = _check_group(tensors, what) if grouped else list(tensors)
+    outs = _outputs(outputs, len(tensors), what)
+    set_id = set_id_of(process_set)
+    problems = [_reducescatter_problem(t, op, what) or _output_problem(o, t, what, set_id, True)
+                for t, o in zip(tensors, outs or [None] * len(tensors))]
     return gateway.start("reducescatter", [wire(t) for t in tensors], name,
-                         set_id_of(process_set), list if grouped else _first, grouped=grouped,
-                         keep=tuple(tensors), reduce_op=op, prescale_factor=prescale,
-                         postscale_factor=postscale, compression=compression,
-                         problems=[_reducescatter_problem(t, op, what) for t in tensors])
+                         set_id, _given(outs, grouped), grouped=grouped,
+                         keep=(*tensors, *(outs or ())), reduce_op=op, prescale_factor=prescale,
+                         postscale_factor=postscale, compression=compression, problems=problems,
+                         outputs=None if outs is None else [None if o is None else wire(o) for o in outs])
 
 
 def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: ReduceOp = Average,
                         process_set: ProcessSet = global_process_set,
-                        prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> int:
+                        prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                        output: torch.Tensor | None = None) -> int:
     """Start reducing ``tensor`` over the set and scattering dim 0 (lower ranks get extra rows).
 
     Args:
@@ -428,19 +508,25 @@ def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: Reduc
         process_set: the ranks that reduce and share the result (default: all).
         prescale_factor: multiplies the input before the reduction.
         postscale_factor: multiplies this rank's share after it.
+        output: where this rank's share goes (``synchronize()`` returns it): contiguous,
+            ``tensor``'s dtype and device, shaped like this rank's rows; it may be exactly those
+            rows of ``tensor`` (in place). None: a new tensor. A wrong output raises
+            InvalidArgumentError at ``synchronize()`` on every rank of the set.
 
     Returns:
         A handle for ``poll()`` and ``synchronize()``, which returns the result
             or raises the collective's error.
     """
     return reducescatter_tensors([tensor], name, op, process_set, prescale_factor,
-                                 postscale_factor, grouped=False)
+                                 postscale_factor, grouped=False,
+                                 outputs=None if output is None else [output])
 
 
 def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | None = None,
                                 op: ReduceOp = Average,
                                 process_set: ProcessSet = global_process_set,
-                                prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> int:
+                                prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                                outputs: Sequence[torch.Tensor | None] | None = None) -> int:
     """Reducescatter a list of tensors as one group; ``synchronize()`` returns a list.
 
     Args:
@@ -450,16 +536,18 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | Non
         process_set: the participating ranks; all by default.
         prescale_factor: scales each input first.
         postscale_factor: scales each share last.
+        outputs: one output per tensor (or None for a new share), as ``output`` of
+            :func:`reducescatter_async`; None: every share is a new tensor.
 
     Raises:
-        ValueError: the list of tensors is empty.
+        ValueError: the list of tensors is empty, or ``outputs`` has another length.
 
     Returns:
         A handle for ``poll()`` and ``synchronize()``, which returns the result
             or raises the collective's error.
     """
     return reducescatter_tensors(tensors, name, op, process_set, prescale_factor,
-                                 postscale_factor, grouped=True)
+                                 postscale_factor, grouped=True, outputs=outputs)
 
 
 # --- barrier and join ---------------------------------------------------------------------------

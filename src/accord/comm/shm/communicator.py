@@ -337,8 +337,13 @@ class ShmCommunicator(BaseCommunicator):
     def _reduce_native(self, tensor: torch.Tensor, op: ReduceOp, root: int) -> None:
         self._reduce_into([tensor], [tensor], op, root)
 
-    def _reduce_scatter_native(self, tensor: torch.Tensor, op: ReduceOp, rows: list[int]) -> torch.Tensor:
-        out = memory.empty((rows[self.rank], *tensor.shape[1:]), dtype=tensor.dtype)
+    def _reduce_scatter_native(self, tensor: torch.Tensor, op: ReduceOp, rows: list[int],
+                               out: torch.Tensor | None = None) -> torch.Tensor:
+        # ``out`` may be this rank's own rows of ``tensor`` (in place): chunk c is reduced into
+        # them one phase after it was copied into the slot, and only chunks already copied in
+        # are written, so nothing is read after it was overwritten.
+        if out is None:
+            out = memory.empty((rows[self.rank], *tensor.shape[1:]), dtype=tensor.dtype)
         flat, mine = tensor.reshape(-1), out.view(-1)
         numel, itemsize = flat.numel(), flat.element_size()
         row = numel // tensor.shape[0] if tensor.shape[0] else 0
@@ -381,11 +386,15 @@ class ShmCommunicator(BaseCommunicator):
 
         self._run("broadcast", 0, total, root, _chunks(total, per), [copy_in, copy_out])
 
-    def _gathered(self, kind: str, data: torch.Tensor, counts: list[int], root: int) -> torch.Tensor | None:
+    def _gathered(self, kind: str, data: torch.Tensor, counts: list[int], root: int,
+                  out: torch.Tensor | None = None) -> torch.Tensor | None:
         per, me, size = self._layout.chunk, self.rank, self.size
         areas = self._areas(torch.uint8)
         starts = [sum(counts[:i]) for i in range(size)]
-        out = memory.empty(sum(counts), dtype=torch.uint8) if root < 0 or me == root else None
+        # ``data`` may be this rank's own part of ``out`` (in place): copying out writes only
+        # the other ranks' parts and this rank's own bytes back over themselves.
+        if out is None and (root < 0 or me == root):
+            out = memory.empty(sum(counts), dtype=torch.uint8)
 
         def copy_in(c: int, b: int) -> None:
             lo = c * per
@@ -405,8 +414,8 @@ class ShmCommunicator(BaseCommunicator):
         self._run(kind, 0, sum(counts), root, _chunks(max(counts), per), [copy_in, copy_out])
         return out
 
-    def _allgatherv(self, data: torch.Tensor, counts: list[int]) -> torch.Tensor:
-        return self._gathered("allgather", data, counts, -1)
+    def _allgatherv(self, data: torch.Tensor, counts: list[int], out: torch.Tensor | None = None) -> torch.Tensor:
+        return self._gathered("allgather", data, counts, -1, out)
 
     def _gatherv(self, data: torch.Tensor, counts: list[int], root: int) -> torch.Tensor | None:
         return self._gathered("gather", data, counts, root)

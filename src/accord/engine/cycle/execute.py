@@ -8,6 +8,7 @@ and is raised as :class:`CommunicationFailure` for the engine to stop on.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import time
 from typing import Any, Callable, Sequence
 
@@ -24,7 +25,7 @@ from accord.engine.cycle.fusion import FusionBuffers, StagingBuffers, adjacent_s
 from accord.engine.cycle.timeline import Timeline
 from accord.engine.request import Op, Request
 from accord.engine.sets import ProcessSetRegistry
-from accord.errors import AccordError, BackendError, CollectiveError, MismatchError
+from accord.errors import AccordError, BackendError, CollectiveError, MismatchError, with_hint
 
 Outcome = tuple[Request, Any, "BaseException | None"]
 Complete = Callable[[Sequence[Outcome]], None]
@@ -89,6 +90,36 @@ def _plain_lone(item: Sequence[Request]) -> torch.Tensor | None:
             or (r.output is not None and r.output.dtype != t.dtype)):
         return None
     return t
+
+
+def _direct_output(r: Request) -> torch.Tensor | None:
+    """The caller's output of an allgather or reducescatter when the communicator can write the
+    result straight into it (the wire carries the caller's data as is), else None (the result
+    is then converted or copied into it, see :meth:`Executor._finish`)."""
+    out = r.output
+    if out is None or not _as_reduced(r) or out.dtype != r.tensor.dtype:
+        return None
+    return out
+
+
+_TAKES_OUT: dict[tuple[type, str], bool] = {}
+
+
+def _with_output(comm: Any, method: str, out: torch.Tensor | None, *args: Any) -> Any:
+    """``comm.<method>(*args, out)``; a communicator of a library that takes no ``out`` (an
+    older plug-in) is called without it, and its result is copied in by the caller."""
+    fn = getattr(comm, method)
+    if out is None:
+        return _comm_call(fn, *args)
+    key = (type(comm), method)
+    takes = _TAKES_OUT.get(key)
+    if takes is None:
+        try:
+            takes = "out" in inspect.signature(fn).parameters
+        except (TypeError, ValueError):
+            takes = False
+        _TAKES_OUT[key] = takes
+    return _comm_call(fn, *args, out) if takes else _comm_call(fn, *args)
 
 
 def _wire_dtype(batch: Sequence[Request]) -> torch.dtype:
@@ -278,11 +309,20 @@ class Executor:
             self._span(item, "WAIT_FOR_DATA", start, time.monotonic())
 
     def _finish(self, r: Request, result: Any) -> Any:
-        """Decompress into the output (or a private tensor); return the request's value."""
+        """Decompress into the output (or a private tensor); return the request's value.
+
+        Raises:
+            ValueError: the caller's output of an allgather or reducescatter that the
+                communicator did not write into has another shape than the result.
+        """
         if result is not None and result is r.output and r.ctx is None and r.compression.passthrough \
                 and not result.is_cuda:
             return result  # reduced in place (a gradient): nothing to convert or copy
         if isinstance(result, torch.Tensor):
+            if r.output is not None and result is not r.output and r.output.shape != result.shape:
+                raise ValueError(with_hint(
+                    f"{r.op.value} {r.name!r}: the output has shape {list(r.output.shape)}, the "
+                    f"result has shape {list(result.shape)}", f"pass an output of shape {list(result.shape)}"))
             if r.output is not None:
                 decompress_into(r.compression, result, r.ctx, r.output)
                 value = r.output
@@ -405,7 +445,7 @@ class Executor:
             _comm_call(comm.broadcast, t, root)
             return t
         if r.op is Op.ALLGATHER:
-            return _comm_call(comm.allgather, r.tensor)
+            return _with_output(comm, "allgather", _direct_output(r), r.tensor)
         if r.op is Op.GATHER:
             return _comm_call(comm.gather, r.tensor, root)
         if r.op is Op.SCATTER:
@@ -427,7 +467,7 @@ class Executor:
             t = self._private(r)
             scale_(t, sig.prescale)
         if r.op is Op.REDUCESCATTER:
-            out = _comm_call(comm.reduce_scatter, t, op)
+            out = _with_output(comm, "reduce_scatter", _direct_output(r), t, op)
             scale_(out, post)
             return out
         if r.op is Op.REDUCE:
