@@ -9,13 +9,17 @@ Each rank of the process set owns one balanced span of every bucket
 2. ``step()``: wait for the reducescatters; each rank's owned part of the averaged gradient is the
    ``.grad`` of its *shard* tensors (one flat tensor per bucket), which an optimizer of the user's
    class and hyper-parameters steps;
-3. the updated shards are all-gathered, bucket by bucket, and copied into every rank's parameters.
+3. the updated shards are all-gathered, bucket by bucket, straight into every rank's parameters
+   (each shard is its rank's span of its bucket's flat parameters: an in-place allgather).
 
 Stage 1 keeps one flat gradient buffer per bucket and makes each ``p.grad`` a view of it (no
-second copy of the gradients). Stage 2 (``shard_gradients=True``) copies a gradient into a
-bucket buffer that is in use only until its reducescatter is done (then kept for a later pass:
+second copy of the gradients); the reducescatter writes this rank's reduced span back into it
+(in place). Stage 2 (``shard_gradients=True``) copies a gradient into a bucket buffer that is
+in use only until its reducescatter is done (then kept for a later pass:
 :mod:`accord.torch.zero.pass_buffers`) and drops ``p.grad``: what stays is the owned shard of
-the gradient. With ``backward_passes_per_step > 1`` stage 1 sums
+the gradient, one kept tensor per bucket that the reducescatter writes into. So a step's
+collectives write into tensors that live across steps instead of allocating their results
+(except an accumulating pass's in stage 2). With ``backward_passes_per_step > 1`` stage 1 sums
 the passes locally (autograd accumulates into the views) and reduces once, like the unsharded
 optimizer; stage 2 reduces every pass and sums the owned shards (the same value, summed in
 another order), because keeping the full local sum would keep the full gradient.
@@ -128,6 +132,9 @@ class _ShardedMixin(_DistributedMixin):
         self._launches = [0] * len(self._layout.buckets)
         self._handles: dict[int, Any] = {}  # bucket index -> reducescatter handle in flight
         self._grad_shards: list[torch.Tensor | None] = [None] * len(self._layout.buckets)
+        # Stage 2: one owned gradient shard per bucket (made at its first reduction, then
+        # kept), which each step's first reducescatter of the bucket writes into.
+        self._owned_grads: list[torch.Tensor | None] = [None] * len(self._layout.buckets)
         self._delay = [self.backward_passes_per_step] * len(self._params)
 
     def _accord_reshard(self, state_dict: dict[str, Any]) -> None:
@@ -221,22 +228,35 @@ class _ShardedMixin(_DistributedMixin):
         if b in self._handles:  # (stage 2: the same name may not be in flight twice)
             self._collect(b)
         # Collect the buckets already reduced (never waiting: a rank that blocked here could
-        # wait for a bucket another rank submits later): the engine's outputs are let go at once,
-        # and in stage 2 the full-size buffers too, so only the buckets in flight hold them.
+        # wait for a bucket another rank submits later): in stage 2 their full-size buffers go
+        # back to the spares at once, so only the buckets in flight hold them.
         for done in [k for k, h in self._handles.items() if gateway.poll(h)]:
             self._collect(done)
+        start, end = bucket.spans[self._me]
         if self.shard_gradients:
             flat = self._pass_buffers[b]
             if flat is None:
                 flat = self._pass_buffer(bucket)
             self._pass_buffers[b] = None
             self._reuse.lend(b, flat)
+            # The step's first pass lands in the bucket's kept shard; a later pass (accumulating)
+            # gets a result of its own, added to it when collected.
+            out = None
+            if self._grad_shards[b] is None:
+                out = self._owned_grads[b]
+                if out is None:
+                    out = self._owned_grads[b] = self._zeros(bucket, end - start)
         else:
             flat = self._grad_buffers[b]
+            # In place: this rank's span of the flat gradient receives the reduced span, under
+            # the views that are the parameters' .grad, so that what walks p.grad (a
+            # GradScaler's unscale_ and inf check) reaches exactly the gradients the shards
+            # step with.
+            out = flat[start:end]
         pre, post = self._scale_factors()
         self._handles[b] = A.reducescatter_tensors(
             [flat], f"{self._tag}.grad.{b}", self.op, self.process_set, pre, post, grouped=False,
-            compression=self._compression)
+            compression=self._compression, outputs=[out])
         self._filled[b] = set()
         self._launches[b] += 1
 
@@ -248,13 +268,7 @@ class _ShardedMixin(_DistributedMixin):
         owned = gateway.synchronize(self._handles.pop(b))
         self._reuse.returned(b, owned)
         if not self.shard_gradients:
-            # Stage 1: the reduced span goes back into the flat gradient, under the views that
-            # are the parameters' .grad, so that what walks p.grad (a GradScaler's unscale_ and
-            # inf check) reaches exactly the gradients the shards step with.
-            start, end = self._layout.buckets[b].spans[self._me]
-            span = self._grad_buffers[b][start:end]
-            span.copy_(owned)
-            self._grad_shards[b] = span
+            self._grad_shards[b] = owned  # (this rank's span of the flat gradient)
         elif self._grad_shards[b] is None:
             self._grad_shards[b] = owned
         else:
@@ -372,19 +386,14 @@ class _ShardedMixin(_DistributedMixin):
                     local[k] = v
 
     def _gather_parameters(self) -> None:
-        """All-gather the updated spans into every bucket's flat parameters. One bucket ahead is
-        in flight while the previous one is copied: at most two gathered buckets are alive."""
-        def start(b: int) -> int:
-            return A.allgather_async(self._shards[b].detach(), name=f"{self._tag}.param.{b}",
-                                     process_set=self.process_set)
-
-        count = len(self._shards)
-        handle = start(0) if count else None
-        with torch.no_grad():
-            for b in range(count):
-                following = start(b + 1) if b + 1 < count else None
-                self._param_buffers[b].copy_(gateway.synchronize(handle))
-                handle = following
+        """All-gather the updated spans into every bucket's flat parameters, in place (each
+        shard is its rank's span of the flat parameters the gather writes): no gathered copy
+        of a bucket is ever made, so every bucket can be in flight at once."""
+        handles = [A.allgather_async(shard.detach(), name=f"{self._tag}.param.{b}",
+                                     process_set=self.process_set, output=flat)
+                   for b, (shard, flat) in enumerate(zip(self._shards, self._param_buffers))]
+        for handle in handles:
+            gateway.synchronize(handle)
 
     # --- the rest of the optimizer API ---------------------------------------------------------
 
