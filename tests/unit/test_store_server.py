@@ -306,6 +306,54 @@ def test_close_wakes_blocked_clients_and_is_idempotent():
     conn.close()
 
 
+def test_a_client_woken_by_close_finds_nothing_listening_on_the_port():
+    """A peer that waits for the server to go and connects again at once (rank 0 hosts the next
+    bootstrap's store on the same port) must not reach the closing server."""
+    srv = StoreServer(secret=SECRET).start()
+    port = srv.port
+    conn = StoreConnection("127.0.0.1", port, SECRET, timeout=120)
+    reconnects: list[BaseException | None] = []
+
+    def blocked() -> None:
+        with pytest.raises(RendezvousError):
+            conn.get("never", timeout=120)
+        try:  # woken by the close: connect again at once, as the next bootstrap does
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+            reconnects.append(None)
+        except OSError as exc:
+            reconnects.append(exc)
+
+    thread = threading.Thread(target=blocked, name="accord-test-woken")
+    thread.start()
+    assert wait_until(lambda: waiting_in("_wait_for"), timeout=30), "the get never blocked in the server"
+    stop_accepting = srv._pool.close
+
+    def slow_stop() -> None:  # room for a woken client to reach a listener that is still open
+        time.sleep(0.5)
+        stop_accepting()
+
+    srv._pool.close = slow_stop
+    srv.close()
+    thread.join(40)
+    conn.close()
+    assert len(reconnects) == 1 and isinstance(reconnects[0], ConnectionRefusedError), reconnects
+
+
+def test_a_handshake_cut_short_by_close_is_reset_so_the_client_retries():
+    """A connection still authenticating when the server closes gets a reset (StoreConnection
+    connects again), never the orderly close that means "wrong secret"."""
+    srv = StoreServer(secret=SECRET).start()
+    sock, _ = _raw_client(srv.port)  # hello exchanged, no authenticated frame yet
+    try:
+        assert wait_until(lambda: srv._pool.pending_count == 1, timeout=10)
+        srv.close()
+        with pytest.raises(ConnectionResetError):
+            if sock.recv(1) == b"":
+                raise AssertionError("the server closed the pending connection in order, not with a reset")
+    finally:
+        sock.close()
+
+
 def test_port_in_use_and_missing_secret_are_clear_errors(server):
     with pytest.raises(RendezvousError, match="port 0") as info:
         StoreServer(port=server.port, secret=SECRET).start()

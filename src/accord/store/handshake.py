@@ -139,7 +139,10 @@ class HandshakePool:
                     return
                 self._expire(time.monotonic())
         finally:
+            # A reset, as for an eviction: a client in its handshake with a server that stops
+            # (to be hosted again on the same port) connects again instead of failing
             for pending in self._all_pending():
+                _reset_on_close(pending.sock)
                 self._drop(pending)
             self._selector.close()
 

@@ -168,7 +168,9 @@ class StoreServer:
             if self._closed:
                 return
             self._closed = True
-        self._table.close()  # wake blocked get/wait so their threads can finish
+        # Stop accepting before waking the blocked get/wait: a client woken by this close (a
+        # peer waiting for the server to go, to host the next one on this port) may connect
+        # again at once, and must find nothing listening rather than this closing server.
         if self._pool is not None:
             self._pool.close()
         if self._listener is not None:
@@ -179,11 +181,14 @@ class StoreServer:
             self._listener.close()
         if self._accept_thread is not None:
             self._accept_thread.join(5.0)
+        self._table.close()  # wake blocked get/wait so their threads can finish
         with self._lock:
             conns = list(self._conns.values())
         for sock, _ in conns:
             try:
-                sock.shutdown(socket.SHUT_RDWR)
+                # only the reading side: a thread the table just woke still sends its answer
+                # ("shutting down"), then finds the end of the requests and closes
+                sock.shutdown(socket.SHUT_RD)
             except OSError:
                 pass
         for _, thread in conns:
