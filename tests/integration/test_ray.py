@@ -15,6 +15,8 @@ import pytest
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'accord[ray]' "
                                         "(scripts/setup_env.sh installs it in .venv)")
 
+from helpers.ray_processes import shutdown_reaped  # noqa: E402
+
 from accord.errors import ConfigError, WorkerFailedError  # noqa: E402
 from accord.ray import RayExecutor  # noqa: E402
 
@@ -41,7 +43,7 @@ def local_ray():
     try:
         yield
     finally:
-        ray.shutdown()
+        shutdown_reaped(ray.shutdown)
 
 
 @pytest.fixture

@@ -13,6 +13,8 @@ import pytest
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'accord[ray]' "
                                         "(scripts/setup_env.sh installs it in .venv)")
 
+from helpers.ray_processes import shutdown_reaped  # noqa: E402
+
 from accord.errors import WorkerFailedError  # noqa: E402
 from accord.ray import RayExecutor  # noqa: E402
 
@@ -30,8 +32,7 @@ def two_nodes():
         ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the actors cannot import it
         yield cluster, second
     finally:
-        ray.shutdown()
-        cluster.shutdown()
+        shutdown_reaped(ray.shutdown, cluster.shutdown)
 
 
 def train_through_changes(progress_dir):
