@@ -24,6 +24,7 @@ import logging
 import socket
 import struct
 import threading
+import time
 from typing import Any, Sequence
 
 from accord.errors import AuthenticationError, RendezvousError, with_hint
@@ -184,15 +185,19 @@ class StoreServer:
         self._table.close()  # wake blocked get/wait so their threads can finish
         with self._lock:
             conns = list(self._conns.values())
-        for sock, _ in conns:
-            try:
-                # only the reading side: a thread the table just woke still sends its answer
-                # ("shutting down"), then finds the end of the requests and closes
-                sock.shutdown(socket.SHUT_RD)
-            except OSError:
-                pass
-        for _, thread in conns:
-            thread.join(5.0)
+        # The reading side first: a thread the table just woke still sends its answer
+        # ("shutting down"), then finds the end of the requests and closes. Both sides of what
+        # is left after a second: a thread stuck sending to a client that does not read.
+        for how, wait in ((socket.SHUT_RD, 1.0), (socket.SHUT_RDWR, 5.0)):
+            for sock, thread in conns:
+                if thread.is_alive():
+                    try:
+                        sock.shutdown(how)
+                    except OSError:
+                        pass
+            deadline = time.monotonic() + wait
+            for _, thread in conns:
+                thread.join(max(0.0, deadline - time.monotonic()))
 
     def __enter__(self) -> "StoreServer":
         return self.start()
