@@ -40,7 +40,8 @@ def train(state):
         state.step += 1
         state.commit()
         if hvd.rank() == 0:
-            print("STEP " + json.dumps({"size": hvd.size(), "step": state.step, "t": time.time()}), flush=True)
+            print("STEP " + json.dumps({"size": hvd.size(), "step": state.step, "done": state.step,
+                                          "t": time.time()}), flush=True)
 
 
 train(state)

@@ -1,8 +1,8 @@
 """Worker of benchmarks/cluster_agents.py, the same under torchrun and accordrun agents: plain
 torch.distributed (gloo, env://) so that only the launchers differ. Prints ``FIRST <time>`` on
-rank 0 after the first allreduce, ``STEP {...}`` on rank 0 after every step, and, in the first
-attempt, ``KILL <time>`` on --kill-rank just before it SIGKILLs itself at --kill-step. The step
-to resume at is in --ckpt (written by rank 0 after each step)."""
+rank 0 after the first allreduce, ``STEP {...}`` on rank 0 after every step (``done``: the
+steps done), and, in the first attempt, ``KILL <time>`` on --kill-rank just before it SIGKILLs
+itself at --kill-step. The step to resume at is in --ckpt (written by rank 0 after each step)."""
 import argparse
 import json
 import os
@@ -36,5 +36,5 @@ for step in range(start, args.steps):
         with open(args.ckpt + ".tmp", "w") as fh:
             fh.write(str(step + 1))
         os.replace(args.ckpt + ".tmp", args.ckpt)
-        print("STEP " + json.dumps({"attempt": attempt, "step": step, "t": time.time()}), flush=True)
+        print("STEP " + json.dumps({"attempt": attempt, "step": step, "done": step + 1, "t": time.time()}), flush=True)
 dist.destroy_process_group()

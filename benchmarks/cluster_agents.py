@@ -13,14 +13,19 @@
   memory and go on from the last commit. torchrun: ``--nnodes 2:3 --rdzv-backend c10d
   --max-restarts 3`` with agent_steps.py, which restarts every worker and reloads the step from disk.
 
+Each part also runs ``torchrun-own-store``: the same torchrun command with
+``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, torch's opt-out from handing the workers the agents'
+store, so that each rendezvous round's rank 0 worker serves a fresh store at a new port.
+
 A run that does not finish within 180 s, fails, or shows no step after the kill, is counted in
 ``restarts_without_a_next_step`` (in the in-memory part, the agent of the killed worker's node
 ends with that worker's status: expected). Medians over ``--repeats``, alternating the launchers.
 On the simulated hosts torchrun 2.13's restarted workers fail in Gloo's connectFullMesh until its
 restarts run out (workers of different attempts meet in the agents' one store, which has no
-per-attempt prefix; benchmarks/RESULTS.md says more), so its kill-to-next-step is usually None.
-Writes benchmarks/results/cluster_agents.json. Targets (issue #34): start-up <= 0.7x torchrun's;
-kill to next step <= 0.5x torchrun's (``in_memory_kill_to_next_step_s``).
+per-attempt prefix; benchmarks/RESULTS.md says more), so its kill-to-next-step is usually None;
+``torchrun-own-store`` is the torchrun baseline whose restarts meet.
+Writes benchmarks/results/cluster_agents.json. Targets: start-up <= 0.7x torchrun's; kill to next
+step <= 0.5x torchrun's (``in_memory_kill_to_next_step_s``).
 """
 from __future__ import annotations
 
@@ -39,6 +44,10 @@ from recording import record
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "agent_steps.py")
 ELASTIC_WORKER = os.path.join(HERE, "agent_elastic_steps.py")
+# torchrun as it starts by default, and with its workers on a store of their own per round
+TORCHRUNS = {"torchrun": {}, "torchrun-own-store": {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}}
+LAUNCHERS = ("accord", *TORCHRUNS)
+KILL_STEP = 5  # the step (from 0) at whose start a worker SIGKILLs itself
 
 
 def _free_port(cluster) -> int:
@@ -58,7 +67,7 @@ def _launch(cluster, which: str, nnodes: str, ckpt: str, secret: str, extra: lis
     procs = []
     started = time.time()
     for rank, host in enumerate(hosts):
-        if which == "torchrun":
+        if which in TORCHRUNS:
             argv = [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--nnodes", nnodes,
                     "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"h1:{port}",
                     "--max-restarts", "3", "--node-rank", str(rank)]
@@ -66,12 +75,13 @@ def _launch(cluster, which: str, nnodes: str, ckpt: str, secret: str, extra: lis
             argv = [ACCORDRUN, "--nnodes", nnodes, "--nproc-per-node", "2", "--rdzv-endpoint", f"h1:{port}",
                     "--secret-file", secret, "--node-rank", str(rank)] + ([] if in_memory else ["--max-restarts", "3"])
         # torchrun runs its script with its own Python; accordrun runs the command it is given
-        if which == "torchrun":
+        if which in TORCHRUNS:
             argv += [WORKER, "--ckpt", ckpt, *extra]
         else:
             argv += [sys.executable, ELASTIC_WORKER, *extra] if in_memory else [sys.executable, WORKER, "--ckpt", ckpt,
                                                                                *extra]
-        procs.append(cluster.popen(host, argv, cwd=REPO, env=Cluster.env({"OMP_NUM_THREADS": "1"}),
+        env = Cluster.env({"OMP_NUM_THREADS": "1", **TORCHRUNS.get(which, {})})
+        procs.append(cluster.popen(host, argv, cwd=REPO, env=env,
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     outs = []
     failed = False
@@ -115,18 +125,19 @@ def _stamp(outs: list[str], tag: str) -> float:
     raise SystemExit(f"no {tag} line in the output")
 
 
-def _next_step(outs: list[str]) -> float | None:
-    """The time of the first step after the kill: of the next attempt (a restart), or of the
-    re-formed job (fewer workers than at the start)."""
+def _next_step(outs: list[str], kill_step: int) -> float | None:
+    """The time of the first step after the kill: the first step the killed worker never joined
+    (the ``kill_step``-th, counting from 0) done by the next attempt (a restart) or the re-formed
+    job. Told by the steps done, not by the attempt number: a torchrun agent that restarts for a
+    changed membership before it sees its own workers fail does not count a restart."""
     steps = [json.loads(m) for out in outs for m in re.findall(r"STEP (\{.*\})\s*$", out, flags=re.MULTILINE)]
-    start_size = max((s["size"] for s in steps if "size" in s), default=None)
-    after = [s["t"] for s in steps if s.get("attempt", 0) >= 1 or ("size" in s and s["size"] < start_size)]
+    after = [s["t"] for s in steps if s["done"] > kill_step]
     return min(after) if after else None
 
 
 def _kill_run(times: dict[str, list], key: str, run: tuple[float, list[str]] | None, i: int) -> None:
     """Record one kill-to-next-step run under ``key`` (a run without a next step by its repeat)."""
-    after = _next_step(run[1]) if run is not None else None
+    after = _next_step(run[1], KILL_STEP) if run is not None else None
     if after is None:  # no step after the kill (or no end): recorded as missing
         times.setdefault(key.replace("kill_to_next_step_s", "restarts_without_a_next_step"), []).append(i)
     else:
@@ -141,12 +152,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--restart-nnodes", default="2",
                    help="--nnodes of the restart runs (the issue names 2:3; torchrun 2.13's c10d agents "
                         "did not finish a restart with 2:3 here within 10 minutes)")
+    p.add_argument("--launchers", default=",".join(LAUNCHERS),
+                   help=f"comma-separated, run in this order each repeat: {', '.join(LAUNCHERS)}")
     args = p.parse_args(argv)
     parts = set(args.parts.split(","))
+    launchers = [w for w in args.launchers.split(",") if w]
+    unknown = sorted(set(launchers) - set(LAUNCHERS))
+    if unknown:
+        p.error(f"--launchers: unknown {', '.join(unknown)} (known: {', '.join(LAUNCHERS)})")
     from cluster_common import load_average, start_cluster
 
     keys = ("startup_s", "kill_to_next_step_s", "in_memory_kill_to_next_step_s")
-    times: dict[str, dict[str, list]] = {w: {k: [] for k in keys} for w in ("accord", "torchrun")}
+    times: dict[str, dict[str, list]] = {w: {k: [] for k in keys} for w in launchers}
     before = load_average()
     with start_cluster(hosts=3 if "in-memory" in parts else 2) as cluster:
         folder = os.path.join(cluster.shared, "bench")
@@ -156,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
             fh.write(secrets.token_hex(32))
         os.chmod(secret, 0o600)
         for i in range(args.repeats):
-            for which in ("accord", "torchrun"):
+            for which in launchers:
                 if "startup" in parts:
                     run = _launch(cluster, which, "2", os.path.join(folder, f"{which}-{i}-a"), secret,
                                   ["--steps", "2"])
@@ -164,12 +181,12 @@ def main(argv: list[str] | None = None) -> int:
                         times[which]["startup_s"].append(_stamp(run[1], "FIRST") - run[0])
                 if "restart" in parts:
                     run = _launch(cluster, which, args.restart_nnodes, os.path.join(folder, f"{which}-{i}-b"),
-                                  secret, ["--steps", "8", "--kill-step", "5"])
+                                  secret, ["--steps", "8", "--kill-step", str(KILL_STEP)])
                     _kill_run(times[which], "kill_to_next_step_s", run, i)
                 if "in-memory" in parts:
                     # rank 3 is on h2 (node 1): accord's node 1 leaves, its agent ends with 137
                     run = _launch(cluster, which, "2:3", os.path.join(folder, f"{which}-{i}-c"), secret,
-                                  ["--steps", "12", "--kill-step", "5"], hosts=("h1", "h2", "h3"),
+                                  ["--steps", "12", "--kill-step", str(KILL_STEP)], hosts=("h1", "h2", "h3"),
                                   may_fail=(1,) if which == "accord" else (), in_memory=which == "accord")
                     _kill_run(times[which], "in_memory_kill_to_next_step_s", run, i)
                 print(which, {k: v[-1] if v else None for k, v in times[which].items()}, flush=True)
@@ -179,9 +196,12 @@ def main(argv: list[str] | None = None) -> int:
               "layout": "startup/restart: 2 simulated hosts x 2 workers; in-memory: 3 hosts x 2 workers, "
                         "--nnodes 2:3; one agent per host", "load_before": before, "load_after": load_average()}
     m = result["median"]
-    result["ratio_accord_over_torchrun"] = {k: m["accord"][k] / m["torchrun"][k] for k in m["accord"]
-                                            if m["accord"][k] and m["torchrun"][k]}
-    print(json.dumps(result["median"], indent=1), "\nratios:", result["ratio_accord_over_torchrun"])
+    for baseline in [w for w in launchers if w in TORCHRUNS and "accord" in launchers]:
+        result[f"ratio_accord_over_{baseline.replace('-', '_')}"] = {
+            k: m["accord"][k] / m[baseline][k] for k in m["accord"] if m["accord"][k] and m[baseline][k]}
+    print(json.dumps(result["median"], indent=1))
+    for key in [k for k in result if k.startswith("ratio_")]:
+        print(f"{key}:", result[key])
     record(result, os.path.join(HERE, "results", "cluster_agents.json"), "cluster_agents.py", argv)
     return 0
 
