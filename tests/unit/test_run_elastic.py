@@ -77,6 +77,21 @@ def test_bare_host_needs_slots_per_host():
         parse_discovery_output("h1\n", None, "d.sh")
 
 
+@pytest.mark.parametrize("lines, slots_per_host, expected", [
+    # the MPI Operator's discover_hosts.sh for Horovod: pod.workers-service:slots per running worker
+    (["job-worker-0.job-worker:2", "job-worker-1.job-worker:2"], None,
+     [HostSlots("job-worker-0.job-worker", 2), HostSlots("job-worker-1.job-worker", 2)]),
+    # its v2beta1 form: bare pod.service.namespace.svc names, slots from --slots-per-host
+    (["job-worker-0.job.default.svc", "job-worker-1.job.default.svc"], 4,
+     [HostSlots("job-worker-0.job.default.svc", 4), HostSlots("job-worker-1.job.default.svc", 4)]),
+])
+def test_the_mpi_operators_discover_hosts_script_runs_unchanged(tmp_path, lines, slots_per_host, expected):
+    script = tmp_path / "discover_hosts.sh"  # as the operator writes it into /etc/mpi
+    script.write_text("#!/bin/sh\n" + "".join(f"echo {line}\n" for line in lines))
+    script.chmod(0o755)
+    assert run_discovery(str(script), slots_per_host, timeout=10) == expected
+
+
 def test_running_the_script(tmp_path):
     script = tmp_path / "d.sh"
     script.write_text("#!/bin/sh\necho h1:2\necho h2\n")
