@@ -71,12 +71,28 @@ def _hierarchical_checks(rank, size):
     for h in handles:
         session.synchronize(h)
     results["batch"] = [g.tolist() for g in grads]
-    # everything but allreduce runs on the flat communicator
+    # ragged rows: the counts are agreed first, then each rank's rows cross hosts once
     gathered = session.synchronize(session.submit("allgather", torch.full((rank + 1,), float(rank)), "ag"))
     results["allgather"] = gathered.tolist()
+    rows = torch.full((rank + 2, 3), rank * 1.5, dtype=torch.float64)
+    into = torch.full((14, 3), -1.0, dtype=torch.float64)
+    session.synchronize(session.submit("allgather", rows, "ag.out", output=into))
+    results["allgather.out"] = into.tolist()
+    for n, dt, op in _SCATTERS:  # lower ranks get the extra rows, as flat
+        t = _values(rank, n, getattr(torch, dt))
+        got = session.synchronize(session.submit("reducescatter", t, f"rs.{n}.{dt}.{op}", reduce_op=ops[op]))
+        results[("rs", n, dt, op)] = got.float().tolist()
+    t = _values(rank, 27, torch.float64).reshape(9, 3)
+    into = torch.full((3 if rank == 0 else 2, 3), -1.0, dtype=torch.float64)
+    session.synchronize(session.submit("reducescatter", t, "rs.out", output=into))
+    results["rs.out"] = into.tolist()
     used = getattr(comm, "hierarchical_allreduces", 0)
+    through = (getattr(comm, "hierarchical_scatters", 0), getattr(comm, "hierarchical_gathers", 0))
     session.shutdown()
-    return {"kind": kind, "parts": parts, "used": used, "results": results}
+    return {"kind": kind, "parts": parts, "used": used, "through": through, "results": results}
+
+
+_SCATTERS = [(4, "float32", "sum"), (7, "float32", "sum"), (1001, "int32", "max"), (10, "float32", "average")]
 
 
 def _expected(size, n, dt, op):
@@ -112,8 +128,22 @@ def test_two_hosts_of_two_ranks_reduce_hierarchically():
         for i, g in enumerate(res["results"]["batch"]):
             np.testing.assert_allclose(np.array(g), _expected(4, 257 + i, "float32", "sum"), rtol=1e-6, atol=1e-6)
         assert res["results"]["allgather"] == [0.0, 1.0, 1.0, 2.0, 2.0, 2.0, 3.0, 3.0, 3.0, 3.0]
-    # every rank ends with the same bits
+        assert res["results"]["allgather.out"] == [[r * 1.5] * 3 for r in range(4) for _ in range(r + 2)]
+        for n, dt, op in _SCATTERS:
+            rows = [n // 4 + (1 if r < n % 4 else 0) for r in range(4)]
+            start = sum(rows[:_rank])
+            np.testing.assert_allclose(np.array(res["results"][("rs", n, dt, op)]),
+                                       _expected(4, n, dt, op)[start:start + rows[_rank]], rtol=1e-6, atol=1e-6)
+        want = _expected(4, 27, "float64", "sum").reshape(9, 3)
+        start = 0 if _rank == 0 else 3 + 2 * (_rank - 1)
+        np.testing.assert_allclose(np.array(res["results"]["rs.out"]), want[start:start + (3 if _rank == 0 else 2)],
+                                   rtol=1e-12)
+        # every reduce-scatter and allgather went host-first (the forced hierarchy has no size cutoff)
+        assert res["through"] == (len(_SCATTERS) + 1, 2), res["through"]
+    # every rank ends with the same bits (but for its own rows of a reduce-scatter)
     for key in out[0]["results"]:
+        if key == "rs.out" or key[0] == "rs":
+            continue
         assert all(o["results"][key] == out[0]["results"][key] for o in out), key
 
 

@@ -51,6 +51,10 @@ class _Recorder:
     def broadcast(self, tensor, root):
         self.calls.append(("broadcast", tensor.numel()))
 
+    def allgather(self, tensor):  # every rank sent what this one did
+        self.calls.append(("allgather", tensor.numel()))
+        return torch.cat([tensor] * self.size)
+
 
 def test_below_min_bytes_an_automatic_hierarchy_runs_flat():
     flat, local, cross = _Recorder("gloo"), _Recorder("shm"), _Recorder("gloo")
@@ -153,3 +157,28 @@ def test_measured_communicator_keeps_the_faster_path(monkeypatch, flat_delay, ke
     comm.allreduce(torch.zeros(1000), ReduceOp.SUM)
     took_hierarchy = comm.hierarchical_allreduces > before[1]
     assert took_hierarchy == (kept == "hierarchical") and (len(flat.calls) > before[0]) != took_hierarchy
+
+
+def test_shard_slots_lay_shards_out_by_local_then_cross_rank():
+    from accord.comm.hierarchical import shard_slots
+
+    # hosts [0, 1] and [2, 3]; cross sets by local rank: [0, 2] and [1, 3]
+    assert shard_slots([[0, 1], [2, 3]], [[0, 2], [1, 3]]) == [0, 2, 1, 3]
+    assert shard_slots([[0, 2], [1, 3]], [[0, 1], [2, 3]]) == [0, 1, 2, 3]  # round-robin placement
+    assert shard_slots([[0, 1], [2, 3]], [[1, 2], [0, 3]]) is None  # a place that is not its cross list
+
+
+def test_reduce_scatter_goes_host_first_from_min_bytes_and_flat_without_slots():
+    flat, local, cross = _Recorder("gloo", size=4), _Recorder("shm"), _Recorder("gloo")
+    comm = HierarchicalCommunicator(flat, local, cross, min_bytes=1024, slots=[0, 2, 1, 3])
+    comm.reduce_scatter(torch.zeros(8), ReduceOp.SUM)  # 32 bytes: flat
+    assert flat.calls == [("reduce_scatter", 8)] and not local.calls and comm.hierarchical_scatters == 0
+    got = comm.reduce_scatter(torch.zeros(1024), ReduceOp.SUM)  # in the host (4 padded shards), then across
+    assert flat.calls[1:] == [("allgather", 1)]  # the ranks agree that each can take the hierarchy
+    assert local.calls == [("reduce_scatter", 1024)] and cross.calls == [("reduce_scatter", 512)]
+    assert got.shape == (256,) and comm.hierarchical_scatters == 1
+    comm.reduce_scatter(torch.zeros(2048)[::2], ReduceOp.SUM)  # not contiguous: every rank goes flat
+    assert flat.calls[2:] == [("allgather", 1), ("reduce_scatter", 1024)] and comm.hierarchical_scatters == 1
+    unplaced = HierarchicalCommunicator(flat, local, cross, min_bytes=1024)
+    unplaced.reduce_scatter(torch.zeros(1024), ReduceOp.SUM)
+    assert flat.calls[-1] == ("reduce_scatter", 1024) and unplaced.hierarchical_scatters == 0

@@ -91,7 +91,7 @@ def hierarchical(topology: Topology, flat: Any, settings: EngineSettings, contex
     does not allow it (logged once, on rank 0, when forced) or, automatically, does not gain."""
     from accord.comm import backend_name_for
     from accord.comm.backend import get_backend
-    from accord.comm.hierarchical import HierarchicalCommunicator, auto_hierarchy, hierarchy_problem
+    from accord.comm.hierarchical import HierarchicalCommunicator, auto_hierarchy, hierarchy_problem, shard_slots
     from accord.runtime.groups import cross_sets, local_sets
 
     hosts = local_sets(topology)
@@ -112,7 +112,8 @@ def hierarchical(topology: Topology, flat: Any, settings: EngineSettings, contex
                  "the first ones); HOROVOD_HIERARCHICAL_ALLREDUCE=0|1 decides instead", len(hosts),
                  len(hosts[0]), settings.hierarchical_min_bytes)
     return HierarchicalCommunicator(flat, local, cross,
-                                    min_bytes=settings.hierarchical_min_bytes if auto else 0, measure=auto)
+                                    min_bytes=settings.hierarchical_min_bytes if auto else 0, measure=auto,
+                                    slots=shard_slots(hosts, cross_sets(topology)))
 
 
 def check_settings_agree(settings: EngineSettings, comm: Any) -> None:
