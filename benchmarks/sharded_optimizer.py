@@ -16,10 +16,15 @@ widths grow until a rank fails to allocate; unsharded and zero2 are compared.
 
 The machine is shared (2 vCPUs, other jobs): timings are noisy; compare modes within one run.
 Writes benchmarks/results/sharded_optimizer.json.
+
+``--worker MODE`` runs one rank of one mode under a launcher (benchmarks/cluster_sharded_optimizer.py
+starts it with accordrun on simulated hosts); rank 0 prints ``RESULT {...}``, the summary of
+every rank.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import socket
@@ -72,7 +77,7 @@ def _state_bytes(opt, mode: str) -> int:
 
 
 def _worker(mode: str, width: int, layers: int, steps: int, warmup: int, port: int,
-            budget_mb: int) -> dict:
+            budget_mb: int, report: bool = False) -> dict:
     import resource
 
     import torch
@@ -125,6 +130,10 @@ def _worker(mode: str, width: int, layers: int, steps: int, warmup: int, port: i
         from accord.group_teardown import destroy_process_group
 
         destroy_process_group()
+    if report:  # (under a launcher: rank 0 prints every rank's summary)
+        every = hvd.allgather_object(result)
+        if rank == 0:
+            print("RESULT " + json.dumps({**_summary(every), "size": size}), flush=True)
     hvd.shutdown()
     return result
 
@@ -172,7 +181,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="address space each rank may add after start-up (the memory-limit part)")
     parser.add_argument("--skip-limit", action="store_true", help="skip the memory-limit part")
     parser.add_argument("--out", default=RESULTS)
+    parser.add_argument("--worker", choices=MODES[:3], help="run one rank of this mode (under a launcher)")
     args = parser.parse_args(argv)
+    if args.worker:
+        _worker(args.worker, args.width, args.layers, args.steps, args.warmup, 0, 0, report=True)
+        return 0
     import torch
 
     load_before = os.getloadavg()
