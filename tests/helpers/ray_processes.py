@@ -15,17 +15,37 @@ import psutil
 
 
 def _is_ray(proc: psutil.Process) -> bool:
+    """Ray's own programs and Python scripts only: other processes may carry Ray's folders in
+    their command line (multiprocessing's fork server is given ``sys.path``, where importing Ray
+    puts its ``ray/thirdparty_files``), and must be left alone."""
     try:
         argv = proc.cmdline()
     except psutil.Error:
         return False
-    return any("/ray/" in a or a.startswith("ray::") or os.path.basename(a) in ("raylet", "gcs_server")
-               for a in argv)
+    if not argv:
+        return False
+    if argv[0].startswith("ray::") or os.path.basename(argv[0]) in ("raylet", "gcs_server"):
+        return True
+    if os.path.basename(argv[0]).startswith("python") and "-c" not in argv[1:]:
+        script = next((a for a in argv[1:] if not a.startswith("-")), "")
+        return "/ray/" in script and script.endswith(".py")
+    return False
+
+
+def _harness() -> set[int]:
+    """multiprocessing's fork server and resource tracker: this process's children by design."""
+    import multiprocessing.forkserver as forkserver
+    import multiprocessing.resource_tracker as resource_tracker
+
+    pids = {getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None),
+            getattr(getattr(resource_tracker, "_resource_tracker", None), "_pid", None)}
+    return {p for p in pids if p}
 
 
 def ray_descendants() -> list[psutil.Process]:
     """This process's descendants that Ray started (its GCS, raylets, agents and workers)."""
-    return [p for p in psutil.Process().children(recursive=True) if _is_ray(p)]
+    harness = _harness()
+    return [p for p in psutil.Process().children(recursive=True) if p.pid not in harness and _is_ray(p)]
 
 
 def shutdown_reaped(*shutdowns: Callable[[], None], timeout: float = 30.0) -> list[int]:
