@@ -88,8 +88,19 @@ def _hierarchical_checks(rank, size):
     results["rs.out"] = into.tolist()
     used = getattr(comm, "hierarchical_allreduces", 0)
     through = (getattr(comm, "hierarchical_scatters", 0), getattr(comm, "hierarchical_gathers", 0))
+    # a set over every rank (torch.distributed's new_group) is host-first too; one over one rank
+    # per host has nothing to do inside a host and stays flat
+    everyone = session.add_private_process_set([0, 1, 2, 3], "everyone")
+    in_set = session.communicator(everyone, "cpu")
+    t = _values(rank, 1001, torch.float32)
+    session.synchronize(session.submit("allreduce", t, "set.all", in_place=True, process_set_id=everyone))
+    results["set.all"] = t.tolist()
+    sets = {"everyone": (type(in_set).__name__, getattr(in_set, "hierarchical_allreduces", 0))}
+    if rank in (0, 2):
+        ends = session.add_private_process_set([0, 2], "one-per-host")
+        sets["one-per-host"] = (type(session.communicator(ends, "cpu")).__name__, 0)
     session.shutdown()
-    return {"kind": kind, "parts": parts, "used": used, "through": through, "results": results}
+    return {"kind": kind, "parts": parts, "used": used, "through": through, "results": results, "sets": sets}
 
 
 _SCATTERS = [(4, "float32", "sum"), (7, "float32", "sum"), (1001, "int32", "max"), (10, "float32", "average")]
@@ -140,6 +151,12 @@ def test_two_hosts_of_two_ranks_reduce_hierarchically():
                                    rtol=1e-12)
         # every reduce-scatter and allgather went host-first (the forced hierarchy has no size cutoff)
         assert res["through"] == (len(_SCATTERS) + 1, 2), res["through"]
+        kind_in_set, took_hierarchy = res["sets"]["everyone"]
+        assert kind_in_set == "HierarchicalCommunicator" and took_hierarchy >= 1, res["sets"]
+        np.testing.assert_allclose(np.array(res["results"]["set.all"]), _expected(4, 1001, "float32", "sum"),
+                                   rtol=1e-6, atol=1e-6)
+        if _rank in (0, 2):
+            assert res["sets"]["one-per-host"][0] != "HierarchicalCommunicator", res["sets"]
     # every rank ends with the same bits (but for its own rows of a reduce-scatter)
     for key in out[0]["results"]:
         if key == "rs.out" or key[0] == "rs":

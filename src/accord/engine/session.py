@@ -27,7 +27,7 @@ from accord.engine.naming import RequestNamer
 from accord.engine.request import Handle, Op, build_request
 from accord.engine.sets import GLOBAL_ID, PRIVATE_IDS, ProcessSetRegistry
 from accord.engine.settings import EngineSettings
-from accord.engine.startup import GroupContexts, set_key
+from accord.engine.startup import GroupContexts, set_cpu_communicator, set_key
 from accord.errors import with_hint
 from accord.runtime.bootstrap import GivenGroup
 from accord.runtime.topology import Topology
@@ -172,8 +172,14 @@ def _communicators(session: _Session, set_id: int, ranks: Sequence[int],
     """The set's communicator per device kind, built by its members (None elsewhere)."""
     if session.runtime.topology.rank not in ranks:
         return {d: None for d in session.backends}
-    return {d: b.create(session.contexts.make(ranks, set_key(set_id, d), timeout))
-            for d, b in session.backends.items()}
+    comms = {}
+    for d, b in session.backends.items():
+        context = session.contexts.make(ranks, set_key(set_id, d), timeout)
+        comms[d] = b.create(context)
+        if d == "cpu":  # across hosts, host-first as the global set's (when that is on or automatic)
+            comms[d] = set_cpu_communicator(session.runtime.topology, ranks, comms[d], session.engine.settings,
+                                            context)
+    return comms
 
 
 def build_communicator(backend: Any, ranks: Sequence[int]) -> Any:

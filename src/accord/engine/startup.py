@@ -84,11 +84,14 @@ def check_devices(backends: dict[str, Any]) -> None:
                 "use gloo, shm or mpi for CPU tensors and nccl for CUDA tensors"))
 
 
-def hierarchical(topology: Topology, flat: Any, settings: EngineSettings, context: GroupContext) -> Any:
-    """The global CPU communicator under ACCORD_HIERARCHICAL_ALLREDUCE (forced, or chosen
+def hierarchical(topology: Topology, flat: Any, settings: EngineSettings, context: GroupContext,
+                 members: Sequence[int] | None = None) -> Any:
+    """A set's CPU communicator under ACCORD_HIERARCHICAL_ALLREDUCE (forced, or chosen
     automatically when unset): allreduce within each host (the one-host CPU backend, shm by
     default), then across hosts (the multi-host one, gloo by default). ``flat`` when the layout
-    does not allow it (logged once, on rank 0, when forced) or, automatically, does not gain."""
+    does not allow it (logged once, on the set's first rank, when forced) or, automatically,
+    does not gain. ``topology`` numbers the set's ranks (the job's, for the global set); a
+    process set passes its global ``members``, which its communicators' contexts are made of."""
     from accord.comm import backend_name_for
     from accord.comm.backend import get_backend
     from accord.comm.hierarchical import HierarchicalCommunicator, auto_hierarchy, hierarchy_problem, shard_slots
@@ -104,9 +107,14 @@ def hierarchical(topology: Topology, flat: Any, settings: EngineSettings, contex
     # Each rank builds the two communicators it belongs to: its host's and its local rank's.
     me = topology.rank
     local_index, mine = next((i, r) for i, r in enumerate(hosts) if me in r)
-    local = get_backend(backend_name_for("cpu", single_host=True)).create(context.sub(mine, f"local{local_index}"))
+    def job_ranks(ranks: Sequence[int]) -> list[int]:
+        return list(ranks) if members is None else [members[r] for r in ranks]
+
+    local = get_backend(backend_name_for("cpu", single_host=True)).create(
+        context.sub(job_ranks(mine), f"local{local_index}"))
     cross_index, across = next((i, r) for i, r in enumerate(cross_sets(topology)) if me in r)
-    cross = get_backend(backend_name_for("cpu", single_host=False)).create(context.sub(across, f"cross{cross_index}"))
+    cross = get_backend(backend_name_for("cpu", single_host=False)).create(
+        context.sub(job_ranks(across), f"cross{cross_index}"))
     if auto and topology.rank == 0:
         log.info("allreduce may be hierarchical (%d hosts x %d ranks, from %d bytes, if faster on "
                  "the first ones); HOROVOD_HIERARCHICAL_ALLREDUCE=0|1 decides instead", len(hosts),
@@ -114,6 +122,22 @@ def hierarchical(topology: Topology, flat: Any, settings: EngineSettings, contex
     return HierarchicalCommunicator(flat, local, cross,
                                     min_bytes=settings.hierarchical_min_bytes if auto else 0, measure=auto,
                                     slots=shard_slots(hosts, cross_sets(topology)))
+
+
+def set_cpu_communicator(topology: Topology, ranks: Sequence[int], flat: Any, settings: EngineSettings,
+                         context: GroupContext) -> Any:
+    """A process set's CPU communicator: ``flat``, or host-first (:func:`hierarchical`) when the
+    set spans several hosts and the hierarchy is forced or automatic, as for the global set.
+    Collective over the set's members (this rank among ``ranks``)."""
+    if not (settings.hierarchical_allreduce or settings.hierarchical_auto) or len(ranks) < 2:
+        return flat
+    hostnames = [topology.hostnames[r] for r in ranks]
+    if len(set(hostnames)) < 2:
+        return flat
+    from accord.runtime.topology import topology_from_hostnames
+
+    view = topology_from_hostnames(list(ranks).index(topology.rank), hostnames)
+    return hierarchical(view, flat, settings, context, members=list(ranks))
 
 
 def check_settings_agree(settings: EngineSettings, comm: Any) -> None:
