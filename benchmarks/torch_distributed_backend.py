@@ -8,6 +8,9 @@ interleaved (A B C A B C ...), medians pooled over the repeats:
 - training steps of DDP on ``accord`` vs DDP on ``gloo``, and the same model through
   ``hvd.DistributedOptimizer`` (accord's Horovod path) for reference: the MLP (26 M parameters,
   batch 32 per rank) and ResNet-50 (64x64, batch 16 per rank); peak RSS per rank;
+- ``independent``: the same two ranks training the same model with no communication at all (no
+  process group): the no-communication limit on this machine, the fastest any backend's DDP
+  could step (its ``speedup_vs_ddp_gloo`` is the largest speed-up over DDP on gloo possible);
 - FSDP2 (``fully_shard``) on the MLP, accord vs gloo;
 - collectives in one pair of ranks whose default group is accord's, with a gloo group beside
   it: ``dist.all_reduce`` of 64 MB on accord, ``hvd.allreduce`` of the same tensor on the same
@@ -61,7 +64,8 @@ def _model_and_data(model: str, rank: int):
 
 
 def _train(rank: int, port: int, case: str, model: str, steps: int, queue) -> None:
-    """One training case on this rank: ``ddp-accord``, ``ddp-gloo``, ``hvd``, ``fsdp-accord`` or ``fsdp-gloo``."""
+    """One training case on this rank: ``ddp-accord``, ``ddp-gloo``, ``hvd``, ``independent``,
+    ``fsdp-accord`` or ``fsdp-gloo``."""
     _setup(rank, port)
     import torch
     import torch.distributed as dist
@@ -76,6 +80,9 @@ def _train(rank: int, port: int, case: str, model: str, steps: int, queue) -> No
         opt = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.01),
                                        named_parameters=net.named_parameters())
         run = net
+    elif case == "independent":  # no communication: each rank steps its own copy
+        run = net
+        opt = torch.optim.SGD(net.parameters(), lr=0.01)
     else:
         backend = case.split("-")[1]
         if backend == "accord":
@@ -104,7 +111,7 @@ def _train(rank: int, port: int, case: str, model: str, steps: int, queue) -> No
         import accord.torch as hvd
 
         hvd.shutdown()
-    else:
+    elif case != "independent":
         dist.destroy_process_group()
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     queue.put((rank, times[3:], rss_mb, memory))
@@ -190,14 +197,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=10, help="timed 64 MB all_reduces per case and round")
     parser.add_argument("--cases", default="",
                         help="training cases to run, comma-separated (default: all): ddp-accord, ddp-gloo, hvd, "
-                             "fsdp-accord, fsdp-gloo")
+                             "independent, fsdp-accord, fsdp-gloo")
     parser.add_argument("--no-collectives", action="store_true", help="skip the all_reduce cases")
     parser.add_argument("--json", default=RESULTS)
     args = parser.parse_args(argv)
     import torch
 
     result = {"torch": torch.__version__, "load_before": os.getloadavg()[0], "training": {}, "collectives": {}}
-    cases = [(model, case) for model in args.models.split(",") for case in ("ddp-accord", "ddp-gloo", "hvd")]
+    cases = [(model, case) for model in args.models.split(",")
+             for case in ("ddp-accord", "ddp-gloo", "hvd", "independent")]
     if "mlp" in args.models.split(","):
         cases += [("mlp", "fsdp-accord"), ("mlp", "fsdp-gloo")]
     if args.cases:
