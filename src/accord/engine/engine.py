@@ -102,7 +102,10 @@ class Engine:
             if not self._started or set_id in self._controllers:
                 return
             comm = self.sets.communicator(set_id, "cpu")
-            controller = Controller(set_id, self.rank, comm, self.sets, self.settings, self._stopped,
+            # A set across hosts has a hierarchical data path: negotiate on its flat part,
+            # host-first, as the global set does (not through the data path's own agreements)
+            negotiation = host_first(getattr(comm, "flat", comm), comm)
+            controller = Controller(set_id, self.rank, negotiation, self.sets, self.settings, self._stopped,
                                     on_join_error=self._join_failed)
             controller.timeline = controller.executor.timeline = self._timeline
             self._controllers[set_id] = controller
