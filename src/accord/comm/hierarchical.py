@@ -111,8 +111,9 @@ class HierarchicalCommunicator(Communicator):
         self.flat, self.local, self.cross = flat, local, cross
         self.min_bytes = min_bytes  # smaller collectives run flat (every rank sees the same size)
         # automatic choice: time both paths on the first big collectives of each kind, keep the faster
-        self.chooser = PathChooser() if measure else None
-        self.choosers = {kind: PathChooser() for kind in ("reduce_scatter", "allgather")} if measure else {}
+        kinds = ("allreduce", "reduce_scatter", "allgather") if measure else ()
+        self.choosers = {kind: PathChooser() for kind in kinds}
+        self.chooser = self.choosers.get("allreduce")
         self.slots = list(slots) if slots is not None else None
         self.piece_bytes = PIECE_BYTES
         self.backend_name = f"hierarchical({local.backend_name}+{cross.backend_name})"

@@ -12,7 +12,7 @@ from accord.engine.engine import Engine
 from accord.engine.sets import GLOBAL_ID, ProcessSetRegistry
 from accord.engine.settings import EngineSettings
 from accord.errors import ConfigError, with_hint
-from accord.runtime.topology import Topology
+from accord.runtime.topology import Topology, topology_from_hostnames
 
 log = logging.getLogger("accord.engine")
 
@@ -134,8 +134,6 @@ def set_cpu_communicator(topology: Topology, ranks: Sequence[int], flat: Any, se
     hostnames = [topology.hostnames[r] for r in ranks]
     if len(set(hostnames)) < 2:
         return flat
-    from accord.runtime.topology import topology_from_hostnames
-
     view = topology_from_hostnames(list(ranks).index(topology.rank), hostnames)
     return hierarchical(view, flat, settings, context, members=list(ranks))
 
