@@ -77,8 +77,11 @@ for i in range(100000):
 # No kvstore at all: writes its pid and sleeps (for the guardian test; starts without torch).
 SLEEPER = """
 import os, sys, time
-with open(os.path.join(sys.argv[1], os.environ["ACCORD_RANK"] + ".pids"), "w") as fh:
+# written whole, then renamed: the test reads the file as soon as it exists
+path = os.path.join(sys.argv[1], os.environ["ACCORD_RANK"] + ".pids")
+with open(path + ".tmp", "w") as fh:
     fh.write(str(os.getpid()))
+os.replace(path + ".tmp", path)
 time.sleep(60)
 """
 
