@@ -68,9 +68,11 @@ kv.init("big", np.zeros(40, np.float32))
 for i in range(100000):
     kv.push("big", np.ones(40, np.float32))
     kv.pull("big")
-    if i == 0:
-        with open(os.path.join(pid_dir, f"{kv.rank}.pids"), "w") as fh:
+    if i == 0:  # written whole, then renamed (the test reads the file once it exists)
+        path = os.path.join(pid_dir, f"{kv.rank}.pids")
+        with open(path + ".tmp", "w") as fh:
             fh.write(str(os.getpid()))
+        os.replace(path + ".tmp", path)
     time.sleep(0.02)
 """
 
